@@ -1,0 +1,24 @@
+"""Method-independent RL math (pure torch): GRPO advantages, policy losses, KL, aggregation, pass@k."""
+
+from slime_ext.algo.advantages import group_advantages, grouped_advantages
+from slime_ext.algo.losses import (
+    aggregate,
+    entropy_from_logits,
+    grpo_policy_loss,
+    kl_penalty,
+    ppo_clip_loss,
+)
+from slime_ext.algo.passk import mean_at_k, pass_at_k, pass_at_k_over_prompts
+
+__all__ = [
+    "group_advantages",
+    "grouped_advantages",
+    "aggregate",
+    "entropy_from_logits",
+    "grpo_policy_loss",
+    "kl_penalty",
+    "ppo_clip_loss",
+    "mean_at_k",
+    "pass_at_k",
+    "pass_at_k_over_prompts",
+]

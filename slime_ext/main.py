@@ -1,0 +1,183 @@
+"""The main job behind `bash scripts/run.sh [CONFIG] [key=value ...]`.
+
+Runs the configured stages in order and records what ran in the run directory. Stages whose code does
+not exist yet are reported as such and skipped: this job never prints a result it did not compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from slime_ext.config import ConfigError, ResolvedConfig, load_config
+from slime_ext.rundir import create_run_dir, write_json
+from slime_ext.tasks.prepare import PreparedData, prepare_data
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml"
+NOT_YET = {
+    "sft": "SFT warm start needs the Megatron trainer (issue 3) and the training loop (issue 5)",
+    "rl": "RL needs the trainer (issue 3), the rollout engines (issue 4) and the training loop (issue 5)",
+    "eval": "evaluation needs the rollout engines (issue 4) and the training loop (issue 5)",
+}
+log = logging.getLogger("slime_ext")
+
+
+class Job:
+    """State shared by the stages of one run."""
+
+    def __init__(self, resolved: ResolvedConfig, run_dir: Path):
+        self.resolved = resolved
+        self.cfg = resolved.config
+        self.run_dir = run_dir
+        self.data: PreparedData | None = None
+        self.tokenizer: Any = None
+        self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
+
+    # -- stages ---------------------------------------------------------------------------------
+    def stage_data(self) -> dict:
+        self.data = prepare_data(self.cfg.data, self.cfg.run.cache_dir)
+        for report in self.data.reports:
+            log.info("data: %s", report.summary())
+        return {
+            "train_rows": len(self.data.train),
+            "eval_rows": len(self.data.eval),
+            "train_path": str(self.data.train_path),
+            "skipped": {r.path: r.skipped_by_reason for r in self.data.reports if r.n_skipped},
+        }
+
+    def stage_tokenizer(self) -> dict:
+        from slime_ext.tasks.templates import get_template
+        from slime_ext.tokenizer import build_embedded_tokenizer, load_tokenizer, word_initial_marker
+
+        data = self._need_data()
+        tok_cfg = self.cfg.tokenizer
+        if tok_cfg.path == "embedded":
+            texts = [r["prompt"] + "\n" + str(r.get("solution", r["label"])) for r in data.train[: tok_cfg.n_training_texts]]
+            path = build_embedded_tokenizer(Path(self.cfg.run.cache_dir) / "tokenizers", texts, tok_cfg.vocab_size)
+        else:
+            path = Path(tok_cfg.path)
+        self.tokenizer = load_tokenizer(path)
+        template = get_template(self.cfg.data.template)
+        sample = data.eval[:200]
+        lengths = [len(self.tokenizer(template.format(r["prompt"]) + str(r.get("solution", r["label"])))["input_ids"]) for r in sample]
+        info = {
+            "path": str(path),
+            "vocab_size": len(self.tokenizer),
+            "word_initial_marker": word_initial_marker(self.tokenizer),
+            "mean_tokens_prompt_plus_solution": round(statistics.mean(lengths), 1),
+            "max_tokens_prompt_plus_solution": max(lengths),
+        }
+        if info["max_tokens_prompt_plus_solution"] > self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len:
+            log.warning("some reference solutions are longer than max_prompt_len + max_response_len")
+        return info
+
+    def stage_check_references(self) -> dict:
+        """Reference solutions must score 1 and solutions with a wrong final answer must score 0."""
+        from slime_ext.rewards import ReasonCounter, get_verifier
+
+        data = self._need_data()
+        rows = [r for r in data.eval if "solution" in r]
+        if not rows:
+            return {"skipped": "the eval rows carry no reference 'solution' field"}
+        verify = get_verifier(self.cfg.reward.type)
+        good, bad = ReasonCounter(), ReasonCounter()
+        n_good = n_bad = 0
+        for r in tqdm(rows, desc="check_references", unit="row", file=sys.stderr):
+            result = verify(r["solution"], r["label"])
+            n_good += result.score == 1.0
+            good.add(result)
+            wrong = _corrupt_final_answer(r["solution"], r["label"])
+            result = verify(wrong, r["label"])
+            n_bad += result.score == 0.0
+            bad.add(result)
+        out = {
+            "rows": len(rows),
+            "reference_correct": n_good / len(rows),
+            "corrupted_scored_zero": n_bad / len(rows),
+            "reference_reasons": good.as_dict(),
+            "corrupted_reasons": bad.as_dict(),
+        }
+        if n_good != len(rows) or n_bad != len(rows):
+            raise RuntimeError(f"verifier disagrees with the reference solutions: {out}")
+        return out
+
+    # -- driver -----------------------------------------------------------------------------------
+    def _need_data(self) -> PreparedData:
+        if self.data is None:
+            self.summary["stages"]["data"] = self.stage_data()
+        return self.data
+
+    def run(self) -> int:
+        stages: dict[str, Callable[[], dict]] = {
+            "data": self.stage_data,
+            "tokenizer": self.stage_tokenizer,
+            "check_references": self.stage_check_references,
+        }
+        not_run = []
+        for name in self.cfg.run.stages:
+            if name not in stages:
+                log.warning("stage %-16s NOT IMPLEMENTED YET: %s", name, NOT_YET[name])
+                not_run.append(name)
+                continue
+            start = time.perf_counter()
+            result = stages[name]()
+            result["seconds"] = round(time.perf_counter() - start, 2)
+            self.summary["stages"][name] = result
+            log.info("stage %-16s done in %.1fs: %s", name, result["seconds"], _short(result))
+            write_json(self.run_dir / "summary.json", self.summary)
+        self.summary["not_implemented_stages"] = not_run
+        self.summary["complete"] = not not_run
+        write_json(self.run_dir / "summary.json", self.summary)
+        if not_run:
+            log.warning("run stopped before %s: not implemented yet (no training result was produced)", ", ".join(not_run))
+        log.info("run directory: %s", self.run_dir)
+        return 0
+
+
+def _corrupt_final_answer(solution: str, label: str) -> str:
+    marker = "\\boxed{"
+    head, _, _ = solution.rpartition(marker)
+    try:
+        wrong = str(int(label) + 1)
+    except ValueError:
+        wrong = label + "1"
+    return f"{head}{marker}{wrong}}}"
+
+
+def _short(result: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in result.items() if not isinstance(v, (dict, list)) and k != "seconds")
+
+
+def parse_args(argv: list[str]) -> tuple[Path, list[str]]:
+    parser = argparse.ArgumentParser(prog="scripts/run.sh", description="Run the main job.")
+    parser.add_argument("args", nargs="*", help="[CONFIG.yaml] [key=value ...]")
+    ns = parser.parse_args(argv)
+    args = list(ns.args)
+    config = DEFAULT_CONFIG
+    if args and "=" not in args[0]:
+        config = Path(args.pop(0))
+    return config, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+    config, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        resolved = load_config(config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = create_run_dir(resolved)
+    log.info("config %s (method=%s) -> %s", config, resolved.config.method, run_dir)
+    return Job(resolved, run_dir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Symbolic equivalence checks in a persistent, killable worker process.
+
+Why a process and not a signal alarm: sympy can spend minutes inside one C-level big-integer
+operation (``10**(10**10)``), where a SIGALRM handler never gets to run. A separate process can
+always be killed. The worker is started lazily, kept alive between calls (importing sympy costs
+about a second), killed on timeout, and started again on the next call.
+
+Calls are serialised by a lock, so several threads may share the worker. The parent never imports
+sympy. The worker only receives strings that passed ``latex_to_sympy`` validation, because
+``parse_expr`` evaluates its input.
+
+Callers that run this from a script must guard the entry point with ``if __name__ == "__main__":``
+(the worker uses the "spawn" start method, which re-imports the main module).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+STARTUP_TIMEOUT_S = 120.0
+"""Worker start (interpreter + sympy import) is not charged to the per-call timeout."""
+WORKER_MEMORY_HEADROOM = 2 << 30
+"""The worker may grow this much over its size at start; a runaway big-int then fails fast."""
+REL_TOL = 1e-6
+
+EQUAL = "equal"
+NOT_EQUAL = "not_equal"
+PARSE_ERROR = "parse_error"
+TIMEOUT = "timeout"
+TOO_COMPLEX = "too_complex"
+WORKER_ERROR = "worker_error"
+
+
+# ------------------------------------------------------------------ code running in the worker
+
+
+def _limit_memory() -> None:
+    try:
+        import resource
+
+        with open("/proc/self/status", encoding="ascii") as f:
+            vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+        limit = vm_kb * 1024 + WORKER_MEMORY_HEADROOM
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (OSError, ValueError, StopIteration, ImportError):
+        pass  # best effort: the timeout still bounds the damage
+
+
+def _parse(src: str) -> Any:
+    import sympy
+    from sympy.parsing.sympy_parser import (
+        implicit_multiplication_application,
+        parse_expr,
+        standard_transformations,
+    )
+
+    local_dict: dict[str, Any] = {}
+    for name in set(_identifiers(src)):
+        if name in ("sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "asin", "acos", "atan",
+                    "sinh", "cosh", "tanh", "log", "exp", "pi", "oo"):
+            continue
+        # Every other name is a plain symbol, so single letters such as N, S, O, Q (sympy
+        # functions) cannot change meaning. e and i are read as the constants; both sides of a
+        # comparison get the same reading, so this never makes two different answers equal.
+        local_dict[name] = {"e": sympy.E, "i": sympy.I}.get(name) or sympy.Symbol(name)
+    transformations = standard_transformations + (implicit_multiplication_application,)
+    expr = parse_expr(src, local_dict=local_dict, transformations=transformations, evaluate=True)
+    if not isinstance(expr, sympy.Expr):
+        raise TypeError(f"not an expression: {type(expr).__name__}")
+    return expr
+
+
+def _identifiers(src: str) -> list[str]:
+    import re
+
+    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src)
+
+
+def _numerically_close(a: Any, b: Any) -> bool:
+    import sympy
+
+    va = complex(sympy.N(a, 30))
+    vb = complex(sympy.N(b, 30))
+    scale = max(abs(va), abs(vb))
+    return abs(va - vb) < REL_TOL * scale if scale else True
+
+
+def compare_expressions(a_src: str, b_src: str) -> str:
+    """EQUAL / NOT_EQUAL for two validated expression strings (runs inside the worker)."""
+    import sympy
+
+    a = _parse(a_src)
+    b = _parse(b_src)
+    diff = a - b
+    if diff == 0:
+        return EQUAL
+    has_float = a.has(sympy.Float) or b.has(sympy.Float)
+    if has_float and not diff.free_symbols:
+        # a decimal answer vs an exact one (sqrt(2)/2 vs 0.7071068): same tolerance as the fast path
+        return EQUAL if _numerically_close(a, b) else NOT_EQUAL
+    if sympy.simplify(diff) == 0:
+        return EQUAL
+    return NOT_EQUAL
+
+
+def _serve(conn: Connection) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    _limit_memory()
+    try:
+        import sympy  # noqa: F401  (the expensive import, done before reporting ready)
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        conn.send(("error", repr(exc)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        try:
+            verdict = compare_expressions(*msg)
+        except MemoryError:
+            verdict = TOO_COMPLEX  # a runaway computation hit the memory cap
+        except Exception:
+            verdict = PARSE_ERROR
+        try:
+            conn.send(verdict)
+        except (EOFError, OSError):
+            return
+
+
+# ------------------------------------------------------------------ parent side
+
+
+class SympyWorker:
+    """Thread-safe handle on one lazily started, restartable sympy process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self.restarts = 0  # how many times a worker was started; tests and logs read it
+
+    def compare(self, a_src: str, b_src: str, timeout_s: float) -> str:
+        """EQUAL, NOT_EQUAL, PARSE_ERROR, TIMEOUT, TOO_COMPLEX or WORKER_ERROR; never raises or hangs."""
+        with self._lock:
+            if not self._ensure_started():
+                return WORKER_ERROR
+            conn = self._conn
+            assert conn is not None
+            try:
+                conn.send((a_src, b_src))
+                if not conn.poll(max(timeout_s, 0.0)):
+                    self._kill()
+                    return TIMEOUT
+                verdict = conn.recv()
+            except (EOFError, OSError):
+                self._kill()
+                return WORKER_ERROR
+            if verdict == TOO_COMPLEX:  # MemoryError in the worker: start clean next time
+                self._kill()
+            return verdict if isinstance(verdict, str) else WORKER_ERROR
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._proc.pid if self._proc is not None else None
+
+    def _ensure_started(self) -> bool:
+        if self._proc is not None and self._proc.is_alive():
+            return True
+        self._kill()
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=_serve, args=(child_conn,), name="sympy-verifier", daemon=True)
+        proc.start()
+        child_conn.close()
+        self._proc, self._conn = proc, parent_conn
+        self.restarts += 1
+        try:
+            if parent_conn.poll(STARTUP_TIMEOUT_S):
+                status, _ = parent_conn.recv()
+                if status == "ready":
+                    return True
+        except (EOFError, OSError):
+            pass
+        self._kill()
+        return False
+
+    def _kill(self) -> None:
+        """Kills and reaps the worker (no zombie left behind). Caller holds the lock."""
+        proc, conn = self._proc, self._conn
+        self._proc, self._conn = None, None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
+            if proc.exitcode is not None:
+                proc.close()
+
+    def shutdown(self) -> None:
+        """Asks the worker to exit, kills it if it does not; safe to call repeatedly."""
+        with self._lock:
+            if self._conn is not None and self._proc is not None and self._proc.is_alive():
+                try:
+                    self._conn.send(None)
+                    self._proc.join(timeout=2)
+                except (OSError, ValueError):
+                    pass
+            self._kill()
+
+    def _forget_after_fork(self) -> None:
+        # In a forked child the process handle belongs to the parent: drop it, do not kill it.
+        self._lock = threading.Lock()
+        self._proc, self._conn = None, None
+
+
+_WORKER = SympyWorker()
+atexit.register(_WORKER.shutdown)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WORKER._forget_after_fork)
+
+
+def get_worker() -> SympyWorker:
+    """The process-wide shared worker."""
+    return _WORKER

@@ -1,0 +1,1 @@
+"""Task data: synthetic math problems, JSONL loading, prompt templates."""

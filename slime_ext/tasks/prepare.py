@@ -1,0 +1,65 @@
+"""Materialise a run's train/eval datasets from its config, cached so re-runs are instant.
+
+Synthetic data is written as JSONL under the cache (keyed by a hash of what determines it) and then
+read back through the same loader a user's JSONL file goes through, so both paths share one code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from slime_ext.config.schema import DataConfig
+from slime_ext.tasks.dataset import LoadReport, load_jsonl
+from slime_ext.tasks.synthetic_math import generate_dataset, write_jsonl
+
+logger = logging.getLogger(__name__)
+SYNTHETIC_FORMAT = "synthetic_math-v1"  # bump when the generator's output changes
+
+
+@dataclass
+class PreparedData:
+    train: list[dict]
+    eval: list[dict]
+    train_path: Path
+    eval_path: Path | None
+    reports: list[LoadReport]
+
+
+def _synthetic_paths(cfg: DataConfig, cache_dir: Path) -> tuple[Path, Path]:
+    syn = cfg.synthetic
+    key = json.dumps([SYNTHETIC_FORMAT, syn.model_dump()], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    folder = cache_dir / "data" / f"synthetic-{digest}"
+    train, evals = folder / "train.jsonl", folder / "eval.jsonl"
+    if not (train.is_file() and evals.is_file()):
+        logger.info("generating synthetic math data into %s", folder)
+        write_jsonl(generate_dataset(syn.eval_levels, syn.n_eval, syn.seed, "eval"), evals)
+        write_jsonl(generate_dataset(syn.train_levels, syn.n_train, syn.seed, "train"), train)
+    return train, evals
+
+
+def prepare_data(cfg: DataConfig, cache_dir: str | Path) -> PreparedData:
+    """Train and eval rows for a run. JSONL without an eval file holds out the last 5% (<= 256 rows)."""
+    if cfg.source == "synthetic_math":
+        train_path, eval_path = _synthetic_paths(cfg, Path(cache_dir))
+        keys = {"prompt_key": "prompt", "label_key": "label"}
+    else:
+        train_path = Path(cfg.train_path)
+        eval_path = Path(cfg.eval_path) if cfg.eval_path else None
+        keys = {"prompt_key": cfg.prompt_key, "label_key": cfg.label_key}
+    train, train_report = load_jsonl(train_path, max_bad_fraction=cfg.max_bad_fraction, **keys)
+    reports = [train_report]
+    if eval_path is not None:
+        evals, eval_report = load_jsonl(eval_path, max_bad_fraction=cfg.max_bad_fraction, **keys)
+        reports.append(eval_report)
+    else:
+        n_hold = min(256, max(1, len(train) // 20))
+        if len(train) < 2:
+            raise ValueError(f"{train_path}: need at least 2 valid rows to hold out an eval set (set data.eval_path)")
+        train, evals = train[:-n_hold], train[-n_hold:]
+        logger.warning("data.eval_path not set: holding out the last %d rows of %s for evaluation", n_hold, train_path)
+    return PreparedData(train=train, eval=evals, train_path=train_path, eval_path=eval_path, reports=reports)

@@ -1,0 +1,120 @@
+"""The rollout data model: validation and annotation alignment in both tensor layouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from slime_ext.data import Author, RolloutBatch, Sample, SampleStatus, SampleValidationError, build_batch
+
+
+def make_sample(i: int, p: int, r: int, **kw) -> Sample:
+    rng = random.Random(i)
+    return Sample(
+        sample_id=f"s{i}",
+        prompt_ids=[rng.randrange(10, 300) for _ in range(p)],
+        response_ids=[rng.randrange(10, 300) for _ in range(r)],
+        group_id=f"g{i // 2}",
+        author=[rng.choice([0, 1]) for _ in range(r)],
+        channel=[rng.choice([0, 1]) for _ in range(r)],
+        logprobs=[-rng.random() for _ in range(r)],
+        loss_mask=[rng.choice([0.0, 1.0]) for _ in range(r)],
+        reward=float(i % 2),
+        advantage=float(i) - 1.5,
+        weight=1.0 + i,
+        cost=float(i % 3 == 0),
+        **kw,
+    )
+
+
+def test_mismatched_lengths_name_the_sample_and_field():
+    with pytest.raises(SampleValidationError, match=r"sample 'bad-7': loss_mask has 2 entries but response_ids has 3"):
+        Sample("bad-7", [1, 2], [3, 4, 5], loss_mask=[1, 1])
+    with pytest.raises(SampleValidationError, match=r"sample 'x': author has 1 entries"):
+        Sample("x", [1], [3, 4], author=[1])
+    with pytest.raises(SampleValidationError, match=r"sample 'x': logprobs has 3 entries"):
+        Sample("x", [1], [3, 4], logprobs=[0.0, 0.0, 0.0])
+    with pytest.raises(SampleValidationError, match="empty prompt_ids"):
+        Sample("x", [], [3])
+    with pytest.raises(SampleValidationError, match="status 'done' is not one of"):
+        Sample("x", [1], [2], status="done")
+    with pytest.raises(SampleValidationError, match="author values"):
+        Sample("x", [1], [2], author=[5])
+    # mutation after construction is caught when the batch is built
+    s = Sample("late", [1], [2, 3])
+    s.channel = [1]
+    with pytest.raises(SampleValidationError, match="sample 'late': channel has 1 entries"):
+        build_batch([s], pad_id=0)
+
+
+def test_defaults_and_round_trip():
+    s = Sample("a", [1, 2], [3, 4, 5], status="truncated")
+    assert s.loss_mask == [1.0, 1.0, 1.0] and s.status is SampleStatus.TRUNCATED
+    again = Sample.from_dict(s.to_dict())
+    assert again == s
+    assert Author.POLICY == 1 and Author.PARTNER == 0
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_every_annotation_stays_on_its_token(layout):
+    samples = [make_sample(i, p, r) for i, (p, r) in enumerate([(3, 5), (7, 1), (2, 9), (4, 4)])]
+    groups = [samples[:2], samples[2:]]
+    batch = build_batch(groups, pad_id=0, layout=layout, pad_to_multiple_of=4)
+    assert batch.tokens.shape[-1] % 4 == 0
+    for name, attr in [("author", "author"), ("channel", "channel"), ("old_logprobs", "logprobs"), ("loss_mask", "loss_mask")]:
+        per = batch.response_values(name)
+        for s, values in zip(samples, per):
+            expected = torch.tensor(getattr(s, attr), dtype=values.dtype)
+            assert torch.equal(values, expected), (layout, name, s.sample_id)
+    # response tokens come back in order, and every token's id matches the sample it belongs to
+    for i, s in enumerate(samples):
+        where = batch.seq_index == i
+        assert batch.tokens[where].tolist() == s.prompt_ids + s.response_ids
+        assert batch.position_ids[where].tolist() == list(range(s.total_len))
+        assert batch.tokens[where & batch.response_mask].tolist() == s.response_ids
+    # prompt and padding positions are never trained and carry no annotation
+    off = ~batch.response_mask
+    assert batch.loss_mask[off].abs().sum() == 0
+    assert (batch.author[off] == -1).all() and (batch.channel[off] == -1).all()
+    assert batch.num_tokens == sum(s.total_len for s in samples)
+    # per-sample values broadcast onto the right tokens
+    adv_tok = batch.per_token(batch.advantages)
+    for i, s in enumerate(samples):
+        assert torch.all(adv_tok[batch.seq_index == i] == s.advantage)
+    assert torch.all(adv_tok[batch.seq_index < 0] == 0)
+    assert batch.weights.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_layout_specific_fields():
+    samples = [make_sample(0, 2, 3), make_sample(1, 1, 1)]
+    padded = build_batch(samples, pad_id=7)
+    assert padded.tokens.shape == (2, 5)
+    assert padded.attention_mask.tolist() == [[True] * 5, [True, True, False, False, False]]
+    assert padded.tokens[1, 2:].tolist() == [7, 7, 7] and padded.cu_seqlens is None
+    packed = build_batch(samples, pad_id=7, layout="packed", pad_to_multiple_of=8)
+    assert packed.tokens.shape == (1, 8)
+    assert packed.cu_seqlens.tolist() == [0, 5, 7] and packed.attention_mask is None
+    assert packed.position_ids[0, :7].tolist() == [0, 1, 2, 3, 4, 0, 1]
+    with pytest.raises(ValueError, match="unknown batch layout"):
+        build_batch(samples, pad_id=0, layout="ragged")
+
+
+def test_require_fails_closed_on_missing_annotations():
+    a = make_sample(0, 2, 2)
+    b = Sample("no-author", [1, 2], [3, 4])
+    batch = build_batch([a, b], pad_id=0)
+    with pytest.raises(SampleValidationError, match=r"needs per-sample 'author' but 1 sample\(s\) lack it: 'no-author'"):
+        batch.require("author")
+    build_batch([a], pad_id=0).require("author", "channel", "logprobs", "advantage")
+    with pytest.raises(SampleValidationError, match="appears twice"):
+        build_batch([a, a], pad_id=0)
+    with pytest.raises(ValueError, match="zero samples"):
+        build_batch([], pad_id=0)
+
+
+def test_batch_moves_between_devices():
+    batch = build_batch([make_sample(0, 2, 2)], pad_id=0)
+    moved = batch.to("cpu")
+    assert isinstance(moved, RolloutBatch) and torch.equal(moved.tokens, batch.tokens)
