@@ -81,7 +81,7 @@ class SyntheticDataConfig(Section):
     train_levels: list[str] = Field(default_factory=lambda: ["L2"])
     eval_levels: list[str] = Field(default_factory=lambda: ["L2"])
     n_train: int = Field(20000, ge=1)
-    n_eval: int = Field(256, ge=1)
+    n_eval: int = Field(512, ge=1)
     seed: int = Field(0, ge=0)
 
 
@@ -186,7 +186,7 @@ class GRPOConfig(Section):
 
 class EvalConfig(Section):
     every: int = Field(25, ge=1)
-    n_prompts: int = Field(256, ge=1)
+    n_prompts: int = Field(512, ge=1)
     n_samples: int = Field(4, ge=1)
     k: list[int] = Field(default_factory=lambda: [1, 4])
     temperature: float = Field(1.0, ge=0)

@@ -58,23 +58,26 @@ _FRAC_GROUP_TOKEN_RE = re.compile(r"\\frac\s*\{([^{}]*)\}\s*" + _TOKEN)
 _SQRT_TOKEN_RE = re.compile(r"\\sqrt\s*(\d|[A-Za-z](?![A-Za-z])|\\[A-Za-z]+)")
 _CMD_BEFORE_LETTER_RE = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")
 _WS_RE = re.compile(r"\s+")
+_MAX_PEELS = 4
+"""Wrappers/units peeled per kind; bounding the loops keeps hostile nesting linear-time."""
 
 
 def _unwrap_whole_box(s: str) -> str:
     r"""``\boxed{5}`` -> ``5`` when the box spans the whole string (labels are often stored boxed)."""
-    while True:
+    for _ in range(_MAX_PEELS):
         for cmd in ("\\boxed", "\\fbox"):
-            if s.startswith(cmd):
+            if s.startswith(cmd) and s.endswith("}"):
                 open_idx = _open_brace_after(s, len(cmd))
                 if open_idx >= 0 and _matching_brace(s, open_idx) == len(s) - 1:
                     s = s[open_idx + 1 : -1].strip()
                     break
         else:
-            return s
+            break
+    return s
 
 
 def _strip_delimiters(s: str) -> str:
-    while True:
+    for _ in range(_MAX_PEELS):
         before = s
         if len(s) >= 2 and s[0] == "$" and s[-1] == "$":
             s = s.strip("$").strip()
@@ -82,12 +85,13 @@ def _strip_delimiters(s: str) -> str:
             if s.startswith(left) and s.endswith(right) and len(s) >= 4:
                 s = s[2:-2].strip()
         if s == before:
-            return s
+            break
+    return s
 
 
 def _strip_text_units(s: str) -> str:
     r"""Drops trailing ``\text{unit}`` blocks that follow a quantity; unwraps the remaining ``\text``."""
-    while True:
+    for _ in range(_MAX_PEELS):
         m = _TRAILING_UNIT_TEXT_RE.search(s)
         if m is None:
             break

@@ -8,18 +8,17 @@ about a second), killed on timeout, and started again on the next call.
 Calls are serialised by a lock, so several threads may share the worker. The parent never imports
 sympy. The worker only receives strings that passed ``latex_to_sympy`` validation, because
 ``parse_expr`` evaluates its input.
-
-Callers that run this from a script must guard the entry point with ``if __name__ == "__main__":``
-(the worker uses the "spawn" start method, which re-imports the main module).
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 STARTUP_TIMEOUT_S = 120.0
@@ -111,22 +110,25 @@ def compare_expressions(a_src: str, b_src: str) -> str:
     return NOT_EQUAL
 
 
-def _serve(conn: Connection) -> None:
+def serve(read_fd: int, write_fd: int) -> None:
+    """Worker main loop: (a, b) requests in, verdict strings out, until EOF or None."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    requests = Connection(read_fd, writable=False)
+    replies = Connection(write_fd, readable=False)
     _limit_memory()
     try:
         import sympy  # noqa: F401  (the expensive import, done before reporting ready)
     except Exception as exc:  # pragma: no cover - depends on the environment
-        conn.send(("error", repr(exc)))
+        replies.send(("error", repr(exc)))
         return
-    conn.send(("ready", None))
+    replies.send(("ready", None))
     while True:
         try:
-            msg = conn.recv()
+            msg = requests.recv()
         except (EOFError, OSError):
-            return
+            return  # parent went away
         if msg is None:
             return
         try:
@@ -136,36 +138,55 @@ def _serve(conn: Connection) -> None:
         except Exception:
             verdict = PARSE_ERROR
         try:
-            conn.send(verdict)
+            replies.send(verdict)
         except (EOFError, OSError):
             return
 
 
 # ------------------------------------------------------------------ parent side
 
+# The worker loads this file by path rather than importing the package, so that whatever
+# ``slime_ext/__init__.py`` imports (possibly torch) is never loaded into the worker.
+_THIS_FILE = str(Path(__file__).resolve())
+_BOOTSTRAP = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('_slime_sympy_worker', sys.argv[3])\n"
+    "module = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(module)\n"
+    "module.serve(int(sys.argv[1]), int(sys.argv[2]))\n"
+)
+
 
 class SympyWorker:
-    """Thread-safe handle on one lazily started, restartable sympy process."""
+    """Thread-safe handle on one lazily started, restartable sympy process.
+
+    The worker is a fresh interpreter started with ``subprocess`` rather than
+    ``multiprocessing.get_context("spawn")``: spawn re-imports the caller's ``__main__`` in the
+    child, which re-runs any entry-point script that lacks an ``if __name__ == "__main__":``
+    guard (a training script would start training again inside the verifier). A plain
+    interpreter running one import avoids that; the messages still use
+    ``multiprocessing.connection.Connection`` framing over two private pipes.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: Any = None
-        self._conn: Connection | None = None
-        self.restarts = 0  # how many times a worker was started; tests and logs read it
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._requests: Connection | None = None
+        self._replies: Connection | None = None
+        self.starts = 0  # how many workers were started; tests and logs read it
 
     def compare(self, a_src: str, b_src: str, timeout_s: float) -> str:
         """EQUAL, NOT_EQUAL, PARSE_ERROR, TIMEOUT, TOO_COMPLEX or WORKER_ERROR; never raises or hangs."""
         with self._lock:
-            if not self._ensure_started():
-                return WORKER_ERROR
-            conn = self._conn
-            assert conn is not None
             try:
-                conn.send((a_src, b_src))
-                if not conn.poll(max(timeout_s, 0.0)):
+                if not self._ensure_started():
+                    return WORKER_ERROR
+                assert self._requests is not None and self._replies is not None
+                self._requests.send((a_src, b_src))
+                if not self._replies.poll(max(timeout_s, 0.0)):
                     self._kill()
                     return TIMEOUT
-                verdict = conn.recv()
+                verdict = self._replies.recv()
             except (EOFError, OSError):
                 self._kill()
                 return WORKER_ERROR
@@ -179,54 +200,71 @@ class SympyWorker:
             return self._proc.pid if self._proc is not None else None
 
     def _ensure_started(self) -> bool:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None and self._proc.poll() is None:
             return True
         self._kill()
-        ctx = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=_serve, args=(child_conn,), name="sympy-verifier", daemon=True)
-        proc.start()
-        child_conn.close()
-        self._proc, self._conn = proc, parent_conn
-        self.restarts += 1
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
         try:
-            if parent_conn.poll(STARTUP_TIMEOUT_S):
-                status, _ = parent_conn.recv()
-                if status == "ready":
-                    return True
-        except (EOFError, OSError):
-            pass
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, str(req_r), str(rep_w), _THIS_FILE],
+                pass_fds=(req_r, rep_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except OSError:
+            for fd in (req_r, req_w, rep_r, rep_w):
+                os.close(fd)
+            return False
+        os.close(req_r)
+        os.close(rep_w)
+        self._requests = Connection(req_w, readable=False)
+        self._replies = Connection(rep_r, writable=False)
+        self.starts += 1
+        if self._replies.poll(STARTUP_TIMEOUT_S):
+            status, _ = self._replies.recv()
+            if status == "ready":
+                return True
         self._kill()
         return False
 
     def _kill(self) -> None:
-        """Kills and reaps the worker (no zombie left behind). Caller holds the lock."""
-        proc, conn = self._proc, self._conn
-        self._proc, self._conn = None, None
-        if conn is not None:
-            conn.close()
+        """Kills and reaps the worker, so no zombie is left behind. Caller holds the lock."""
+        proc = self._proc
+        for conn in (self._requests, self._replies):
+            if conn is not None:
+                conn.close()
+        self._proc, self._requests, self._replies = None, None, None
         if proc is not None:
-            if proc.is_alive():
+            if proc.poll() is None:
                 proc.kill()
-            proc.join(timeout=10)
-            if proc.exitcode is not None:
-                proc.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not delivered
+                pass
 
     def shutdown(self) -> None:
         """Asks the worker to exit, kills it if it does not; safe to call repeatedly."""
         with self._lock:
-            if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            if self._proc is not None and self._requests is not None and self._proc.poll() is None:
                 try:
-                    self._conn.send(None)
-                    self._proc.join(timeout=2)
-                except (OSError, ValueError):
+                    self._requests.send(None)
+                    self._proc.wait(timeout=2)
+                except (OSError, subprocess.TimeoutExpired):
                     pass
             self._kill()
 
     def _forget_after_fork(self) -> None:
-        # In a forked child the process handle belongs to the parent: drop it, do not kill it.
+        # In a forked child the worker belongs to the parent: drop the handles, never kill it.
         self._lock = threading.Lock()
-        self._proc, self._conn = None, None
+        for conn in (self._requests, self._replies):
+            if conn is not None:
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+        self._proc, self._requests, self._replies = None, None, None
 
 
 _WORKER = SympyWorker()

@@ -1,0 +1,74 @@
+"""The main job runs the stages that exist, records them, and never claims the missing ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slime_ext.config.schema import DataConfig
+from slime_ext.main import main
+from slime_ext.tasks.dataset import DatasetError
+from slime_ext.tasks.prepare import prepare_data
+from tests.conftest import CONFIGS
+
+
+def run_job(tmp_path: Path, *overrides: str) -> dict:
+    rc = main([
+        str(CONFIGS / "grpo.yaml"),
+        f"run.output_dir={tmp_path / 'runs'}",
+        f"run.cache_dir={tmp_path / 'cache'}",
+        "data.synthetic.n_train=300",
+        "data.synthetic.n_eval=40",
+        "tokenizer.n_training_texts=200",
+        *overrides,
+    ])
+    assert rc == 0
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    return json.loads((run_dir / "summary.json").read_text()) | {"_dir": str(run_dir)}
+
+
+def test_main_job_runs_existing_stages_and_flags_missing_ones(tmp_path):
+    summary = run_job(tmp_path)
+    stages = summary["stages"]
+    assert stages["data"]["train_rows"] == 300 and stages["data"]["eval_rows"] == 40
+    assert stages["tokenizer"]["vocab_size"] == 320 and stages["tokenizer"]["word_initial_marker"] == "Ġ"
+    assert stages["check_references"]["reference_correct"] == 1.0
+    assert stages["check_references"]["corrupted_scored_zero"] == 1.0
+    assert summary["not_implemented_stages"] == ["sft", "rl", "eval"] and summary["complete"] is False
+    config_text = (Path(summary["_dir"]) / "config.yaml").read_text()
+    assert "n_train: 300" in config_text and "# files: " in config_text
+
+
+def test_main_job_reuses_cached_data_and_tokenizer(tmp_path):
+    first = run_job(tmp_path, "run.name=a")
+    data_dir = Path(first["stages"]["data"]["train_path"]).parent
+    tok_dir = Path(first["stages"]["tokenizer"]["path"])
+    stamps = (data_dir.joinpath("train.jsonl").stat().st_mtime_ns, tok_dir.joinpath("tokenizer.json").stat().st_mtime_ns)
+    rc = main([str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp_path / 'runs2'}", f"run.cache_dir={tmp_path / 'cache'}",
+               "data.synthetic.n_train=300", "data.synthetic.n_eval=40", "tokenizer.n_training_texts=200"])
+    assert rc == 0
+    assert stamps == (data_dir.joinpath("train.jsonl").stat().st_mtime_ns, tok_dir.joinpath("tokenizer.json").stat().st_mtime_ns)
+
+
+def test_bad_config_exits_2_and_creates_no_run(tmp_path, capsys):
+    rc = main([str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", "rollout.tempurature=1"])
+    assert rc == 2
+    assert "did you mean 'rollout.temperature'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_jsonl_source_skips_bad_rows_and_holds_out_eval(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [json.dumps({"q": f"What is {i}+1?", "a": i + 1}) for i in range(40)]
+    rows.insert(3, "{broken json")
+    rows.insert(10, json.dumps({"q": "no answer"}))
+    path.write_text("\n".join(rows) + "\n")
+    cfg = DataConfig(source="jsonl", train_path=str(path), prompt_key="q", label_key="a")
+    data = prepare_data(cfg, tmp_path / "cache")
+    assert len(data.train) + len(data.eval) == 40 and len(data.eval) == 2  # 5% of 40 held out
+    assert data.eval[-1]["label"] == "40"
+    assert data.reports[0].skipped_by_reason == {"invalid_json": 1, "missing_key": 1}
+    with pytest.raises(DatasetError, match="bad"):
+        prepare_data(cfg.model_copy(update={"max_bad_fraction": 0.01}), tmp_path / "cache")
