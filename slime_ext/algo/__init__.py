@@ -4,8 +4,10 @@ from slime_ext.algo.advantages import group_advantages, grouped_advantages
 from slime_ext.algo.losses import (
     aggregate,
     entropy_from_logits,
+    grpo_per_token_loss,
     grpo_policy_loss,
     kl_penalty,
+    loss_coefficients,
     ppo_clip_loss,
 )
 from slime_ext.algo.passk import mean_at_k, pass_at_k, pass_at_k_over_prompts
@@ -15,7 +17,9 @@ __all__ = [
     "grouped_advantages",
     "aggregate",
     "entropy_from_logits",
+    "grpo_per_token_loss",
     "grpo_policy_loss",
+    "loss_coefficients",
     "kl_penalty",
     "ppo_clip_loss",
     "mean_at_k",

@@ -58,6 +58,35 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
+def loss_coefficients(
+    mask: torch.Tensor,
+    mode: Aggregation = "token_mean",
+    seq_index: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token coefficients c and a denominator D such that the aggregate is `sum(c * v) / D`.
+
+    token_mean: c = mask, D = sum(mask). sample_mean: c = mask / (trained tokens of the token's sample),
+    D = number of samples with a trained token. Splitting the two lets a trainer that sees the batch in
+    micro-batches (and data-parallel shards) use the global D and still get exactly this aggregate.
+    Rows are samples unless `seq_index` (packed layouts) maps positions to samples (-1 = padding).
+    """
+    mask = mask.float()
+    if mode == "token_mean":
+        return mask, mask.sum()
+    if mode != "sample_mean":
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean or sample_mean")
+    if seq_index is None:
+        per_cnt = mask.sum(dim=-1, keepdim=True)
+        coef = mask / per_cnt.clamp(min=1e-8)
+        return coef, (per_cnt > 0).float().sum()
+    n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
+    valid = seq_index >= 0
+    idx = seq_index.clamp(min=0)
+    per_cnt = torch.zeros(n, dtype=mask.dtype).index_add(0, idx.reshape(-1), (mask * valid).reshape(-1))
+    coef = torch.where(valid, mask / per_cnt[idx].clamp(min=1e-8), torch.zeros((), dtype=mask.dtype))
+    return coef, (per_cnt > 0).float().sum()
+
+
 def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,
@@ -68,29 +97,46 @@ def aggregate(
 
     token_mean: sum(v m) / sum(m) over the whole batch (long responses weigh more).
     sample_mean: mean over samples of each sample's sum(v m) / sum(m); samples with no trained token
-    are left out. Rows are samples unless `seq_index` (packed layouts) maps positions to samples.
-    An all-zero mask gives 0 (with a gradient path), never NaN.
+    are left out. An all-zero mask gives 0 (with a gradient path), never NaN.
     """
-    mask = mask.to(values.dtype)
-    if mode == "token_mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1e-8)
-    if mode != "sample_mean":
-        raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean or sample_mean")
-    if seq_index is None:
-        per_sum = (values * mask).sum(dim=-1).reshape(-1)
-        per_cnt = mask.sum(dim=-1).reshape(-1)
-    else:
-        n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
-        idx = seq_index.clamp(min=0).reshape(-1)
-        valid = (seq_index >= 0).reshape(-1).to(values.dtype)
-        flat_v = (values * mask).reshape(-1) * valid
-        flat_m = mask.reshape(-1) * valid
-        per_sum = torch.zeros(n, dtype=values.dtype).index_add(0, idx, flat_v)
-        per_cnt = torch.zeros(n, dtype=values.dtype).index_add(0, idx, flat_m)
-    has_tokens = per_cnt > 0
-    if not bool(has_tokens.any()):
-        return (values * mask).sum()
-    return (per_sum[has_tokens] / per_cnt[has_tokens]).mean()
+    coef, denom = loss_coefficients(mask.to(values.dtype), mode, seq_index)
+    return (values * coef.to(values.dtype)).sum() / denom.clamp(min=1e-8)
+
+
+def grpo_per_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: Optional[torch.Tensor] = None,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    entropy: Optional[torch.Tensor] = None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "low_var_kl",
+    entropy_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The GRPO objective per token, before aggregation, and its per-token parts (for metrics).
+
+    loss_t = w * clip_surrogate_t + kl_coef * KL_t - entropy_coef * H_t. Weights scale the
+    policy-gradient term only (DUET's importance weights), not the regularisers.
+    """
+    pg, clipped = ppo_clip_loss(logprobs, old_logprobs, advantages, eps_low, eps_high)
+    if weights is not None:
+        pg = pg * weights
+    parts = {"pg_loss": pg.detach(), "clip_frac": clipped, "approx_kl_old": kl_penalty(logprobs.detach(), old_logprobs, "k3")}
+    loss = pg
+    if kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 but no reference logprobs were given")
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
+        loss = loss + kl_coef * kl
+        parts["kl_ref"] = kl.detach()
+    if entropy is not None:
+        parts["entropy"] = entropy.detach()
+        if entropy_coef > 0:
+            loss = loss - entropy_coef * entropy
+    return loss, parts
 
 
 def grpo_policy_loss(
@@ -109,30 +155,18 @@ def grpo_policy_loss(
     loss_agg: Aggregation = "token_mean",
     seq_index: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO objective: clipped surrogate (x per-sample weight) + kl_coef KL - entropy_coef H.
+    """The GRPO objective aggregated over a whole batch (see `grpo_per_token_loss`).
 
     `advantages` and `weights` are per token (broadcast per-sample values with `RolloutBatch.per_token`).
-    Weights scale the policy-gradient term only (DUET's importance weights), not the regularisers.
+    Metrics use the same aggregation as the loss, except clip_frac / approx_kl_old (token means).
     """
-    pg, clipped = ppo_clip_loss(logprobs, old_logprobs, advantages, eps_low, eps_high)
-    if weights is not None:
-        pg = pg * weights
-    loss = aggregate(pg, mask, loss_agg, seq_index)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "clip_frac": float(aggregate(clipped, mask, "token_mean")),
-        "approx_kl_old": float(aggregate(kl_penalty(logprobs.detach(), old_logprobs, "k3"), mask, "token_mean")),
-    }
-    if kl_coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("kl_coef > 0 but no reference logprobs were given")
-        kl = aggregate(kl_penalty(logprobs, ref_logprobs, kl_estimator), mask, loss_agg, seq_index)
-        loss = loss + kl_coef * kl
-        metrics["kl_ref"] = float(kl.detach())
-    if entropy is not None:
-        ent = aggregate(entropy, mask, loss_agg, seq_index)
-        metrics["entropy"] = float(ent.detach())
-        if entropy_coef > 0:
-            loss = loss - entropy_coef * ent
+    per_token, parts = grpo_per_token_loss(
+        logprobs, old_logprobs, advantages, weights, ref_logprobs, entropy,
+        eps_low, eps_high, kl_coef, kl_estimator, entropy_coef,
+    )
+    loss = aggregate(per_token, mask, loss_agg, seq_index)
+    metrics = {name: float(aggregate(v, mask, loss_agg, seq_index)) for name, v in parts.items()}
+    for name in ("clip_frac", "approx_kl_old"):
+        metrics[name] = float(aggregate(parts[name], mask, "token_mean"))
     metrics["loss"] = float(loss.detach())
     return loss, metrics

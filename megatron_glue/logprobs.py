@@ -1,0 +1,61 @@
+"""Per-token log-probabilities and entropy from vocabulary-parallel logits.
+
+With tensor parallelism each rank holds logits for a slice of the vocabulary (`parallel_output=True`):
+gathering full logits would cost `tokens x vocab` memory per rank (12 GB in fp32 for 20k tokens of
+Qwen3's 151936-entry vocabulary). Instead the softmax normaliser and the target logit are combined
+across the TP group with autograd-aware all-reduces, so gradients flow to every shard.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from megatron.core import parallel_state as mpu
+
+
+def _tp_group() -> Optional[dist.ProcessGroup]:
+    if mpu.get_tensor_model_parallel_world_size() == 1:
+        return None
+    return mpu.get_tensor_model_parallel_group()
+
+
+def vocab_parallel_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """log p(target) and (optionally) the entropy for every position.
+
+    `logits`: `[..., V / tp]` this rank's vocabulary shard (rank r holds ids [r V/tp, (r+1) V/tp)).
+    `targets`: `[...]` global token ids. Computed in fp32.
+    """
+    group = _tp_group()
+    logits = logits.float()
+    local_vocab = logits.shape[-1]
+    start = mpu.get_tensor_model_parallel_rank() * local_vocab if group is not None else 0
+
+    with torch.no_grad():
+        max_logit = logits.max(dim=-1, keepdim=True).values
+        if group is not None:
+            dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - max_logit
+    exp = shifted.exp()
+    sum_exp = exp.sum(dim=-1)
+    local_target = targets - start
+    in_shard = (local_target >= 0) & (local_target < local_vocab)
+    picked = shifted.gather(-1, local_target.clamp(0, local_vocab - 1).unsqueeze(-1)).squeeze(-1)
+    picked = torch.where(in_shard, picked, torch.zeros_like(picked))
+    if group is not None:
+        sum_exp = dist_fn.all_reduce(sum_exp, group=group)
+        picked = dist_fn.all_reduce(picked, group=group)
+    log_z = sum_exp.log()
+    logprobs = picked - log_z
+    entropy = None
+    if with_entropy:
+        # H = log Z - E_p[shifted logit]
+        expected = (exp * shifted).sum(dim=-1)
+        if group is not None:
+            expected = dist_fn.all_reduce(expected, group=group)
+        entropy = log_z - expected / sum_exp
+    return logprobs, entropy

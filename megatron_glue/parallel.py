@@ -1,0 +1,64 @@
+"""Process-group setup for the trainer: torch.distributed + Megatron parallel state.
+
+gloo on CPU, nccl on GPU; everything else (TP / PP / EP / DP groups, seeds) is Megatron-core's own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+from megatron_glue import cpu_compat
+from megatron_glue.model_provider import ParallelSizes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None) -> None:
+    """Join (or create) the default process group; a no-op if it already exists."""
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", master_addr or "127.0.0.1")
+    if master_port is not None:
+        os.environ["MASTER_PORT"] = str(master_port)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
+
+
+def init_model_parallel(sizes: ParallelSizes, seed: int = 0) -> None:
+    """Megatron parallel groups (DP is whatever is left of the world) and the model-parallel RNG."""
+    cpu_compat.apply()
+    world = dist.get_world_size()
+    model_parallel = sizes.tp * sizes.pp
+    if world % model_parallel:
+        raise ValueError(f"world size {world} is not divisible by TP x PP = {model_parallel}")
+    if (world // sizes.pp) % (sizes.ep) or sizes.ep > world // sizes.pp:
+        raise ValueError(f"expert parallel size {sizes.ep} does not divide the {world // sizes.pp} ranks of a stage")
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()
+    mpu.initialize_model_parallel(
+        tensor_model_parallel_size=sizes.tp,
+        pipeline_model_parallel_size=sizes.pp,
+        expert_model_parallel_size=sizes.ep,
+    )
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown() -> None:
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
