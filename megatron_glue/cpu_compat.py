@@ -169,10 +169,41 @@ class _CpuCuda:
         return getattr(torch.cuda, name)
 
 
+def _as_int_list(sizes: Any) -> Any:
+    return sizes.tolist() if hasattr(sizes, "tolist") else sizes
+
+
+class _CpuDistributed:
+    """`torch.distributed` for megatron-core on CPU: gloo's all_to_all_single accepts split sizes only
+    as Python lists, while the MoE all-to-all (`mappings._AllToAll.forward`, called by
+    MoEAlltoAllTokenDispatcher with EP > 1) passes arrays."""
+
+    @staticmethod
+    def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
+                          input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> Any:
+        return torch.distributed.all_to_all_single(
+            output, input, output_split_sizes=_as_int_list(output_split_sizes),
+            input_split_sizes=_as_int_list(input_split_sizes), group=group, async_op=async_op,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.distributed, name)
+
+
+def _move_to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """`moe_utils.maybe_move_tensor_to_cpu` converts only CUDA tensors, so on CPU the dispatcher's
+    split sizes stay tensors (on GPU they become numpy arrays and `sum()` of them a plain integer used in
+    buffer shapes). Mirror the GPU result."""
+    if as_numpy and isinstance(tensor, torch.Tensor):
+        return tensor.numpy()
+    return tensor
+
+
 class _CpuTorch:
     """`torch` as seen by one megatron-core module on a CPU host."""
 
     cuda = _CpuCuda()
+    distributed = _CpuDistributed()
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(torch, name)
@@ -257,6 +288,8 @@ def apply() -> bool:
     # torch.cuda.default_generators (tensor_parallel/random.py).
     rng._set_cuda_rng_state = _set_cpu_rng_state
     rng._get_cuda_rng_state = _get_cpu_rng_state
+    dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
+    dispatcher.maybe_move_tensor_to_cpu = _move_to_host
     optimizer = importlib.import_module("megatron.core.optimizer.optimizer")
     optimizer.clip_grad_by_total_norm_fp32 = _clip_grads_via_decoupled(optimizer.clip_grad_by_total_norm_fp32)
     # CudaRNGStatesTracker.fork warns when the CPU RNG moved inside a "GPU" RNG context; on CPU the two

@@ -2,8 +2,10 @@
 
 With tensor parallelism each rank holds logits for a slice of the vocabulary (`parallel_output=True`):
 gathering full logits would cost `tokens x vocab` memory per rank (12 GB in fp32 for 20k tokens of
-Qwen3's 151936-entry vocabulary). Instead the softmax normaliser and the target logit are combined
-across the TP group with autograd-aware all-reduces, so gradients flow to every shard.
+Qwen3's 151936-entry vocabulary). Instead the softmax normaliser and the target logit are summed across
+the TP group with Megatron's `reduce_from_tensor_model_parallel_region`: all-reduce forward, identity
+backward. Every TP rank computes the same (replicated) loss, and each shard's gradient must come from
+its own rank's copy only; an autograd all-reduce would sum the TP copies and scale grads by tp.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 from megatron.core import parallel_state as mpu
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 
 def _tp_group() -> Optional[dist.ProcessGroup]:
@@ -47,8 +49,8 @@ def vocab_parallel_logprobs(
     picked = shifted.gather(-1, local_target.clamp(0, local_vocab - 1).unsqueeze(-1)).squeeze(-1)
     picked = torch.where(in_shard, picked, torch.zeros_like(picked))
     if group is not None:
-        sum_exp = dist_fn.all_reduce(sum_exp, group=group)
-        picked = dist_fn.all_reduce(picked, group=group)
+        sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
+        picked = reduce_from_tensor_model_parallel_region(picked)
     log_z = sum_exp.log()
     logprobs = picked - log_z
     entropy = None
@@ -56,6 +58,6 @@ def vocab_parallel_logprobs(
         # H = log Z - E_p[shifted logit]
         expected = (exp * shifted).sum(dim=-1)
         if group is not None:
-            expected = dist_fn.all_reduce(expected, group=group)
+            expected = reduce_from_tensor_model_parallel_region(expected)
         entropy = log_z - expected / sum_exp
     return logprobs, entropy

@@ -70,6 +70,18 @@ class SequenceParallelRMSNorm:
         return norm
 
 
+class QKRMSNorm:
+    """torch RMSNorm for the per-head q/k norms, built regardless of `config.sequence_parallel`.
+
+    `WrappedTorchNorm` refuses to build when sequence parallelism is on, but q/k norms act on heads of
+    the full (already gathered) sequence; their TP-partial grads are summed by name in
+    `finalize_model_grads` ("q_layernorm" / "k_layernorm"), so they must NOT be marked sequence_parallel.
+    """
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+        return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+
+
 def hf_num_experts(hf_config: Any) -> int:
     """transformers 5 calls it `num_local_experts` (with `num_experts` as an alias in some versions)."""
     return int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", 0) or 0)
@@ -130,6 +142,9 @@ def transformer_config_from_hf(
         bf16=bf16,
         use_cpu_initialization=not torch.cuda.is_available(),
         variable_seq_lengths=True,
+        # megatron-core accepts variable sequence lengths only with the alltoall dispatcher (checked even
+        # for dense models, where the dispatcher is unused).
+        moe_token_dispatcher_type="alltoall",
     )
     if moe:
         kwargs.update(
@@ -140,7 +155,6 @@ def transformer_config_from_hf(
             moe_router_score_function="softmax",
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=float(getattr(hf_config, "router_aux_loss_coef", 0.0)),
-            moe_token_dispatcher_type="alltoall",
             moe_grouped_gemm=False,
             moe_router_dtype="fp32",
             moe_permute_fusion=False,
@@ -165,6 +179,9 @@ def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     # Hidden-state norms see sequence-parallel slices; q/k norms see full heads (not replaced).
     sub.input_layernorm = SequenceParallelRMSNorm
     sub.pre_mlp_layernorm = SequenceParallelRMSNorm
+    attention = sub.self_attention.submodules
+    attention.q_layernorm = QKRMSNorm
+    attention.k_layernorm = QKRMSNorm
     return TransformerBlockSubmodules(layer_specs=[layer] * config.num_layers, layer_norm=SequenceParallelRMSNorm)
 
 

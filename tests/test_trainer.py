@@ -1,0 +1,173 @@
+"""megatron_glue's train actor in one process: masks, weights, learning signal, exact resume."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from megatron_glue.actor import MegatronTrainer, TrainerSettings
+from megatron_glue.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_glue.model_provider import ParallelSizes
+from slime_ext.data import Sample
+from tests.megatron_fixtures import single_process_parallel_state, tiny_moe_config
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parallel_state():
+    single_process_parallel_state(seed=3)
+
+
+def make_trainer(**kw) -> MegatronTrainer:
+    settings = TrainerSettings(**({"lr": 1e-3, "micro_batch_size": 3, "clip_grad": 0.0} | kw))
+    return MegatronTrainer(tiny_moe_config(), settings, ParallelSizes())
+
+
+def make_samples(n: int = 6, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        r = rng.randint(3, 9)
+        out.append(Sample(f"s{i}", [rng.randrange(2, 64) for _ in range(rng.randint(2, 5))],
+                          [rng.randrange(2, 64) for _ in range(r)], logprobs=[0.0] * r,
+                          advantage=float(rng.choice([-1.0, 1.0])), reward=0.0))
+    return out
+
+
+def grads_of(trainer: MegatronTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.main_grad.detach().clone() for n, p in trainer.model.module.named_parameters()}
+
+
+def test_masked_token_target_does_not_change_loss_or_grads():
+    trainer = make_trainer(lr=1e-12)
+    samples = make_samples()
+    for s in samples:  # the last response token is masked out
+        s.loss_mask = [1.0] * (s.response_len - 1) + [0.0]
+    first = trainer.train_step(samples, kind="grpo")
+    grads_a = grads_of(trainer)
+    changed = [Sample(s.sample_id, s.prompt_ids, s.response_ids[:-1] + [(s.response_ids[-1] + 7) % 64],
+                      loss_mask=s.loss_mask, logprobs=s.logprobs, advantage=s.advantage) for s in samples]
+    second = trainer.train_step(changed, kind="grpo")
+    grads_b = grads_of(trainer)
+    assert first["pg_loss"] == second["pg_loss"] and first["grad_norm"] == second["grad_norm"]
+    assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+    # control: changing a TRAINED token's target does change them
+    trained = [Sample(s.sample_id, s.prompt_ids, [(s.response_ids[0] + 7) % 64] + s.response_ids[1:],
+                      loss_mask=s.loss_mask, logprobs=s.logprobs, advantage=s.advantage) for s in samples]
+    third = trainer.train_step(trained, kind="grpo")
+    assert third["grad_norm"] != pytest.approx(first["grad_norm"], rel=1e-6)
+
+
+def test_per_sample_weight_scales_the_gradient_exactly():
+    trainer = make_trainer(lr=1e-12)
+    samples = make_samples()
+    norms = {}
+    for w in (1.0, 2.5):
+        for i, s in enumerate(samples):
+            s.weight = w if i == 0 else 0.0
+        norms[w] = trainer.train_step(samples, kind="grpo")["grad_norm"]
+        assert norms[w] > 0
+    assert norms[2.5] == pytest.approx(2.5 * norms[1.0], rel=1e-6)
+
+
+def test_micro_batch_size_does_not_change_the_step():
+    samples = make_samples(7)
+    metrics = []
+    for mbs in (1, 3, 7):
+        single_process_parallel_state(seed=3)
+        trainer = make_trainer(micro_batch_size=mbs)
+        metrics.append(trainer.train_step(samples, kind="grpo"))
+    for m in metrics[1:]:
+        assert m["pg_loss"] == pytest.approx(metrics[0]["pg_loss"], rel=1e-5)
+        assert m["grad_norm"] == pytest.approx(metrics[0]["grad_norm"], rel=1e-5)
+
+
+def test_grpo_step_raises_logprob_of_positive_advantage_responses():
+    single_process_parallel_state(seed=4)
+    trainer = make_trainer(lr=3e-3)
+    samples = make_samples(8, seed=1)
+    before = trainer.compute_logprobs(samples)["logprobs"]
+    for i, s in enumerate(samples):
+        s.logprobs = before[s.sample_id].tolist()
+        s.advantage = 1.0 if i % 2 == 0 else -1.0
+    trainer.train_step(samples, kind="grpo")
+    after = trainer.compute_logprobs(samples)["logprobs"]
+    for i, s in enumerate(samples):
+        delta = float(after[s.sample_id].sum() - before[s.sample_id].sum())
+        if s.advantage > 0:
+            assert delta > 0, (s.sample_id, delta)
+    mean_pos = sum(float(after[s.sample_id].mean() - before[s.sample_id].mean()) for s in samples[::2]) / 4
+    mean_neg = sum(float(after[s.sample_id].mean() - before[s.sample_id].mean()) for s in samples[1::2]) / 4
+    assert mean_pos > mean_neg
+
+
+def test_sft_lowers_loss_on_fixed_batch():
+    single_process_parallel_state(seed=5)
+    trainer = make_trainer(lr=3e-3, clip_grad=1.0)
+    samples = make_samples(8, seed=2)
+    losses = [trainer.train_step(samples, kind="sft")["nll"] for _ in range(15)]
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_compute_logprobs_matches_a_manual_forward():
+    trainer = make_trainer()
+    samples = make_samples(3)
+    got = trainer.compute_logprobs(samples, with_entropy=True)
+    model = trainer.model.module
+    model.eval()
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            logits = model(ids, torch.arange(ids.shape[1])[None], attention_mask=None)[0]
+        logp = torch.log_softmax(logits.float(), -1)
+        p = len(s.prompt_ids)
+        expected = torch.stack([logp[p - 1 + j, tok] for j, tok in enumerate(s.response_ids)])
+        assert torch.allclose(got["logprobs"][s.sample_id], expected, atol=1e-5)
+        ent = -(logp.exp() * logp).sum(-1)[p - 1 : p - 1 + s.response_len]
+        assert torch.allclose(got["entropy"][s.sample_id], ent, atol=1e-5)
+    model.train()
+
+
+def test_reference_snapshot_and_kl_term():
+    trainer = make_trainer(lr=1e-2, kl_coef=0.5, kl_estimator="k3")
+    samples = make_samples(4)
+    trainer.snapshot_reference()
+    ref = trainer.compute_logprobs(samples, reference=True)["logprobs"]
+    cur = trainer.compute_logprobs(samples)["logprobs"]
+    assert all(torch.equal(ref[k], cur[k]) for k in ref)
+    first = trainer.train_step(samples, kind="grpo", ref_logprobs=ref)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the step
+    second = trainer.train_step(samples, kind="grpo", ref_logprobs=ref)
+    assert second["kl_ref"] > 1e-6  # the policy moved away; reference stayed
+    ref_again = trainer.compute_logprobs(samples, reference=True)["logprobs"]
+    assert all(torch.equal(ref[k], ref_again[k]) for k in ref)
+    with pytest.raises(ValueError, match="reference logprobs"):
+        trainer.train_step(samples, kind="grpo")
+
+
+def test_checkpoint_resume_is_exact(tmp_path):
+    settings = dict(lr=1e-3, lr_warmup_steps=2, total_steps=10, lr_decay_style="cosine")
+    trainer = make_trainer(**settings)
+    samples = make_samples(6)
+    for _ in range(2):
+        trainer.train_step(samples, kind="sft")
+    save_checkpoint(trainer, tmp_path, extra={"data_offset": 12})
+    assert latest_checkpoint(tmp_path).name == "iter_0000002"
+    continued = [trainer.train_step(samples, kind="sft")["nll"] for _ in range(3)]
+    final = trainer.local_state_dict()
+    resumed = make_trainer(**settings)
+    assert load_checkpoint(resumed, tmp_path) == {"data_offset": 12}
+    again = [resumed.train_step(samples, kind="sft")["nll"] for _ in range(3)]
+    assert again == continued
+    assert all(torch.equal(final[k], v) for k, v in resumed.local_state_dict().items())
+
+
+def test_missing_checkpoint_and_bad_batch_errors(tmp_path):
+    trainer = make_trainer()
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        load_checkpoint(trainer, tmp_path)
+    samples = make_samples(2)
+    samples[1].advantage = None
+    with pytest.raises(ValueError, match="advantage on every sample; missing on \\['s1'\\]"):
+        trainer.train_step(samples, kind="grpo")
