@@ -687,6 +687,45 @@ def _rank_layout(d: _Dims, ep_rank: int, ep_size: int, pp_rank: int, pp_size: in
     return out
 
 
+@dataclass(frozen=True)
+class RankParam:
+    """One parameter held by a rank: its local name, its full (global) name, whether it is
+    TP-split, and (experts only) the local expert slot shared by every EP rank."""
+
+    local_name: str
+    full_name: str
+    tp_split: bool
+    expert_slot: Optional[int]
+
+
+def rank_parameters(hf_config: Any, ep_rank: int, ep_size: int, pp_rank: int, pp_size: int) -> list[RankParam]:
+    """The parameters of one (ep_rank, pp_rank) in a fixed order that is identical on every EP rank of a
+    stage (expert i of each EP rank at the same position), so ranks can gather them in lockstep. The
+    tied last-stage `output_layer.weight` copy is left out (its HF tensor is the embedding)."""
+    d = _dims(hf_config)
+    per_ep = d.experts // ep_size if d.moe else 0
+    out = []
+    for local, pl in _rank_layout(d, ep_rank, ep_size, pp_rank, pp_size):
+        if pl is None or (local == "output_layer.weight" and pl.param.template.startswith("embedding")):
+            continue
+        slot = None if pl.param.expert is None else pl.param.expert % per_ep
+        out.append(RankParam(local, pl.param.full_name, pl.param.split != "rep", slot))
+    return out
+
+
+def expert_full_name(full_name: str, hf_config: Any, ep_rank: int, ep_size: int) -> str:
+    """The global name of the same expert slot on another EP rank."""
+    d = _dims(hf_config)
+    per_ep = d.experts // ep_size
+    p = _param_index(d)[full_name]
+    return p.name(expert=ep_rank * per_ep + p.expert % per_ep)
+
+
+def tp_join(full_name: str, parts: Sequence[torch.Tensor], hf_config: Any) -> torch.Tensor:
+    """Rebuild a full tensor from its TP shards in TP-rank order (gated fc1 interleaves gate and up)."""
+    return _tp_join(_param_index(_dims(hf_config))[full_name], parts)
+
+
 def shard_megatron_state(
     full_sd: Mapping[str, torch.Tensor],
     hf_config: Any,

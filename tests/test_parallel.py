@@ -55,14 +55,24 @@ def _worker(rank, config, hf_sd, sizes, steps):
         pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp,
     )
     trainer.load_local_state_dict(dict(shard))
+    from megatron_glue.weights import export_hf_state_dict
+
+    # Gathered back to HF names across TP / EP / PP: must reproduce the loaded weights bit for bit.
+    exported = export_hf_state_dict(trainer)
     samples = _samples()
     logprobs = trainer.compute_logprobs(samples)
     metrics = [trainer.train_step(samples, kind="grpo") for _ in range(steps)]
-    return {"metrics": metrics, "logprobs": logprobs}
+    return {"metrics": metrics, "logprobs": logprobs, "exported": exported}
 
 
 def _run(config, sizes, world):
-    return run_ranks(_worker, world, config, _hf_weights(config), sizes, 2)
+    hf_sd = _hf_weights(config)
+    results = run_ranks(_worker, world, config, hf_sd, sizes, 2)
+    union: dict = {}
+    for r in results:
+        union.update(r["exported"])
+    assert set(union) == set(hf_sd) and all(torch.equal(union[k], hf_sd[k]) for k in hf_sd)
+    return results
 
 
 def _assert_same(result, reference):
@@ -71,6 +81,7 @@ def _assert_same(result, reference):
             assert got[key] == pytest.approx(want[key], rel=RTOL), key
     for sid, lp in reference["logprobs"]["logprobs"].items():
         assert torch.allclose(result["logprobs"]["logprobs"][sid], lp, rtol=RTOL, atol=1e-6)
+
 
 
 @pytest.fixture(scope="module")
@@ -106,5 +117,6 @@ def test_dense_tp2_matches_single_process():
 
     config = tiny_dense_config(tie_word_embeddings=True)
     reference = _run(config, ParallelSizes(), 1)[0]
-    result = next(r for r in _run(config, ParallelSizes(tp=2), 2) if r["logprobs"] is not None)
+    results = _run(config, ParallelSizes(tp=2), 2)
+    result = next(r for r in results if r["logprobs"] is not None)
     _assert_same(result, reference)

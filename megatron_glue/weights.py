@@ -1,0 +1,71 @@
+"""Weights out: the trainer's current parameters as canonical HF-named tensors, in buckets.
+
+This is what an inference engine's weight update consumes (SGLang `update_weights_from_tensor`, the
+embedded engine's in-place update). Each rank iterates its parameters in an order shared by its TP and
+EP peers, all-gathers TP shards and expert slots in lockstep, and converts every full tensor to its HF
+pieces. Every rank of a pipeline stage ends with the same buckets; each stage yields its own layers
+(stage 0 the embedding, the last stage the final norm and LM head), so the union over stages is the
+whole model. Memory stays bounded by the bucket size, not the model size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
+
+from megatron_glue.actor import MegatronTrainer
+from megatron_glue.convert import expert_full_name, megatron_param_to_hf, rank_parameters, tp_join
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+
+def _all_gather(tensor: torch.Tensor, group: Any, size: int) -> list[torch.Tensor]:
+    if size == 1:
+        return [tensor]
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return parts
+
+
+def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20) -> Iterator[Bucket]:
+    """Yield lists of (HF name, full tensor) of at most ~`bucket_bytes`. Collective: every rank of the
+    trainer must consume the iterator to the end."""
+    sizes = trainer.sizes
+    ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
+    local = trainer.local_state_dict()
+    bucket: Bucket = []
+    filled = 0
+    for param in rank_parameters(trainer.hf_config, ep_rank, sizes.ep, pp_rank, sizes.pp):
+        tensor = local[param.local_name].detach()
+        if param.expert_slot is None:
+            tp_group = mpu.get_tensor_model_parallel_group()
+        else:
+            tp_group = mpu.get_expert_tensor_parallel_group()
+        if param.tp_split and sizes.tp > 1:
+            tensor = tp_join(param.full_name, _all_gather(tensor, tp_group, sizes.tp), trainer.hf_config)
+        if param.expert_slot is not None and sizes.ep > 1:
+            owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
+            named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t) for r, t in enumerate(owners)]
+        else:
+            named = [(param.full_name, tensor)]
+        for full_name, full in named:
+            for hf_name, hf_tensor in megatron_param_to_hf(full_name, full, trainer.hf_config):
+                # A copy, never a view: the trainer updates its parameters in place.
+                bucket.append((hf_name, hf_tensor.detach().to("cpu", copy=True).contiguous()))
+                filled += hf_tensor.numel() * hf_tensor.element_size()
+                if filled >= bucket_bytes:
+                    yield bucket
+                    bucket, filled = [], 0
+    if bucket:
+        yield bucket
+
+
+def export_hf_state_dict(trainer: MegatronTrainer) -> dict[str, torch.Tensor]:
+    """This stage's weights as one HF-named dict (tests, small models, checkpoint export)."""
+    out: dict[str, torch.Tensor] = {}
+    for bucket in iter_hf_weight_buckets(trainer):
+        out.update(bucket)
+    return out
