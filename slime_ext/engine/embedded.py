@@ -1,0 +1,322 @@
+"""The embedded engine: batched generation with a KV cache over an HF causal LM, in-process.
+
+It is the CPU host of the rollout side (SGLang is the GPU host); both run the same samplers.
+
+One `generate` call decodes a static batch:
+1. requests with identical input ids are prefilled once (a group of n samples of one prompt computes
+   the prompt once) and every input reuses the longest cached prefix (`PrefixCache`), so a
+   continuation (prompt + partial response + appended text) prefills only the new tokens;
+2. all rows share one left-padded DynamicCache; prefix KV of different lengths and their new tokens are
+   laid out with padding holes that the attention mask hides, and positions count real tokens only;
+3. each step every row's samplers adjust its logits, the token is chosen with the row's own generator
+   (seeded from the request seed, so batching never changes a request's draws), annotated, and checked
+   for stop; finished or aborted rows leave the batch (their cache rows are dropped) so the rest do
+   not pay for them;
+4. a partner model (Tandem's junior) runs in lockstep on the same tokens with its own cache, and its
+   logits are handed to the samplers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from sglang_patches.sampler import FINISH_SAMPLER, RequestView, SamplerChain
+from sglang_patches.sampling import FINISH_ABORT, StopChecker, choose_token
+from slime_ext.engine.base import GenerateRequest, GenerateResult
+from slime_ext.engine.prefix_cache import KV, PrefixCache
+
+
+@dataclass
+class _Row:
+    request: GenerateRequest
+    chain: SamplerChain
+    stop: StopChecker
+    generator: torch.Generator
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+    cached_tokens: int = 0
+    finish_reason: Optional[str] = None
+
+
+def _row_kv(cache: DynamicCache, row: int, valid: torch.Tensor) -> KV:
+    """One row's KV without padding holes: per layer ([heads, n, dim], [heads, n, dim])."""
+    idx = valid.nonzero().squeeze(-1)
+    return [(layer.keys[row][:, idx].clone(), layer.values[row][:, idx].clone()) for layer in cache.layers]
+
+
+class _ModelState:
+    """One model's batched KV cache during a generate call."""
+
+    def __init__(self, model: torch.nn.Module, store: PrefixCache):
+        self.model = model
+        self.store = store
+        self.cache: Optional[DynamicCache] = None
+
+    @torch.no_grad()
+    def prefill(self, inputs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Prefill unique inputs (reusing cached prefixes). Returns last-position logits [U, V], the
+        attention mask [U, T] and the number of cached tokens used per input."""
+        prefixes = [self.store.longest_prefix(ids, max_len=len(ids) - 1) for ids in inputs]
+        p_max = max(p for p, _ in prefixes)
+        rest = [ids[p:] for ids, (p, _) in zip(inputs, prefixes)]
+        r_max = max(len(r) for r in rest)
+        n = len(inputs)
+        mask = torch.zeros(n, p_max + r_max, dtype=torch.long)
+        tokens = torch.zeros(n, r_max, dtype=torch.long)
+        cache = DynamicCache()
+        if p_max:
+            layers = len(next(kv for p, kv in prefixes if kv is not None))
+            ref_k, ref_v = next(kv for p, kv in prefixes if kv is not None)[0]
+            for layer in range(layers):
+                ks, vs = [], []
+                for p, kv in prefixes:
+                    k = torch.zeros(ref_k.shape[0], p_max, ref_k.shape[2], dtype=ref_k.dtype)
+                    v = torch.zeros(ref_v.shape[0], p_max, ref_v.shape[2], dtype=ref_v.dtype)
+                    if p:
+                        k[:, p_max - p :] = kv[layer][0]
+                        v[:, p_max - p :] = kv[layer][1]
+                    ks.append(k)
+                    vs.append(v)
+                cache.update(torch.stack(ks), torch.stack(vs), layer)
+        for i, ((p, _), r) in enumerate(zip(prefixes, rest)):
+            mask[i, p_max - p : p_max] = 1
+            mask[i, p_max + r_max - len(r) :] = 1
+            tokens[i, r_max - len(r) :] = torch.tensor(r, dtype=torch.long)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, p_max:]
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True)
+        self.cache = out.past_key_values
+        for i, ids in enumerate(inputs):
+            self.store.insert(ids, _row_kv(self.cache, i, mask[i].bool()))
+        return out.logits[:, -1].float(), mask, [p for p, _ in prefixes]
+
+    def select(self, index: torch.Tensor) -> None:
+        self.cache.batch_select_indices(index)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = (mask.sum(-1, keepdim=True) - 1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1].float()
+
+
+class EmbeddedEngine:
+    """In-process rollout engine over an HF causal LM (and optionally a partner model)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_id: int,
+        partner: Optional[torch.nn.Module] = None,
+        decode: Optional[Callable[[Sequence[int]], str]] = None,
+        prefix_cache_tokens: int = 1 << 20,
+    ):
+        self.model = model.eval()
+        self.partner = partner.eval() if partner is not None else None
+        self.eos_token_id = int(eos_token_id)
+        self.decode = decode
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.partner_prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._aborted: set[str] = set()
+        self._lock = threading.Lock()
+        self.stats = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
+                      "decode_seconds": 0.0, "aborted": 0}
+
+    @classmethod
+    def from_pretrained(cls, path: str, partner_path: Optional[str] = None, dtype: torch.dtype = torch.float32,
+                        **kwargs: Any) -> "EmbeddedEngine":
+        from transformers import AutoModelForCausalLM
+
+        from slime_ext.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        partner = AutoModelForCausalLM.from_pretrained(partner_path, dtype=dtype) if partner_path else None
+        return cls(model, tok.eos_token_id, partner=partner,
+                   decode=lambda ids: tok.decode(ids, skip_special_tokens=False), **kwargs)
+
+    # -- control ----------------------------------------------------------------------------------
+    def abort(self, rid: str) -> None:
+        """Stop request `rid` at its next step (thread-safe; call while `generate` runs)."""
+        with self._lock:
+            self._aborted.add(rid)
+
+    def flush_cache(self) -> None:
+        self.prefix_cache.clear()
+        self.partner_prefix_cache.clear()
+
+    def release_memory_occupation(self) -> None:
+        self.flush_cache()
+
+    def resume_memory_occupation(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        out = dict(self.stats)
+        out["decode_tokens_per_s"] = out["generated_tokens"] / max(out["decode_seconds"], 1e-9)
+        out["prefix_cache_hit_rate"] = out["cached_tokens"] / max(out["cached_tokens"] + out["prefill_tokens"], 1)
+        return out
+
+    @torch.no_grad()
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy canonical HF-named tensors (megatron_glue's export format) into the policy in place.
+
+        transformers keeps Qwen3-MoE experts fused (`experts.gate_up_proj` [E, 2I, H], gate rows first;
+        `experts.down_proj` [E, H, I]); per-expert names are written into their slices. The prefix cache
+        is flushed: its KV was computed with the old weights.
+        """
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        for name, tensor in named_tensors:
+            target, rows = _resolve_target(name, params)
+            if target is None:
+                raise KeyError(f"weight update: {name!r} matches no parameter of the engine's model")
+            dst = target if rows is None else target[rows]
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight update: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(dst.shape)}")
+            dst.copy_(tensor.to(dst.dtype))
+        self.flush_cache()
+
+    # -- generation -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        if not requests:
+            return []
+        rids = [r.rid for r in requests]
+        if len(set(rids)) != len(rids):
+            raise ValueError("request ids in one generate call must be unique")
+        rows = [self._new_row(r) for r in requests]
+        if any(row.chain.needs_partner for row in rows) and self.partner is None:
+            raise ValueError("a sampler needs a partner model but the engine has none")
+        states = [_ModelState(self.model, self.prefix_cache)]
+        if self.partner is not None:
+            states.append(_ModelState(self.partner, self.partner_prefix_cache))
+
+        unique: dict[tuple[int, ...], int] = {}
+        for r in requests:
+            unique.setdefault(tuple(r.input_ids), len(unique))
+        inputs = [list(k) for k in unique]
+        logits_list, masks, cached = [], None, None
+        for state in states:
+            logits, mask, used = state.prefill(inputs)
+            logits_list.append(logits)
+            if masks is None:
+                masks, cached = mask, used
+        expand = torch.tensor([unique[tuple(r.input_ids)] for r in requests])
+        for state in states:
+            state.select(expand)
+        mask = masks[expand]
+        logits_list = [lg[expand] for lg in logits_list]
+        for row, u in zip(rows, expand.tolist()):
+            row.cached_tokens = cached[u]
+        self.stats["cached_tokens"] += sum(cached)
+        self.stats["prefill_tokens"] += sum(len(i) - c for i, c in zip(inputs, cached))
+
+        active = list(range(len(rows)))
+        start = time.perf_counter()
+        while active:
+            policy_logits = logits_list[0]
+            partner_logits = logits_list[1] if len(logits_list) > 1 else None
+            next_tokens = []
+            keep = []
+            for b, ri in enumerate(active):
+                row = rows[ri]
+                token = self._decide(row, policy_logits[b], None if partner_logits is None else partner_logits[b])
+                next_tokens.append(token)
+                if row.finish_reason is None:
+                    keep.append(b)
+            self.stats["generated_tokens"] += len(active)
+            for b, ri in enumerate(active):
+                if rows[ri].finish_reason is not None:  # keep its KV for continuations
+                    fed = int(mask[b].sum())  # the last chosen token was not fed (unless aborted)
+                    ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
+                    for state in states:
+                        state.store.insert(ids, _row_kv(state.cache, b, mask[b].bool()))
+            if not keep:
+                break
+            keep_t = torch.tensor(keep)
+            tokens = torch.tensor(next_tokens, dtype=torch.long)[keep_t]
+            if len(keep) < len(active):
+                for state in states:
+                    state.select(keep_t)
+                mask = mask[keep_t]
+            active = [active[b] for b in keep]
+            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
+            logits_list = [state.step(tokens, mask) for state in states]
+        self.stats["decode_seconds"] += time.perf_counter() - start
+        self.stats["requests"] += len(rows)
+        with self._lock:
+            self._aborted.difference_update(rids)
+        return [self._result(row) for row in rows]
+
+    def _new_row(self, request: GenerateRequest) -> _Row:
+        if not request.input_ids:
+            raise ValueError(f"request {request.rid!r} has no input ids")
+        generator = torch.Generator().manual_seed(int(request.seed))
+        chain = SamplerChain.from_specs(request.sampler_specs, request.seed)
+        if chain.needs_decode and self.decode is None:
+            raise ValueError(f"request {request.rid!r}: its samplers decode text but the engine has no tokenizer")
+        return _Row(request, chain, StopChecker(request.sampling, self.eos_token_id, self.decode), generator)
+
+    def _decide(self, row: _Row, logits: torch.Tensor, partner_logits: Optional[torch.Tensor]) -> int:
+        req = row.request
+        with self._lock:
+            aborted = req.rid in self._aborted
+        if aborted:
+            row.finish_reason = FINISH_ABORT
+            self.stats["aborted"] += 1
+            return self.eos_token_id
+        view = RequestView(req.rid, req.seed, req.input_ids, row.output_ids, self.eos_token_id, self.decode)
+        action = row.chain.adjust(logits, partner_logits, view)
+        if action.force_token is not None:
+            token = action.force_token
+        else:
+            token = choose_token(action.logits if action.logits is not None else logits, req.sampling, row.generator)
+        row.annotations.append(row.chain.on_token(token, view))
+        if req.return_logprob:
+            row.logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+        row.output_ids.append(token)
+        reason = row.stop.check(row.output_ids)
+        if action.finish:
+            reason = FINISH_SAMPLER
+        row.finish_reason = reason
+        return token
+
+    def _result(self, row: _Row) -> GenerateResult:
+        return GenerateResult(
+            rid=row.request.rid,
+            output_ids=list(row.output_ids),
+            logprobs=list(row.logprobs) if row.request.return_logprob else None,
+            finish_reason=row.finish_reason or FINISH_ABORT,
+            annotations=row.annotations,
+            cached_tokens=row.cached_tokens,
+            prompt_len=len(row.request.input_ids),
+        )
+
+
+def _resolve_target(name: str, params: dict[str, torch.Tensor]) -> tuple[Optional[torch.Tensor], Any]:
+    """Map a canonical HF name onto the in-memory model: direct, or a slice of fused expert weights."""
+    if name in params:
+        return params[name], None
+    parts = name.split(".")
+    if len(parts) >= 3 and "experts" in parts and parts[-1] == "weight":
+        at = parts.index("experts")
+        expert, proj = int(parts[at + 1]), parts[at + 2]
+        prefix = ".".join(parts[: at + 1])
+        if proj in ("gate_proj", "up_proj") and f"{prefix}.gate_up_proj" in params:
+            fused = params[f"{prefix}.gate_up_proj"]
+            half = fused.shape[1] // 2
+            rows = slice(0, half) if proj == "gate_proj" else slice(half, 2 * half)
+            return fused[expert], rows
+        if proj == "down_proj" and f"{prefix}.down_proj" in params:
+            return params[f"{prefix}.down_proj"], expert
+    return None, None
