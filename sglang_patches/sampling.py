@@ -45,27 +45,52 @@ class SamplingParams:
 
 
 def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature-scaled logits with top-k / top-p tails set to -inf (1-D, one request)."""
+    """Temperature-scaled logits with top-k / top-p tails set to -inf (rows = requests, last dim = vocab)."""
     scaled = logits.float() / max(params.temperature, 1e-6)
-    if params.top_k > 0 and params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
+    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, descending=True)
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         # keep the smallest prefix whose mass reaches top_p (the token crossing it is kept)
         drop = probs.cumsum(-1) - probs >= params.top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        scaled = torch.full_like(scaled, float("-inf")).scatter(0, order, sorted_logits)
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
     return scaled
 
 
+def _key(params: SamplingParams) -> tuple:
+    return (params.temperature, params.top_p, params.top_k)
+
+
+def choose_tokens(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[Optional[torch.Generator]]
+) -> list[int]:
+    """One token per row: greedy when temperature is 0, else inverse-CDF sampling with one uniform
+    draw from each row's own generator. Rows sharing sampling parameters are filtered in one batch;
+    the draw of a row depends only on its generator, never on the other rows."""
+    tokens = [0] * logits.shape[0]
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(_key(p), []).append(i)
+    for key, rows in groups.items():
+        index = torch.tensor(rows)
+        if key[0] == 0:
+            picked = torch.argmax(logits[index], dim=-1)
+        else:
+            probs = torch.softmax(filtered_logits(logits[index], params[rows[0]]), dim=-1)
+            cdf = probs.cumsum(-1)
+            u = torch.cat([torch.rand(1, generator=generators[i]) for i in rows]) * cdf[:, -1]
+            picked = torch.searchsorted(cdf, u[:, None], right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        for i, t in zip(rows, picked.tolist()):
+            tokens[i] = int(t)
+    return tokens
+
+
 def choose_token(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
-    """Greedy when temperature is 0, else a draw from the filtered distribution with `generator`."""
-    if params.temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(filtered_logits(logits, params), dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """`choose_tokens` for a single row (same arithmetic, so hosts agree token for token)."""
+    return choose_tokens(logits[None], [params], [generator])[0]
 
 
 class StopChecker:

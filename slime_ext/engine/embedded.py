@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from sglang_patches.sampler import FINISH_SAMPLER, RequestView, SamplerChain
-from sglang_patches.sampling import FINISH_ABORT, StopChecker, choose_token
+from sglang_patches.sampling import FINISH_ABORT, StopChecker, choose_tokens
 from slime_ext.engine.base import GenerateRequest, GenerateResult
 from slime_ext.engine.prefix_cache import KV, PrefixCache
 
@@ -90,8 +90,8 @@ class _ModelState:
             mask[i, p_max + r_max - len(r) :] = 1
             tokens[i, r_max - len(r) :] = torch.tensor(r, dtype=torch.long)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, p_max:]
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1, cache_position=torch.arange(p_max, p_max + r_max))
         self.cache = out.past_key_values
         for i, ids in enumerate(inputs):
             self.store.insert(ids, _row_kv(self.cache, i, mask[i].bool()))
@@ -103,8 +103,10 @@ class _ModelState:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         positions = (mask.sum(-1, keepdim=True) - 1)
+        length = mask.shape[1]
         out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True)
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                         cache_position=torch.arange(length - 1, length))
         self.cache = out.past_key_values
         return out.logits[:, -1].float()
 
@@ -224,23 +226,18 @@ class EmbeddedEngine:
         active = list(range(len(rows)))
         start = time.perf_counter()
         while active:
-            policy_logits = logits_list[0]
-            partner_logits = logits_list[1] if len(logits_list) > 1 else None
-            next_tokens = []
+            next_tokens = self._decide([rows[i] for i in active], logits_list[0],
+                                       logits_list[1] if len(logits_list) > 1 else None)
+            self.stats["generated_tokens"] += len(active)
             keep = []
             for b, ri in enumerate(active):
-                row = rows[ri]
-                token = self._decide(row, policy_logits[b], None if partner_logits is None else partner_logits[b])
-                next_tokens.append(token)
-                if row.finish_reason is None:
+                if rows[ri].finish_reason is None:
                     keep.append(b)
-            self.stats["generated_tokens"] += len(active)
-            for b, ri in enumerate(active):
-                if rows[ri].finish_reason is not None:  # keep its KV for continuations
-                    fed = int(mask[b].sum())  # the last chosen token was not fed (unless aborted)
-                    ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
-                    for state in states:
-                        state.store.insert(ids, _row_kv(state.cache, b, mask[b].bool()))
+                    continue
+                fed = int(mask[b].sum())  # keep its KV for continuations (the last token was not fed)
+                ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
+                for state in states:
+                    state.store.insert(ids, _row_kv(state.cache, b, mask[b].bool()))
             if not keep:
                 break
             keep_t = torch.tensor(keep)
@@ -267,29 +264,46 @@ class EmbeddedEngine:
             raise ValueError(f"request {request.rid!r}: its samplers decode text but the engine has no tokenizer")
         return _Row(request, chain, StopChecker(request.sampling, self.eos_token_id, self.decode), generator)
 
-    def _decide(self, row: _Row, logits: torch.Tensor, partner_logits: Optional[torch.Tensor]) -> int:
-        req = row.request
+    def _decide(self, rows: list[_Row], logits: torch.Tensor, partner_logits: Optional[torch.Tensor]) -> list[int]:
+        """Choose, annotate and record one token for every active row; mark finished rows."""
         with self._lock:
-            aborted = req.rid in self._aborted
-        if aborted:
-            row.finish_reason = FINISH_ABORT
-            self.stats["aborted"] += 1
-            return self.eos_token_id
-        view = RequestView(req.rid, req.seed, req.input_ids, row.output_ids, self.eos_token_id, self.decode)
-        action = row.chain.adjust(logits, partner_logits, view)
-        if action.force_token is not None:
-            token = action.force_token
-        else:
-            token = choose_token(action.logits if action.logits is not None else logits, req.sampling, row.generator)
-        row.annotations.append(row.chain.on_token(token, view))
-        if req.return_logprob:
-            row.logprobs.append(float(torch.log_softmax(logits, -1)[token]))
-        row.output_ids.append(token)
-        reason = row.stop.check(row.output_ids)
-        if action.finish:
-            reason = FINISH_SAMPLER
-        row.finish_reason = reason
-        return token
+            aborted = {r.request.rid for r in rows} & self._aborted
+        adjusted = logits
+        forced: dict[int, int] = {}
+        finishing: set[int] = set()
+        views: dict[int, RequestView] = {}
+        for b, row in enumerate(rows):
+            if not row.chain.samplers:
+                continue
+            req = row.request
+            views[b] = view = RequestView(req.rid, req.seed, req.input_ids, row.output_ids, self.eos_token_id, self.decode)
+            action = row.chain.adjust(logits[b], None if partner_logits is None else partner_logits[b], view)
+            if action.force_token is not None:
+                forced[b] = action.force_token
+            elif action.logits is not None:
+                if adjusted is logits:
+                    adjusted = logits.clone()
+                adjusted[b] = action.logits
+            if action.finish:
+                finishing.add(b)
+        sampled = choose_tokens(adjusted, [r.request.sampling for r in rows], [r.generator for r in rows])
+        chosen = [forced.get(b, t) for b, t in enumerate(sampled)]
+        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(chosen)[:, None]).squeeze(1).tolist()
+        tokens = []
+        for b, row in enumerate(rows):
+            if row.request.rid in aborted:
+                row.finish_reason = FINISH_ABORT
+                self.stats["aborted"] += 1
+                tokens.append(self.eos_token_id)
+                continue
+            token = chosen[b]
+            row.annotations.append(row.chain.on_token(token, views[b]) if b in views else {})
+            if row.request.return_logprob:
+                row.logprobs.append(picked[b])
+            row.output_ids.append(token)
+            row.finish_reason = FINISH_SAMPLER if b in finishing else row.stop.check(row.output_ids)
+            tokens.append(token)
+        return tokens
 
     def _result(self, row: _Row) -> GenerateResult:
         return GenerateResult(
