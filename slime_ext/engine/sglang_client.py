@@ -1,0 +1,510 @@
+"""HTTP client for SGLang servers, with the same interface as the embedded engine.
+
+SGLang surfaces used (sglang 0.5.21, `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`):
+    POST /generate                          GenerateReqInput: {"rid", "input_ids", "sampling_params",
+                                            "return_logprob", "custom_logit_processor"}; the response has
+                                            "output_ids" (also with token-id input) and "meta_info" with
+                                            "finish_reason" ({"type": stop|length|abort, ...}),
+                                            "prompt_tokens", "cached_tokens", "output_token_logprobs"
+                                            ([logprob, token_id, text|None] per output token)
+    POST /abort_request                     AbortReq {"rid"} or {"abort_all": true}
+    POST /flush_cache                       200 if flushed, 400 while requests are running
+    POST /begin_weight_update, /end_weight_update    a weight-update session; in 0.5.21 both
+                                            update_weights_from_tensor and update_weights_from_distributed
+                                            fail outside one (weight_updater.py)
+    POST /update_weights_from_tensor        {"serialized_named_tensors": [one base64 ForkingPickler blob
+                                            per TP rank], "load_format", "flush_cache", "weight_version"}
+    POST /init_weights_update_group         {"master_address", "master_port", "rank_offset", "world_size",
+                                            "group_name", "backend"}
+    POST /update_weights_from_distributed   {"names", "dtypes", "shapes", "group_name", "flush_cache", ...}
+    POST /release_memory_occupation, /resume_memory_occupation   {"tags": [...] | null}
+    GET  /health
+The per-request seed goes to `sampling_params["sampling_seed"]` (SGLang reads it only under
+`--enable-deterministic-inference`, and then needs `--sampling-backend pytorch` for top-p/top-k; without
+it SGLang's draws are unseeded, while our samplers' coins still derive from the seed in custom_params). Per-token annotations cannot come back
+through SGLang's response, so they are recomputed with `replay_annotations` from the returned ids.
+
+Every payload is validated before it is sent: `sampling_params` is built into sglang's own
+`SamplingParams` (unknown keys raise, `verify` checks ranges, and a msgpack round trip checks that
+`custom_params` survives SGLang's typed IPC) and the top-level keys are checked against the fields of
+the io_struct request class (by `ast` when `io_struct` cannot be imported, e.g. on CPU).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+
+from sglang_patches.sampler import replay_annotations
+from slime_ext.engine.base import FINISH_FAILED, GenerateRequest, GenerateResult
+
+logger = logging.getLogger(__name__)
+
+_FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+# -- payload validation against sglang's own definitions -----------------------------------------
+def _sglang_file(relative: str) -> Path:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("sglang is not installed; cannot read its request definitions")
+    return Path(list(spec.submodule_search_locations)[0]) / relative
+
+
+@lru_cache(maxsize=None)
+def _io_struct_ast_fields() -> dict[str, tuple[list[str], list[str]]]:
+    """class name -> (annotated field names, base class names) for every class in io_struct.py."""
+    tree = ast.parse(_sglang_file("srt/managers/io_struct.py").read_text())
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names = [s.target.id for s in node.body
+                     if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                     and "ClassVar" not in ast.unparse(s.annotation)]
+            bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+            out[node.name] = (names, bases)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _io_struct_module() -> Any:
+    """The real io_struct module when it imports (GPU installs); None otherwise (CPU: needs torchvision)."""
+    try:
+        import sglang.srt.managers.io_struct as io_struct  # noqa: PLC0415
+    except Exception as exc:  # noqa: BLE001 - any import failure means: fall back to ast
+        logger.debug("sglang io_struct does not import (%s); reading its fields with ast", exc)
+        return None
+    return io_struct
+
+
+@lru_cache(maxsize=None)
+def io_struct_fields(class_name: str) -> frozenset[str]:
+    """Field names of an sglang io_struct request class (dataclass or msgspec Struct, bases included)."""
+    module = _io_struct_module()
+    if module is not None and hasattr(module, class_name):
+        cls = getattr(module, class_name)
+        if dataclasses.is_dataclass(cls):
+            return frozenset(f.name for f in dataclasses.fields(cls))
+        import msgspec
+
+        return frozenset(f.name for f in msgspec.structs.fields(cls))
+    classes = _io_struct_ast_fields()
+    if class_name not in classes:
+        raise KeyError(f"sglang io_struct has no class {class_name!r}")
+    names: set[str] = set()
+    todo = [class_name]
+    while todo:
+        fields, bases = classes[todo.pop()]
+        names.update(fields)
+        todo.extend(b for b in bases if b in classes)
+    return frozenset(names)
+
+
+class PayloadError(ValueError):
+    """A payload that sglang would reject (or silently misread)."""
+
+
+def validate_payload(payload: dict[str, Any], class_name: str) -> None:
+    unknown = sorted(set(payload) - io_struct_fields(class_name))
+    if unknown:
+        raise PayloadError(f"keys {unknown} are not fields of sglang's {class_name}")
+
+
+def validate_sampling_params(params: dict[str, Any], vocab_size: Optional[int] = None) -> None:
+    """Build `params` into sglang's SamplingParams and verify it, as the tokenizer manager does."""
+    import msgspec
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+    try:
+        sp = SGLangSamplingParams(**params)
+        sp.verify(vocab_size if vocab_size is not None else 1 << 31)
+        # the scheduler IPC may be msgpack with typed decoding: custom_params must survive it
+        msgspec.msgpack.decode(msgspec.msgpack.encode(sp), type=SGLangSamplingParams)
+    except (TypeError, ValueError, msgspec.ValidationError) as exc:
+        raise PayloadError(f"sampling_params rejected by sglang's SamplingParams: {exc}") from exc
+
+
+def validate_generate_payload(payload: dict[str, Any], vocab_size: Optional[int] = None) -> None:
+    validate_payload(payload, "GenerateReqInput")
+    validate_sampling_params(payload.get("sampling_params") or {}, vocab_size)
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+class HTTPStatusError(RuntimeError):
+    def __init__(self, status: int, body: str, url: str):
+        super().__init__(f"HTTP {status} from {url}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, HTTPStatusError):
+        return exc.status >= 500
+    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout, OSError))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return True
+    return isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, (TimeoutError, socket.timeout))
+
+
+class SGLangEngineClient:
+    """One SGLang server (or a router in front of several) as a RolloutEngine.
+
+    `generate` never raises for a single request and never drops one: a request that still fails after
+    `max_retries` retries (connection errors, timeouts, 5xx; 4xx is not retried) comes back with
+    finish_reason "failed" and the error. Retries after a timeout first abort the old attempt and use a
+    fresh wire rid (`<rid>#retry<k>`: SGLang rejects a duplicate live rid); samplers still see `rid`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        *,
+        eos_token_id: Optional[int] = None,
+        tokenizer_path: Optional[str] = None,
+        decode: Optional[Callable[[Sequence[int]], str]] = None,
+        max_concurrency: int = 64,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        vocab_size: Optional[int] = None,
+        tp_size: int = 1,
+        validate: Optional[bool] = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.eos_token_id = eos_token_id
+        self.tokenizer_path = tokenizer_path
+        self._decode = decode
+        self.max_concurrency = int(max_concurrency)
+        self.backoff_s = float(backoff_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.vocab_size = vocab_size
+        self.tp_size = int(tp_size)
+        # None: validate payloads against sglang's definitions when sglang is installed here
+        self.validate = importlib.util.find_spec("sglang") is not None if validate is None else bool(validate)
+        self._lock = threading.Lock()
+        self._aborted: set[str] = set()
+        self._wire_rids: dict[str, str] = {}
+        self._in_weight_session = False
+        self.stats: dict[str, float] = {
+            "requests": 0, "failed": 0, "aborted": 0, "retries": 0, "prompt_tokens": 0, "cached_tokens": 0,
+            "generated_tokens": 0, "generate_seconds": 0.0,
+        }
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    def _request(self, method: str, path: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(self._url(path), data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data is not None else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
+                body = resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise HTTPStatusError(exc.code, exc.read().decode(errors="replace"), self._url(path)) from None
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError:
+            return body
+
+    def _post_with_retries(self, path: str, payload: Any = None, method: str = "POST") -> Any:
+        last: Optional[BaseException] = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self._count("retries")
+                time.sleep(self._backoff(attempt))
+            try:
+                return self._request(method, path, payload)
+            except Exception as exc:  # noqa: BLE001
+                last = exc
+                if not _retryable(exc):
+                    raise
+        assert last is not None
+        raise last
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s)
+
+    def _count(self, key: str, value: float = 1) -> None:
+        with self._lock:
+            self.stats[key] += value
+
+    # -- generation --------------------------------------------------------------------------------
+    def build_payload(self, request: GenerateRequest, wire_rid: Optional[str] = None) -> dict[str, Any]:
+        sampling = request.sampling.to_sglang()
+        sampling["sampling_seed"] = int(request.seed)
+        payload: dict[str, Any] = {
+            "rid": wire_rid or request.rid,
+            "input_ids": [int(t) for t in request.input_ids],
+            "sampling_params": sampling,
+            "return_logprob": bool(request.return_logprob),
+        }
+        if request.sampler_specs:
+            from sglang_patches.sglang_adapter import SamplerLogitProcessor, build_custom_params, check_hostable
+
+            if self.eos_token_id is None:
+                raise ValueError(f"request {request.rid!r} has samplers but the client has no eos_token_id")
+            chain = check_hostable(request.sampler_specs, request.seed)
+            if chain.needs_decode and not self.tokenizer_path:
+                raise ValueError(f"request {request.rid!r}: its samplers decode text; give the client a tokenizer_path")
+            sampling["custom_params"] = build_custom_params(
+                request.sampler_specs, request.seed, self.eos_token_id, request.rid,
+                self.tokenizer_path if chain.needs_decode else None)
+            # a sampler's finish forces eos_token_id: make sure SGLang stops on it
+            stop_ids = list(sampling.get("stop_token_ids") or [])
+            if int(self.eos_token_id) not in stop_ids:
+                sampling["stop_token_ids"] = stop_ids + [int(self.eos_token_id)]
+            payload["custom_logit_processor"] = SamplerLogitProcessor.to_str()
+        return payload
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        if not requests:
+            return []
+        rids = [r.rid for r in requests]
+        if len(set(rids)) != len(rids):
+            raise ValueError("request ids in one generate call must be unique")
+        workers = max(1, min(self.max_concurrency, len(requests)))
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sglang-client") as pool:
+            results = list(pool.map(self._generate_one, requests))
+        self._count("generate_seconds", time.perf_counter() - start)
+        with self._lock:
+            self._aborted.difference_update(rids)
+        return results
+
+    def _failed(self, request: GenerateRequest, error: str) -> GenerateResult:
+        logger.warning("sglang request %s failed: %s", request.rid, error)
+        self._count("failed")
+        return GenerateResult(rid=request.rid, output_ids=[], logprobs=[] if request.return_logprob else None,
+                              finish_reason=FINISH_FAILED, annotations=[], cached_tokens=0,
+                              prompt_len=len(request.input_ids), error=error)
+
+    def _generate_one(self, request: GenerateRequest) -> GenerateResult:
+        self._count("requests")
+        try:
+            payload = self.build_payload(request)
+            if self.validate:
+                validate_generate_payload(payload, self.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not sink the batch
+            return self._failed(request, f"invalid request: {exc}")
+        last_error = "not sent"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self._count("retries")
+                time.sleep(self._backoff(attempt))
+            with self._lock:
+                aborted = request.rid in self._aborted
+                wire_rid = request.rid if attempt == 0 else f"{request.rid}#retry{attempt}"
+                self._wire_rids[request.rid] = wire_rid
+            if aborted:  # aborted before it was sent, or between attempts
+                self._count("aborted")
+                with self._lock:
+                    self._wire_rids.pop(request.rid, None)
+                return GenerateResult(rid=request.rid, output_ids=[], logprobs=[] if request.return_logprob else None,
+                                      finish_reason="abort", annotations=[], cached_tokens=0,
+                                      prompt_len=len(request.input_ids))
+            payload["rid"] = wire_rid
+            try:
+                body = self._request("POST", "/generate", payload)
+            except Exception as exc:  # noqa: BLE001
+                last_error = f"{type(exc).__name__}: {exc}"
+                if _is_timeout(exc):
+                    last_error = f"timed out after {self.timeout_s}s ({exc})"
+                    self._abort_wire(wire_rid)
+                if not _retryable(exc):
+                    break
+                continue
+            try:
+                return self._parse(request, body)
+            except Exception as exc:  # noqa: BLE001
+                last_error = f"unexpected /generate response: {exc}"
+                break
+            finally:
+                with self._lock:
+                    self._wire_rids.pop(request.rid, None)
+        with self._lock:
+            self._wire_rids.pop(request.rid, None)
+        return self._failed(request, last_error)
+
+    def _parse(self, request: GenerateRequest, body: Any) -> GenerateResult:
+        if not isinstance(body, dict) or "meta_info" not in body or "output_ids" not in body:
+            raise ValueError(f"missing output_ids/meta_info in {str(body)[:300]}")
+        meta = body["meta_info"]
+        output_ids = [int(t) for t in body["output_ids"]]
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        if kind not in _FINISH_TYPES:
+            raise ValueError(f"unknown finish_reason {reason!r}")
+        logprobs = None
+        if request.return_logprob:
+            triples = meta.get("output_token_logprobs")
+            if triples is None or len(triples) != len(output_ids):
+                raise ValueError(f"{0 if triples is None else len(triples)} output logprobs for {len(output_ids)} tokens")
+            if [int(t[1]) for t in triples] != output_ids:
+                raise ValueError("output_token_logprobs token ids differ from output_ids")
+            logprobs = [float(t[0]) for t in triples]
+        decode = self._decoder() if request.sampler_specs else None
+        annotations = replay_annotations(request.sampler_specs, request.seed, request.input_ids, output_ids,
+                                         -1 if self.eos_token_id is None else int(self.eos_token_id), decode,
+                                         rid=request.rid)
+        prompt_len = int(meta.get("prompt_tokens", len(request.input_ids)))
+        cached = int(meta.get("cached_tokens", 0))
+        with self._lock:
+            self.stats["prompt_tokens"] += prompt_len
+            self.stats["cached_tokens"] += cached
+            self.stats["generated_tokens"] += len(output_ids)
+            if kind == "abort":
+                self.stats["aborted"] += 1
+        return GenerateResult(rid=request.rid, output_ids=output_ids, logprobs=logprobs,
+                              finish_reason=_FINISH_TYPES[kind], annotations=annotations, cached_tokens=cached,
+                              prompt_len=prompt_len)
+
+    def _decoder(self) -> Optional[Callable[[Sequence[int]], str]]:
+        if self._decode is None and self.tokenizer_path:
+            from sglang_patches.sglang_adapter import decoder_for
+
+            self._decode = decoder_for(self.tokenizer_path)
+        return self._decode
+
+    # -- control -------------------------------------------------------------------------------------
+    def _abort_wire(self, wire_rid: str) -> None:
+        try:
+            self._request("POST", "/abort_request", {"rid": wire_rid}, timeout=min(self.timeout_s, 10.0))
+        except Exception as exc:  # noqa: BLE001 - best effort
+            logger.debug("abort of %s failed: %s", wire_rid, exc)
+
+    def abort(self, rid: str) -> None:
+        """Abort request `rid` (its partial output comes back with finish_reason "abort")."""
+        with self._lock:
+            self._aborted.add(rid)
+            wire = self._wire_rids.get(rid, rid)
+        payload = {"rid": wire}
+        if self.validate:
+            validate_payload(payload, "AbortReq")
+        self._post_with_retries("/abort_request", payload)
+
+    def abort_all(self) -> None:
+        self._post_with_retries("/abort_request", {"abort_all": True})
+
+    def flush_cache(self) -> None:
+        """Flush the radix cache (SGLang refuses with 400 while requests are running: raised here)."""
+        self._post_with_retries("/flush_cache")
+
+    def health(self, timeout_s: float = 5.0) -> bool:
+        try:
+            self._request("GET", "/health", timeout=timeout_s)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _control(self, path: str, payload: dict[str, Any], class_name: str) -> Any:
+        """One POST, not retried: weight transfers and group setup are collective with the trainer (a
+        repeat would hang or apply twice) and the memory and session calls are not idempotent."""
+        if self.validate:
+            validate_payload(payload, class_name)
+        out = self._request("POST", path, payload)
+        if isinstance(out, dict) and out.get("success") is False:
+            raise RuntimeError(f"{path} failed: {out.get('message')}")
+        return out
+
+    def begin_weight_update(self) -> None:
+        self._control("/begin_weight_update", {}, "BeginWeightUpdateReqInput")
+        self._in_weight_session = True
+
+    def end_weight_update(self) -> None:
+        try:
+            self._control("/end_weight_update", {}, "EndWeightUpdateReqInput")
+        finally:
+            self._in_weight_session = False
+
+    @contextlib.contextmanager
+    def weight_update_session(self) -> Iterator[None]:
+        """begin/end_weight_update around the body (nested use joins the open session)."""
+        if self._in_weight_session:
+            yield
+            return
+        self.begin_weight_update()
+        try:
+            yield
+        finally:
+            self.end_weight_update()
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                                   load_format: Optional[str] = None, flush_cache: bool = True,
+                                   weight_version: Optional[str] = None) -> None:
+        """Send tensors (CUDA tensors on the server's node: they travel as CUDA IPC handles) to every TP
+        rank. Each rank needs its own serialized copy (sglang's tp_worker.deserialize_own_rank)."""
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        named = [(str(n), t) for n, t in named_tensors]
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": [MultiprocessingSerializer.serialize(named, output_str=True)
+                                         for _ in range(self.tp_size)],
+            "load_format": load_format, "flush_cache": flush_cache, "weight_version": weight_version,
+        }
+        with self.weight_update_session():
+            self._control("/update_weights_from_tensor", payload, "UpdateWeightsFromTensorReqInput")
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
+        self._control("/init_weights_update_group", {
+            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend,
+        }, "InitWeightsUpdateGroupReqInput")
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[Any], shapes: Sequence[Sequence[int]],
+                                        group_name: str = "weight_update_group", *, flush_cache: bool = True,
+                                        weight_version: Optional[str] = None) -> None:
+        """Announce a broadcast of `names` over the update group (the trainer broadcasts the tensors on
+        the group while this request is in flight). dtypes may be torch dtypes or names ("bfloat16")."""
+        dtype_names = [str(d).removeprefix("torch.") for d in dtypes]
+        with self.weight_update_session():
+            self._control("/update_weights_from_distributed", {
+                "names": list(names), "dtypes": dtype_names, "shapes": [list(map(int, s)) for s in shapes],
+                "group_name": group_name, "flush_cache": flush_cache, "weight_version": weight_version,
+            }, "UpdateWeightsFromDistributedReqInput")
+
+    def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
+        """Free GPU memory (weights / kv_cache); needs the server flag --enable-memory-saver."""
+        self._control("/release_memory_occupation", {"tags": tags}, "ReleaseMemoryOccupationReqInput")
+
+    def resume_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
+        self._control("/resume_memory_occupation", {"tags": tags}, "ResumeMemoryOccupationReqInput")
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            out = dict(self.stats)
+        out["prefix_cache_hit_rate"] = out["cached_tokens"] / max(out["prompt_tokens"], 1)
+        out["failure_rate"] = out["failed"] / max(out["requests"], 1)
+        out["decode_tokens_per_s"] = out["generated_tokens"] / max(out["generate_seconds"], 1e-9)
+        return out
+
+
+__all__ = [
+    "SGLangEngineClient", "PayloadError", "HTTPStatusError", "io_struct_fields", "validate_payload",
+    "validate_sampling_params", "validate_generate_payload",
+]
