@@ -38,6 +38,14 @@ class GenerateResult:
     error: Optional[str] = None
 
 
+def check_unique_rids(requests: list[GenerateRequest]) -> None:
+    """Request ids key per-request state (samplers, abort) in every engine: they must be unique."""
+    rids = [r.rid for r in requests]
+    if len(set(rids)) != len(rids):
+        dup = sorted({r for r in rids if rids.count(r) > 1})
+        raise ValueError(f"request ids in one generate call must be unique; repeated: {dup[:5]}")
+
+
 class RolloutEngine(Protocol):
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]: ...
 

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from sglang_patches.sampler import FINISH_SAMPLER, RequestView, SamplerChain
 from sglang_patches.sampling import FINISH_ABORT, StopChecker, choose_tokens
-from slime_ext.engine.base import GenerateRequest, GenerateResult
+from slime_ext.engine.base import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.engine.prefix_cache import KV, PrefixCache
 
 
@@ -193,9 +193,8 @@ class EmbeddedEngine:
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         if not requests:
             return []
+        check_unique_rids(requests)
         rids = [r.rid for r in requests]
-        if len(set(rids)) != len(rids):
-            raise ValueError("request ids in one generate call must be unique")
         rows = [self._new_row(r) for r in requests]
         if any(row.chain.needs_partner for row in rows) and self.partner is None:
             raise ValueError("a sampler needs a partner model but the engine has none")

@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from sglang_patches.sampler import replay_annotations
-from slime_ext.engine.base import FINISH_FAILED, GenerateRequest, GenerateResult
+from slime_ext.engine.base import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
 
 logger = logging.getLogger(__name__)
 
@@ -284,9 +284,8 @@ class SGLangEngineClient:
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         if not requests:
             return []
+        check_unique_rids(requests)
         rids = [r.rid for r in requests]
-        if len(set(rids)) != len(rids):
-            raise ValueError("request ids in one generate call must be unique")
         workers = max(1, min(self.max_concurrency, len(requests)))
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sglang-client") as pool:
