@@ -432,3 +432,45 @@ def test_decoding_samplers_get_the_tokenizer_named_in_params(monkeypatch):
     SamplerLogitProcessor()(torch.zeros(1, VOCAB), [params])
     assert loaded == ["/tok"]
     assert adapter.annotations_for("t") == [{"tail": ""}, {"tail": "/tok:4"}]  # the view excludes the token
+
+
+def test_embedded_engine_and_sglang_processor_choose_the_same_tokens(monkeypatch):
+    """The real embedded engine vs the SGLang processor fed the logits that engine saw, step by step.
+
+    The engine draws one uniform per step from the request's generator (forced steps included), so the
+    SGLang side here samples with one sequentially used generator seeded the same way."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_ext.engine.base import GenerateRequest
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from tests.megatron_fixtures import tiny_moe_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=VOCAB, initializer_range=0.5)).eval()
+    seen: list[torch.Tensor] = []
+    original = EmbeddedEngine._decide
+
+    def recording(self, rows, logits, partner_logits):
+        seen.append(logits[0].clone())
+        return original(self, rows, logits, partner_logits)
+
+    monkeypatch.setattr(EmbeddedEngine, "_decide", recording)
+    prompt = [11, 12, 13]
+    for seed in range(50):  # the first seed (deterministic) whose rollout outlives the scripted force
+        seen.clear()
+        request = GenerateRequest(f"e{seed}", prompt, SAMPLING, seed=seed, sampler_specs=json.loads(json.dumps(SPECS)))
+        result = EmbeddedEngine(model, EOS).generate([request])[0]
+        if len(result.output_ids) >= 6:
+            break
+    assert len(result.output_ids) >= 6 and result.output_ids[2] == 5  # the scripted force happened
+
+    apply = _sglang_apply_fn()
+    proc = SamplerLogitProcessor.to_str()
+    req = FakeReq(request.rid, prompt)
+    generator = torch.Generator().manual_seed(seed)
+    for logits in seen:
+        row = logits[None].clone()
+        apply(row, FakeBatchInfo([proc], [params_for(req, seed)]))
+        req.output_ids.append(choose_token(row[0], SAMPLING, generator))
+    assert req.output_ids == result.output_ids
+    assert adapter.annotations_for(request.rid, req.output_ids) == result.annotations
