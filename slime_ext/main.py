@@ -21,11 +21,6 @@ from slime_ext.rundir import create_run_dir, write_json
 from slime_ext.tasks.prepare import PreparedData, prepare_data
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml"
-NOT_YET = {
-    "sft": "SFT warm start needs the Megatron trainer (issue 3) and the training loop (issue 5)",
-    "rl": "RL needs the trainer (issue 3), the rollout engines (issue 4) and the training loop (issue 5)",
-    "eval": "evaluation needs the rollout engines (issue 4) and the training loop (issue 5)",
-}
 log = logging.getLogger("slime_ext")
 
 
@@ -38,6 +33,9 @@ class Job:
         self.run_dir = run_dir
         self.data: PreparedData | None = None
         self.tokenizer: Any = None
+        self.tokenizer_path: Path | None = None
+        self.warm_dir: Path | None = None
+        self.reports: dict[str, Any] = {}
         self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
 
     # -- stages ---------------------------------------------------------------------------------
@@ -64,6 +62,7 @@ class Job:
         else:
             path = Path(tok_cfg.path)
         self.tokenizer = load_tokenizer(path)
+        self.tokenizer_path = Path(path)
         template = get_template(self.cfg.data.template)
         sample = data.eval[:200]
         lengths = [len(self.tokenizer(template.format(r["prompt"]) + str(r.get("solution", r["label"])))["input_ids"]) for r in sample]
@@ -108,6 +107,45 @@ class Job:
             raise RuntimeError(f"verifier disagrees with the reference solutions: {out}")
         return out
 
+    def _training(self) -> Any:
+        from slime_ext.loop import TrainingJob
+        from slime_ext.methods import IMPLEMENTED
+
+        if self.cfg.method not in IMPLEMENTED:
+            raise NotImplementedError(f"method {self.cfg.method!r} has no training code yet (implemented: {sorted(IMPLEMENTED)})")
+        if self.tokenizer is None:
+            self.summary["stages"]["tokenizer"] = self.stage_tokenizer()
+        data = self._need_data()
+        return TrainingJob(self.cfg, self.run_dir, data.train, data.eval, self.tokenizer, self.tokenizer_path)
+
+    def stage_sft(self) -> dict:
+        self.warm_dir = self._training().run_sft()
+        return {"warm_start": str(self.warm_dir)}
+
+    def stage_rl(self) -> dict:
+        training = self._training()
+        if self.warm_dir is None:
+            self.warm_dir = training.run_sft()
+        self.reports = training.run_rl(self.warm_dir, with_eval="eval" in self.cfg.run.stages)
+        return {"final_weights": str(self.run_dir / "hf"), "peak_rss_gib": round(training.peak_gib, 2)}
+
+    def stage_eval(self) -> dict:
+        """The final table (warm start vs trained) and the plots of metrics.jsonl."""
+        from slime_ext.evaluation import compare_table
+        from slime_ext.plots import plot_metrics
+
+        out: dict[str, Any] = {}
+        if self.reports:
+            table = compare_table(self.reports)
+            (self.run_dir / "final_table.md").write_text(table + "\n")
+            print("\n" + table + "\n", flush=True)
+            out["table"] = str(self.run_dir / "final_table.md")
+            out["reports"] = {name: r.to_dict() for name, r in self.reports.items()}
+        metrics = self.run_dir / "metrics.jsonl"
+        if metrics.exists():
+            out["plots"] = [str(p) for p in plot_metrics(metrics, self.run_dir / "plots")]
+        return out
+
     # -- driver -----------------------------------------------------------------------------------
     def _need_data(self) -> PreparedData:
         if self.data is None:
@@ -119,15 +157,19 @@ class Job:
             "data": self.stage_data,
             "tokenizer": self.stage_tokenizer,
             "check_references": self.stage_check_references,
+            "sft": self.stage_sft,
+            "rl": self.stage_rl,
+            "eval": self.stage_eval,
         }
         not_run = []
         for name in self.cfg.run.stages:
-            if name not in stages:
-                log.warning("stage %-16s NOT IMPLEMENTED YET: %s", name, NOT_YET[name])
+            start = time.perf_counter()
+            try:
+                result = stages[name]()
+            except NotImplementedError as exc:
+                log.warning("stage %-16s NOT RUN: %s", name, exc)
                 not_run.append(name)
                 continue
-            start = time.perf_counter()
-            result = stages[name]()
             result["seconds"] = round(time.perf_counter() - start, 2)
             self.summary["stages"][name] = result
             log.info("stage %-16s done in %.1fs: %s", name, result["seconds"], _short(result))
@@ -156,13 +198,21 @@ def _short(result: dict) -> str:
 
 
 def parse_args(argv: list[str]) -> tuple[Path, list[str]]:
+    """[CONFIG.yaml] [key=value ...]; `resume=RUN_DIR` continues a run with that run's resolved config."""
     parser = argparse.ArgumentParser(prog="scripts/run.sh", description="Run the main job.")
-    parser.add_argument("args", nargs="*", help="[CONFIG.yaml] [key=value ...]")
+    parser.add_argument("args", nargs="*", help="[CONFIG.yaml] [key=value ...] [resume=RUN_DIR]")
     ns = parser.parse_args(argv)
     args = list(ns.args)
     config = DEFAULT_CONFIG
     if args and "=" not in args[0]:
         config = Path(args.pop(0))
+    resume = [a for a in args if a.startswith("resume=") or a.startswith("run.resume=")]
+    if resume:
+        run_dir = Path(resume[-1].split("=", 1)[1])
+        if not (run_dir / "config.yaml").is_file():
+            raise SystemExit(f"error: resume={run_dir}: not a run directory (no config.yaml)")
+        config = run_dir / "config.yaml"
+        args = [a for a in args if a not in resume] + [f"run.resume={run_dir}"]
     return config, args
 
 
@@ -176,7 +226,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = create_run_dir(resolved)
     log.info("config %s (method=%s) -> %s", config, resolved.config.method, run_dir)
-    return Job(resolved, run_dir).run()
+    try:
+        return Job(resolved, run_dir).run()
+    except KeyboardInterrupt:
+        log.warning("interrupted; the last checkpoint is kept. Resume with: bash scripts/run.sh resume=%s", run_dir)
+        return 130
+    finally:
+        _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
+    """End every Ray actor and engine process this job started (also on Ctrl-C and errors)."""
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 if __name__ == "__main__":

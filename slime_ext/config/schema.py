@@ -73,7 +73,7 @@ class ModelConfig(Section):
 
 class TokenizerConfig(Section):
     path: str = "embedded"  # "embedded": train the byte-level BPE on the task text; else an HF tokenizer dir
-    vocab_size: int = Field(320, ge=260, le=1_000_000)
+    vocab_size: int = Field(512, ge=260, le=1_000_000)  # the task text saturates near 467 tokens
     n_training_texts: int = Field(4000, ge=100)
 
 

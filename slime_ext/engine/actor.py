@@ -1,0 +1,56 @@
+"""Engines as Ray actors, and a synchronous proxy so callers use one interface for local or remote."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import torch
+
+from slime_ext.engine.embedded import EmbeddedEngine
+
+
+class EmbeddedEngineActor(EmbeddedEngine):
+    """An embedded engine loaded from an HF checkpoint directory inside a Ray actor process."""
+
+    def __init__(self, path: str, threads: int = 1):
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+        engine = EmbeddedEngine.from_pretrained(path)
+        super().__init__(engine.model, engine.eos_token_id, decode=engine.decode)
+
+    def set_threads(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+
+
+class RemoteEngine:
+    """Calls a Ray engine actor synchronously, exposing the engine interface."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    def _get(self, ref: Any) -> Any:
+        import ray
+
+        return ray.get(ref)
+
+    def generate(self, requests: list) -> list:
+        return self._get(self.handle.generate.remote(requests))
+
+    def abort(self, rid: str) -> None:
+        self._get(self.handle.abort.remote(rid))
+
+    def flush_cache(self) -> None:
+        self._get(self.handle.flush_cache.remote())
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._get(self.handle.update_weights_from_tensor.remote(list(named_tensors)))
+
+    def release_memory_occupation(self) -> None:
+        self._get(self.handle.release_memory_occupation.remote())
+
+    def resume_memory_occupation(self) -> None:
+        self._get(self.handle.resume_memory_occupation.remote())
+
+    def metrics(self) -> dict:
+        return self._get(self.handle.metrics.remote())

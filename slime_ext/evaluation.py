@@ -1,0 +1,280 @@
+"""Held-out evaluation of a policy: sampled mean@k / pass@k, greedy accuracy, lengths, failure reasons.
+
+`evaluate` runs any engine with the `generate(requests) -> results` interface (the embedded engine, the
+SGLang client, or a test stand-in) over held-out `{"prompt", "label"}` rows and scores every response
+with the task's verifier. It is deterministic: sample j of row i is drawn with seed
+`sample_seed(seed, i, j)` (a hash, so seeds are distinct for all (i, j) in practice and do not depend on
+how requests are batched), and its request id is `eval-{i}-{j}` (`eval-{i}-greedy` for the greedy one).
+
+Metrics (all over the first `eval.n_prompts` rows):
+- `mean@k`: mean score of the first k samples of each prompt, averaged over prompts (expected accuracy
+  of one sample; `mean@1` uses only the first sample, so its standard error is the binomial one);
+- `pass@k`: unbiased pass@k (Chen et al. 2021) from the n samples of each prompt, averaged over prompts;
+  a sample counts as correct when its score is > 0 (`VerifyResult.passed`);
+- `greedy`: mean score of one temperature-0 sample per prompt (when `eval.greedy`);
+- `mean@1_stderr`: sqrt(var(first-sample scores) / n_prompts), which is sqrt(p(1-p)/n) for 0/1 scores;
+  `mean_score` (all samples) and `mean_score_stderr` (from the per-prompt means) are the tighter estimate;
+- lengths in tokens, the fraction of responses cut at `max_new_tokens` (finish_reason "length"), and the
+  verifier's reasons (a response the engine failed on counts as score 0 with reason `engine_<finish>`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from sglang_patches.sampling import FINISH_LENGTH, SamplingParams
+from slime_ext.algo.passk import mean_at_k, pass_at_k_over_prompts
+from slime_ext.engine.base import FINISH_FAILED, GenerateRequest, GenerateResult
+from slime_ext.rewards import ReasonCounter, VerifyResult, get_verifier
+from slime_ext.tasks.templates import get_template
+
+__all__ = ["EvalReport", "evaluate", "compare_table", "sample_seed", "make_verifier"]
+
+GREEDY = "greedy"
+
+
+def sample_seed(seed: int, row: int, sample: int | str) -> int:
+    """Seed of sample `sample` (an index, or "greedy") of row `row`: a 63-bit hash of the triple."""
+    digest = hashlib.sha256(f"slime_ext.eval:{seed}:{row}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def make_verifier(reward_type: str, timeout_s: Optional[float] = None) -> Callable[[str, Any], VerifyResult]:
+    """The registered verifier, with its time limit bound when it takes one (`timeout_s`)."""
+    verify = get_verifier(reward_type)
+    if timeout_s is not None and "timeout_s" in inspect.signature(verify).parameters:
+        return partial(verify, timeout_s=timeout_s)
+    return verify
+
+
+@dataclass
+class EvalReport:
+    n_prompts: int
+    n_samples: int
+    temperature: float
+    mean_at_k: dict[int, float]
+    pass_at_k: dict[int, float]
+    greedy: Optional[float]
+    mean_score: float  # over all sampled responses
+    mean_score_stderr: float
+    mean_at_1_stderr: float
+    mean_response_len: float  # tokens, sampled responses
+    greedy_mean_response_len: Optional[float]
+    truncation_rate: float  # sampled responses that hit max_new_tokens
+    greedy_truncation_rate: Optional[float]
+    reasons: dict[str, int]  # verifier reasons over sampled responses
+    greedy_reasons: dict[str, int]
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON form: `mean@k` / `pass@k` keys, `mean@1_stderr`, then the rest."""
+        out: dict[str, Any] = {"n_prompts": self.n_prompts, "n_samples": self.n_samples,
+                               "temperature": self.temperature}
+        out.update({f"mean@{k}": v for k, v in sorted(self.mean_at_k.items())})
+        out.update({f"pass@{k}": v for k, v in sorted(self.pass_at_k.items())})
+        out["greedy"] = self.greedy
+        out["mean@1_stderr"] = self.mean_at_1_stderr
+        skip = {"n_prompts", "n_samples", "temperature", "mean_at_k", "pass_at_k", "greedy", "mean_at_1_stderr"}
+        out.update({k: v for k, v in asdict(self).items() if k not in skip})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EvalReport":
+        """Inverse of `to_dict` (e.g. an `eval.json` written by `python -m slime_ext.eval`)."""
+        mean = {int(k.split("@", 1)[1]): float(v) for k, v in data.items() if k.startswith("mean@") and k[5:].isdigit()}
+        passk = {int(k.split("@", 1)[1]): float(v) for k, v in data.items() if k.startswith("pass@") and k[5:].isdigit()}
+        return cls(
+            n_prompts=int(data["n_prompts"]), n_samples=int(data["n_samples"]),
+            temperature=float(data.get("temperature", 1.0)), mean_at_k=mean, pass_at_k=passk,
+            greedy=data.get("greedy"), mean_score=float(data.get("mean_score", mean.get(1, 0.0))),
+            mean_score_stderr=float(data.get("mean_score_stderr", 0.0)),
+            mean_at_1_stderr=float(data.get("mean@1_stderr", 0.0)),
+            mean_response_len=float(data.get("mean_response_len", 0.0)),
+            greedy_mean_response_len=data.get("greedy_mean_response_len"),
+            truncation_rate=float(data.get("truncation_rate", 0.0)),
+            greedy_truncation_rate=data.get("greedy_truncation_rate"),
+            reasons=dict(data.get("reasons", {})), greedy_reasons=dict(data.get("greedy_reasons", {})),
+            examples=list(data.get("examples", [])), meta=dict(data.get("meta", {})),
+        )
+
+
+def _stderr(values: Sequence[float]) -> float:
+    """sqrt(population variance / n): the binomial sqrt(p(1-p)/n) for 0/1 values."""
+    n = len(values)
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / n / n)
+
+
+def _score(result: GenerateResult, text: str, label: Any, verify: Callable) -> VerifyResult:
+    if result.finish_reason == FINISH_FAILED or result.error:
+        return VerifyResult(0.0, f"engine_{result.finish_reason}", detail=(result.error or "")[:300])
+    return verify(text, label)
+
+
+def evaluate(
+    engine: Any,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    eval_cfg: Any,
+    reward_type: str = "math",
+    template: str = "plain",
+    max_new_tokens: int = 160,
+    seed: int = 0,
+    progress: bool = True,
+    *,
+    batch_prompts: int = 64,
+    stop: Sequence[str] = (),
+    verifier: Optional[Callable[[str, Any], VerifyResult]] = None,
+    n_examples: int = 4,
+) -> EvalReport:
+    """Generate `eval_cfg.n_samples` samples (+1 greedy when `eval_cfg.greedy`) for each of the first
+    `eval_cfg.n_prompts` rows, `batch_prompts` prompts per `engine.generate` call, and score them.
+
+    `eval_cfg` needs `n_prompts`, `n_samples`, `k`, `temperature`, `greedy` (an `EvalConfig`).
+    `verifier` overrides `get_verifier(reward_type)`.
+    """
+    from tqdm import tqdm
+
+    rows = list(rows)[: eval_cfg.n_prompts]
+    if not rows:
+        raise ValueError("evaluate needs at least one held-out row")
+    n = int(eval_cfg.n_samples)
+    ks = sorted(set(int(k) for k in eval_cfg.k))
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(f"eval k values {bad} must lie in [1, n_samples={n}]")
+    if batch_prompts < 1:
+        raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
+    verify = verifier or get_verifier(reward_type)
+    fmt = get_template(template)
+    sampled = SamplingParams(temperature=float(eval_cfg.temperature), max_new_tokens=max_new_tokens, stop=list(stop))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=list(stop))
+    per_row = n + (1 if eval_cfg.greedy else 0)
+
+    scores: list[list[float]] = [[0.0] * n for _ in rows]
+    lengths: list[int] = []
+    truncated = 0
+    reasons = ReasonCounter()
+    g_scores: list[float] = []
+    g_lengths: list[int] = []
+    g_truncated = 0
+    g_reasons = ReasonCounter()
+    examples: list[dict[str, Any]] = []
+    start = time.perf_counter()
+
+    bar = tqdm(total=len(rows) * per_row, desc="eval", unit="resp", file=sys.stderr, disable=not progress)
+    try:
+        for lo in range(0, len(rows), batch_prompts):
+            batch = list(range(lo, min(lo + batch_prompts, len(rows))))
+            requests: list[GenerateRequest] = []
+            for i in batch:
+                ids = list(tokenizer(fmt.format(rows[i]["prompt"]))["input_ids"])
+                for j in range(n):
+                    requests.append(GenerateRequest(f"eval-{i}-{j}", ids, sampled, sample_seed(seed, i, j),
+                                                    return_logprob=False))
+                if eval_cfg.greedy:
+                    requests.append(GenerateRequest(f"eval-{i}-{GREEDY}", ids, greedy, sample_seed(seed, i, GREEDY),
+                                                    return_logprob=False))
+            results = engine.generate(requests)
+            if len(results) != len(requests):
+                raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
+            by_rid = {r.rid: r for r in results}
+            for i in batch:
+                row = rows[i]
+                example: dict[str, Any] = {}
+                for j in list(range(n)) + ([GREEDY] if eval_cfg.greedy else []):
+                    result = by_rid[f"eval-{i}-{j}"]
+                    text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+                    v = _score(result, text, row["label"], verify)
+                    cut = result.finish_reason == FINISH_LENGTH
+                    if j == GREEDY:
+                        g_scores.append(float(v.score))
+                        g_lengths.append(len(result.output_ids))
+                        g_truncated += cut
+                        g_reasons.add(v)
+                        example.update(greedy_response=text, greedy_score=float(v.score))
+                    else:
+                        scores[i][j] = float(v.score)
+                        lengths.append(len(result.output_ids))
+                        truncated += cut
+                        reasons.add(v)
+                        if j == 0:
+                            example.update(prompt=row["prompt"], label=row["label"], response=text,
+                                           score=float(v.score), reason=v.reason, finish_reason=result.finish_reason)
+                if len(examples) < n_examples:
+                    examples.append(example)
+            bar.update(len(requests))
+    finally:
+        bar.close()
+
+    counts = [(n, sum(1 for s in row_scores if s > 0)) for row_scores in scores]
+    per_prompt_mean = [sum(s) / n for s in scores]
+    return EvalReport(
+        n_prompts=len(rows),
+        n_samples=n,
+        temperature=float(eval_cfg.temperature),
+        mean_at_k={k: mean_at_k(scores, k) for k in ks},
+        pass_at_k={k: pass_at_k_over_prompts(counts, k) for k in ks},
+        greedy=sum(g_scores) / len(g_scores) if g_scores else None,
+        mean_score=sum(per_prompt_mean) / len(rows),
+        mean_score_stderr=_stderr(per_prompt_mean),
+        mean_at_1_stderr=_stderr([s[0] for s in scores]),
+        mean_response_len=sum(lengths) / len(lengths),
+        greedy_mean_response_len=sum(g_lengths) / len(g_lengths) if g_lengths else None,
+        truncation_rate=truncated / len(lengths),
+        greedy_truncation_rate=g_truncated / len(g_lengths) if g_lengths else None,
+        reasons=reasons.as_dict(),
+        greedy_reasons=g_reasons.as_dict(),
+        examples=examples,
+        meta={"reward_type": reward_type, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
+              "elapsed_s": round(time.perf_counter() - start, 3)},
+    )
+
+
+def _pts(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _delta(a: Optional[float], b: Optional[float], scale: float = 100.0) -> str:
+    if a is None or b is None:
+        return "-"
+    return f"{scale * (b - a):+.1f}"
+
+
+def compare_table(reports: Mapping[str, EvalReport]) -> str:
+    """Markdown table, one row per model (accuracies in %, mean@1 with its standard error), plus a
+    delta row (last minus first; accuracies in percentage points, length in tokens) for 2+ models."""
+    if not reports:
+        raise ValueError("compare_table needs at least one report")
+    names = list(reports)
+    ks = sorted({k for r in reports.values() for k in (*r.mean_at_k, *r.pass_at_k)})
+    mean_ks = [k for k in ks if any(k in r.mean_at_k for r in reports.values())]
+    pass_ks = [k for k in ks if any(k in r.pass_at_k for r in reports.values())]
+    header = ["model", *(f"mean@{k}" for k in mean_ks), *(f"pass@{k}" for k in pass_ks), "greedy",
+              "mean length", "n"]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |"]
+    for name in names:
+        r = reports[name]
+        cells = [name]
+        for k in mean_ks:
+            v = r.mean_at_k.get(k)
+            cells.append(_pts(v) + (f" ± {100 * r.mean_at_1_stderr:.1f}" if k == 1 and v is not None else ""))
+        cells += [_pts(r.pass_at_k.get(k)) for k in pass_ks]
+        cells += [_pts(r.greedy), f"{r.mean_response_len:.1f}", f"{r.n_prompts}x{r.n_samples}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(names) >= 2:
+        a, b = reports[names[0]], reports[names[-1]]
+        cells = [f"delta ({names[-1]} - {names[0]}), points"]
+        cells += [_delta(a.mean_at_k.get(k), b.mean_at_k.get(k)) for k in mean_ks]
+        cells += [_delta(a.pass_at_k.get(k), b.pass_at_k.get(k)) for k in pass_ks]
+        cells += [_delta(a.greedy, b.greedy), _delta(a.mean_response_len, b.mean_response_len, 1.0), ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

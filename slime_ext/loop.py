@@ -1,0 +1,267 @@
+"""The training loop on Ray: SFT warm start (cached), then RL steps with weight sync, checkpoints, resume.
+
+One RL step (DESIGN.md):
+  rollout manager: plan -> engine.generate -> finish (rewards, advantages)
+  train group:     (reference logprobs if KL) -> optimizer step
+  weight sync:     Megatron -> HF names -> engine update (the engine flushes its prefix cache)
+  method.update:   controllers
+A checkpoint (trainer ranks + rollout manager state + step) is written every `run.save_every` steps
+(default: every step, so a killed run loses at most the step in flight); `metrics.jsonl` is truncated
+to the checkpointed step on resume, so the resumed metrics continue the original ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+import torch
+from tqdm import tqdm
+
+from megatron_glue.actor import TrainerSettings
+from megatron_glue.hf_config import hf_config_from_model_config
+from megatron_glue.model_provider import ParallelSizes
+from slime_ext.config.schema import Config
+from slime_ext.data import Sample
+from slime_ext.engine.actor import EmbeddedEngineActor, RemoteEngine
+from slime_ext.rollout.data_source import DataSource
+from slime_ext.rollout.manager import RolloutManager
+from slime_ext.tasks.templates import get_template
+from slime_ext.train_group import TrainGroup
+
+log = logging.getLogger("slime_ext.loop")
+WARM_FORMAT = "warmstart-v1"
+KEEP_CHECKPOINTS = 2
+
+
+def init_ray(config: Config) -> None:
+    if ray.is_initialized():
+        return
+    if config.cluster.ray_address:
+        ray.init(address=config.cluster.ray_address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=max(2, config.rollout.threads + config.train.threads), include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+
+
+def world_size(config: Config) -> int:
+    p = config.train.parallel
+    return p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.data_parallel_size
+
+
+def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, prefix: str) -> list[Sample]:
+    """Prompt (masked out) + reference solution + EOS (trained) for each row."""
+    tmpl = get_template(template)
+    out = []
+    for i, row in enumerate(rows):
+        prompt = tokenizer(tmpl.format(row["prompt"]))["input_ids"]
+        response = tokenizer(str(row.get("solution", row["label"])))["input_ids"] + [tokenizer.eos_token_id]
+        out.append(Sample(f"{prefix}{i}", prompt, response[: max(1, max_len - len(prompt))]))
+    return out
+
+
+def _append_jsonl(path: Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _truncate_metrics(path: Path, before_step: int) -> None:
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", -1) < before_step:
+                keep.append(line)
+        except json.JSONDecodeError:
+            continue
+    path.write_text("".join(k + "\n" for k in keep))
+
+
+def _prune_checkpoints(directory: Path, keep: int = KEEP_CHECKPOINTS) -> None:
+    iters = sorted(p for p in directory.glob("iter_*") if p.is_dir())
+    latest = (directory / "latest").read_text().strip() if (directory / "latest").exists() else None
+    for old in iters[:-keep]:
+        if old.name != latest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _peak_rss_gib() -> float:
+    """Resident memory of this process and every Ray worker process of this machine (GiB)."""
+    import psutil
+
+    total = psutil.Process().memory_info().rss
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info.get("cmdline") or [])
+            if "ray::" in cmd or "ray::" in (proc.info.get("name") or ""):
+                total += proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total / 2**30
+
+
+class TrainingJob:
+    """The sft / rl / eval stages of the main job (one object per run directory)."""
+
+    def __init__(self, config: Config, run_dir: Path, train_rows: list[dict], eval_rows: list[dict], tokenizer: Any,
+                 tokenizer_path: Path):
+        self.cfg = config
+        self.run_dir = run_dir
+        self.train_rows = train_rows
+        self.eval_rows = eval_rows
+        self.tokenizer = tokenizer
+        self.tokenizer_path = tokenizer_path
+        self.hf_config = hf_config_from_model_config(config.model, len(tokenizer))
+        self.sizes = ParallelSizes.from_config(config.train.parallel)
+        self.peak_gib = 0.0
+
+    # -- SFT warm start ---------------------------------------------------------------------------
+    def warm_start_key(self) -> str:
+        c = self.cfg
+        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(),
+                 str(self.tokenizer_path), c.run.seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
+                 c.rollout.max_response_len]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def warm_start_dir(self) -> Path:
+        return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()
+
+    def run_sft(self) -> Path:
+        """SFT from random init on the reference solutions; cached by content hash (and resumable)."""
+        from megatron_glue.convert import save_hf_checkpoint
+
+        out = self.warm_start_dir()
+        hf_dir = out / "hf"
+        if (out / "complete").exists():
+            log.info("SFT warm start found in cache: %s (skipping SFT)", hf_dir)
+            return hf_dir
+        s = self.cfg.sft
+        out.mkdir(parents=True, exist_ok=True)
+        init_ray(self.cfg)
+        group = TrainGroup(world_size(self.cfg), self.cfg.cluster.gpus_per_node,
+                           threads=self.cfg.train.threads + self.cfg.rollout.threads)
+        settings = TrainerSettings.from_config(self.cfg, total_steps=s.steps, lr=s.lr)
+        settings.lr_warmup_steps = s.warmup_steps
+        settings.lr_decay_style = "cosine"
+        settings.min_lr = s.lr * 0.1
+        group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=None)
+        data = DataSource(self.train_rows, self.cfg.run.seed + 1, shuffle=True)
+        ckpt = out / "trainer_ckpt"
+        start = 0
+        if (ckpt / "latest").exists():
+            start = group.first("load", str(ckpt))["step"]
+            data.load_state_dict(json.loads((out / "data_state.json").read_text()))
+            log.info("resuming SFT at step %d from %s", start, ckpt)
+        max_len = self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len
+        bar = tqdm(range(start, s.steps), desc="SFT warm start", unit="step", file=sys.stderr, initial=start, total=s.steps)
+        metrics_path = out / "sft_metrics.jsonl"
+        for step in bar:
+            batch = sft_samples(data.next_batch(s.batch_size), self.tokenizer, self.cfg.data.template, max_len, f"sft{step}-")
+            t0 = time.perf_counter()
+            m = group.first("train_step", batch, "sft")
+            m["step"], m["seconds"] = step, time.perf_counter() - t0
+            _append_jsonl(metrics_path, m)
+            bar.set_postfix(loss=f"{m['nll']:.3f}", lr=f"{m['lr']:.2e}", tok_s=f"{m['tokens'] / m['seconds']:.0f}")
+            if (step + 1) % 100 == 0 and step + 1 < s.steps:
+                group.call("save", str(ckpt), {"step": step + 1})
+                (out / "data_state.json").write_text(json.dumps(data.state_dict()))
+        weights = dict(group.export_hf())
+        group.shutdown()
+        save_hf_checkpoint(hf_dir, self.hf_config, weights)
+        self.tokenizer.save_pretrained(hf_dir)
+        shutil.rmtree(ckpt, ignore_errors=True)
+        (out / "complete").write_text(json.dumps({"steps": s.steps}) + "\n")
+        log.info("SFT warm start saved to %s", hf_dir)
+        return hf_dir
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def evaluate(self, engine: Any, name: str) -> Any:
+        from slime_ext.evaluation import evaluate
+
+        cached = self.run_dir / f"eval_{name}.json"
+        rows = self.eval_rows[: self.cfg.eval.n_prompts]
+        report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
+                          template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
+                          seed=self.cfg.run.seed, progress=True)
+        cached.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        return report
+
+    # -- RL ---------------------------------------------------------------------------------------
+    def run_rl(self, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
+        cfg = self.cfg
+        init_ray(cfg)
+        ckpt_dir = self.run_dir / "checkpoints"
+        metrics_path = self.run_dir / "metrics.jsonl"
+        engine_handle = ray.remote(EmbeddedEngineActor).options(
+            num_cpus=0.01, max_concurrency=2, runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads)}}
+        ).remote(str(warm_dir), cfg.rollout.threads)
+        engine = RemoteEngine(engine_handle)
+        group = TrainGroup(world_size(cfg), cfg.cluster.gpus_per_node, threads=cfg.train.threads)
+        group.setup(self.hf_config, TrainerSettings.from_config(cfg), self.sizes, self.tokenizer.pad_token_id, warm_dir)
+        if cfg.grpo.kl_coef > 0:
+            group.call("snapshot_reference")
+        manager = RolloutManager(cfg, self.train_rows, self.tokenizer, engine)
+        start = 0
+        if (ckpt_dir / "latest").exists():
+            extra = group.first("load", str(ckpt_dir))
+            start = extra["step"]
+            manager.load_state_dict(extra["manager"])
+            engine.update_weights_from_tensor(group.export_hf())
+            _truncate_metrics(metrics_path, start)
+            log.info("resumed RL at step %d from %s", start, ckpt_dir)
+        reports: dict[str, Any] = {}
+        warm_eval = self.run_dir / "eval_warm_start.json"
+        if with_eval and start == 0:
+            reports["warm start (SFT)"] = self.evaluate(engine, "warm_start")
+        elif with_eval and warm_eval.exists():
+            from slime_ext.evaluation import EvalReport
+
+            reports["warm start (SFT)"] = EvalReport.from_dict(json.loads(warm_eval.read_text()))
+        bar = tqdm(range(start, cfg.train.steps), desc=f"{cfg.method} RL", unit="step", file=sys.stderr,
+                   initial=start, total=cfg.train.steps)
+        try:
+            for step in bar:
+                row = self._rl_step(step, manager, group, engine)
+                _append_jsonl(metrics_path, row)
+                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
+                                tok_s=f"{row['perf/tokens_per_s']:.0f}")
+                if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.train.steps:
+                    group.call("save", str(ckpt_dir), {"step": step + 1, "manager": manager.state_dict()})
+                    _prune_checkpoints(ckpt_dir)
+            final_hf = self.run_dir / "hf"
+            from megatron_glue.convert import save_hf_checkpoint
+
+            save_hf_checkpoint(final_hf, self.hf_config, dict(group.export_hf()))
+            self.tokenizer.save_pretrained(final_hf)
+            if with_eval:
+                reports[cfg.method.upper()] = self.evaluate(engine, "final")
+        finally:
+            group.shutdown()
+            ray.kill(engine_handle)
+        return reports
+
+    def _rl_step(self, step: int, manager: RolloutManager, group: TrainGroup, engine: RemoteEngine) -> dict:
+        t_start = time.perf_counter()
+        groups, row = manager.rollout(step)
+        samples = [s for g in groups for s in g]
+        t0 = time.perf_counter()
+        ref = group.first("compute_logprobs", samples, True) if self.cfg.grpo.kl_coef > 0 else None
+        train = group.first("train_step", samples, manager.method.train_kind, ref["logprobs"] if ref else None)
+        t1 = time.perf_counter()
+        engine.update_weights_from_tensor(group.export_hf())
+        t2 = time.perf_counter()
+        row.update(manager.update(train, step))
+        row.update({f"train/{k}": v for k, v in train.items()})
+        tokens = sum(s.total_len for s in samples)
+        self.peak_gib = max(self.peak_gib, _peak_rss_gib())
+        row.update({"step": step, "time/train": t1 - t0, "time/sync": t2 - t1, "time/step": t2 - t_start,
+                    "perf/tokens_per_s": tokens / (t2 - t_start), "memory/peak_rss_gib": self.peak_gib})
+        return row

@@ -1,0 +1,46 @@
+"""The method hooks every training method implements (DESIGN.md, "Data flow of one step").
+
+    plan(prompts, step)  -> how to roll out each prompt (samples, sampler specs, sampling params)
+    finish(groups)       -> score, advantages, masks, weights on the finished rollouts (in place)
+    update(stats)        -> controller updates after the optimizer step (DUET windows, DA-GRPO lambda)
+
+None of them knows which engine or trainer host runs the step. Controller state is saved with
+checkpoints (`state_dict`), so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_patches.sampling import SamplingParams
+from slime_ext.data import Sample
+
+
+@dataclass
+class PromptPlan:
+    """How to roll out one prompt: `n` samples with these sampler specs and sampling parameters."""
+
+    n: int
+    sampling: SamplingParams
+    sampler_specs: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Method:
+    name = "base"
+    train_kind = "grpo"  # which trainer loss the method's batches use
+
+    def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
+        raise NotImplementedError
+
+    def finish(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
