@@ -131,7 +131,8 @@ class MegatronTrainer:
             init_lr=0.0 if settings.lr_warmup_steps else settings.lr,
             max_lr=settings.lr,
             min_lr=settings.min_lr,
-            lr_warmup_steps=settings.lr_warmup_steps,
+            # megatron-core requires warmup < decay steps; a run shorter than its warmup warms up throughout
+            lr_warmup_steps=min(settings.lr_warmup_steps, max(settings.total_steps - 1, 0)),
             lr_decay_steps=settings.total_steps,
             lr_decay_style=settings.lr_decay_style,
             start_wd=settings.weight_decay,

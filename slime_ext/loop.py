@@ -201,7 +201,8 @@ class TrainingJob:
         ckpt_dir = self.run_dir / "checkpoints"
         metrics_path = self.run_dir / "metrics.jsonl"
         engine_handle = ray.remote(EmbeddedEngineActor).options(
-            num_cpus=0.01, max_concurrency=2, runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads)}}
+            num_cpus=0.01, max_concurrency=2,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
         ).remote(str(warm_dir), cfg.rollout.threads)
         engine = RemoteEngine(engine_handle)
         group = TrainGroup(world_size(cfg), cfg.cluster.gpus_per_node, threads=cfg.train.threads)

@@ -74,6 +74,7 @@ RUNTIME_OVERHEAD_GIB = 4.0  # CUDA context + NCCL buffers + fragmentation: an as
 ENGINE_PORT = 30000
 # slime's fractional GPU requests: two actors (trainer rank, engine) share one bundle when colocated
 COLOCATED_TRAIN_GPU, COLOCATED_ENGINE_GPU = 0.4, 0.2
+CPU_SHARE = 0.01  # CPU runs: every actor asks for a token share so many processes fit 2 cores
 
 
 class PlanError(ValueError):
@@ -252,13 +253,15 @@ def _check_layout(config: Config, shape: ModelShape, world: int, problems: list[
     tp, pp, ep = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.expert_model_parallel_size
     tk, pk, ek = ("train.parallel.tensor_model_parallel_size", "train.parallel.pipeline_model_parallel_size",
                   "train.parallel.expert_model_parallel_size")
+    dp = world // (tp * pp)
     if world % (tp * pp):
         problems.append(f"{tk} x {pk} = {tp} x {pp} = {tp * pp} does not divide the trainer world of {world} ranks")
-        return
-    dp = world // (tp * pp)
-    if (dp * tp) % ep:
+    elif (dp * tp) % ep:
         problems.append(f"{ek} = {ep} does not divide DP x TP = {dp} x {tp} = {dp * tp} (megatron-core's expert "
                         f"layout with expert tensor parallel 1 needs EP x PP to divide the world of {world})")
+    elif config.cluster.gpus_per_node and par.data_parallel_size not in (1, dp):
+        problems.append(f"train.parallel.data_parallel_size = {par.data_parallel_size} but the layout gives "
+                        f"DP = world / (TP x PP) = {world} / {tp * pp} = {dp} (leave it at 1: it is derived)")
     if shape.num_experts and shape.num_experts % ep:
         problems.append(f"{ek} = {ep} does not divide the model's {shape.num_experts} experts")
     if not shape.num_experts and ep > 1:
@@ -268,9 +271,6 @@ def _check_layout(config: Config, shape: ModelShape, world: int, problems: list[
                         f"key/value heads ({shape.num_kv_heads})")
     if shape.num_layers % pp:
         problems.append(f"{pk} = {pp} does not divide the model's {shape.num_layers} layers")
-    if config.cluster.gpus_per_node and par.data_parallel_size not in (1, dp):
-        problems.append(f"train.parallel.data_parallel_size = {par.data_parallel_size} but the layout gives "
-                        f"DP = world / (TP x PP) = {world} / {tp * pp} = {dp} (leave it at 1: it is derived)")
 
 
 def _check_engines(config: Config, shape: ModelShape, problems: list[str]) -> None:
@@ -359,28 +359,31 @@ class Placement:
 
 
 def build_placement(layout: TrainerLayout, rollout: RolloutLayout) -> Placement:
-    """One placement group for everything (slime): a GPU + CPU bundle per GPU, a CPU bundle per CPU rank."""
+    """One placement group for everything (slime): a GPU + CPU bundle per GPU; on CPU a token CPU share per
+    rank (as `slime_ext.train_group.TrainGroup` asks, so gloo ranks on 2 cores still schedule)."""
     if layout.gpus_per_node == 0:
-        return Placement({"CPU": 1}, layout.world, layout.world, "PACK")
+        return Placement({"CPU": CPU_SHARE}, layout.world, layout.world, "PACK")
     n = layout.world if rollout.colocate else layout.world + rollout.engine_gpus
     return Placement({"GPU": 1, "CPU": 1}, n, layout.gpus_per_node, "PACK")
 
 
 def build_actors(layout: TrainerLayout, rollout: RolloutLayout) -> list[ActorGroup]:
-    """Rollout manager on the head node, engine actors on their GPUs' bundles, one train actor per rank."""
+    """Rollout manager in the driver, engine actors on their GPUs' bundles, one train actor per rank."""
     gpu = layout.gpus_per_node > 0
-    manager = ActorGroup("rollout_manager", 1, {"CPU": 1}, [], "head node, driver side")
-    train_res = ({"GPU": COLOCATED_TRAIN_GPU if rollout.colocate else 1.0, "CPU": 1} if gpu else {"CPU": 1})
+    manager = ActorGroup("rollout_manager", 1, {}, [], "head node, in the driver process")
+    train_res = {"GPU": COLOCATED_TRAIN_GPU if rollout.colocate else 1.0, "CPU": 1} if gpu else {"CPU": CPU_SHARE}
     train = ActorGroup("train_actor", layout.world, train_res, [[r] for r in range(layout.world)],
                        "one per trainer rank")
-    if rollout.engine != "sglang":
-        return [manager, train]
+    if rollout.engine != "sglang" or not gpu:
+        engine = ActorGroup(f"{rollout.engine}_engine", rollout.num_engines, {"CPU": CPU_SHARE}, [],
+                            "head node")
+        return [manager, engine, train]
     offset = 0 if rollout.colocate else layout.world
-    tp = rollout.tp_size if gpu else 0
+    tp = rollout.tp_size
     engine_bundles = [list(range(offset + i * tp, offset + (i + 1) * tp)) for i in range(rollout.num_engines)]
-    engine_res = {"GPU": COLOCATED_ENGINE_GPU if rollout.colocate else 1.0, "CPU": 1} if gpu else {"CPU": 1}
+    engine_res = {"GPU": COLOCATED_ENGINE_GPU if rollout.colocate else 1.0, "CPU": 1}
     engines = ActorGroup("sglang_engine", rollout.num_engines, engine_res, engine_bundles,
-                         f"server with tp_size={rollout.tp_size} on its bundles' GPUs")
+                         f"one server per engine, tp_size={tp} on its bundles' GPUs")
     return [manager, engines, train]
 
 
@@ -457,7 +460,8 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float) -> 
     if gpu:
         gib["runtime"] = RUNTIME_OVERHEAD_GIB
     total = sum(gib.values())
-    host = optimizer * (layout.gpus_per_node or layout.world) / GIB if layout.optimizer_cpu_offload else 0.0
+    ranks_per_node = min(layout.gpus_per_node or layout.world, layout.world)
+    host = optimizer * ranks_per_node / GIB if layout.optimizer_cpu_offload else 0.0
     return TrainerMemory(local_params=local, local_expert_params=experts,
                          components_gib={k: round(v, 3) for k, v in gib.items()}, total_gib=round(total, 3),
                          host_offload_gib_per_node=round(host, 2), fits=(total <= gpu_gib) if gpu else None)
@@ -505,6 +509,11 @@ def _layout_warnings(layout: TrainerLayout, config: Config) -> list[str]:
         out.append(f"EP={layout.ep} fits only with expert tensor parallel 1: megatron-core's default ETP=TP="
                    f"{layout.tp} needs TP x EP x PP = {layout.tp * layout.ep * layout.pp} to divide "
                    f"{layout.world} ranks; build the trainer (and convert weights) with ETP=1")
+    if layout.gpus_per_node and config.train.parallel.data_parallel_size != layout.dp:
+        out.append(f"train.parallel.data_parallel_size={config.train.parallel.data_parallel_size} is below the derived "
+                   f"DP={layout.dp}: code that sizes the world as TP x PP x data_parallel_size would start "
+                   f"{layout.tp * layout.pp * config.train.parallel.data_parallel_size} of {layout.world} ranks; "
+                   f"set train.parallel.data_parallel_size={layout.dp}")
     if config.train.parallel.sequence_parallel and layout.tp == 1:
         out.append("train.parallel.sequence_parallel is ignored with TP=1")
     if layout.gpus_per_node and layout.precision != "bf16":
@@ -580,7 +589,8 @@ def _format_actors(p: Plan) -> list[str]:
     for a in p.actors:
         flat = [i for b in a.bundles for i in b]
         where = f"bundles {_ranges(flat)}" if flat else "no bundle"
-        lines.append(f"  {a.name} x{a.count}: {a.resources} each, {where} ({a.node})")
+        res = f"{a.resources} each" if a.resources else "no Ray resources"
+        lines.append(f"  {a.name} x{a.count}: {res}, {where} ({a.node})")
     return lines
 
 

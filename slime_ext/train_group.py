@@ -106,7 +106,7 @@ class TrainGroup:
         self.placement = ray.util.placement_group(bundles, strategy="PACK")
         ray.get(self.placement.ready())
         actor_cls = ray.remote(TrainWorker)
-        env = {"env_vars": {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}
+        env = {"env_vars": {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}}
         self.workers = [
             actor_cls.options(
                 num_cpus=0.01 if not use_gpu else 1, num_gpus=1 if use_gpu else 0,

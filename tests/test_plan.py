@@ -1,0 +1,199 @@
+"""The cluster plan (`slime_ext.plan`) and the Qwen3-30B-A3B launcher's dry run.
+
+Why: a multi-node launch fails late and expensively on a layout or memory mistake; these checks run the
+same arithmetic on a CPU machine, and hand-check the numbers against the stated split rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_glue.hf_config import hf_config_from_model_config, parameter_counts
+from slime_ext.config import load_config
+from slime_ext.plan import GIB, PlanError, build_plan, format_plan, main, param_split
+from tests.conftest import CONFIGS, REPO
+
+MISSING_CKPT = "/nonexistent/Qwen3-30B-A3B"
+
+# Qwen3-30B-A3B by hand (HF config.json): the numbers the split rules are checked against.
+H, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB, EXPERTS, MOE_FFN = 2048, 48, 32, 4, 128, 151936, 128, 768
+ATTN = H * HEAD_DIM * (2 * HEADS + 2 * KV_HEADS)  # q, k, v, o
+EXPERT_MLP = EXPERTS * 3 * H * MOE_FFN  # gate, up, down of every expert
+REPLICATED = 2 * H + 2 * HEAD_DIM + EXPERTS * H  # 2 norms, q/k norms, router
+EMBED = VOCAB * H  # untied: the output layer has as many
+
+
+def reference_config(tmp_path: Path, *overrides: str, ckpt: str = MISSING_CKPT):
+    """The config the launcher composes (grpo + model + cluster fragments, checkpoint paths)."""
+    path = tmp_path / "qwen3.yaml"
+    path.write_text(
+        f"extends: {CONFIGS / 'grpo.yaml'}\n"
+        f"include: [{CONFIGS / 'models/qwen3-30b-a3b.yaml'}, {CONFIGS / 'cluster/h100x8-qwen3-30b-a3b.yaml'}]\n"
+        f"model: {{hf_path: {ckpt}}}\n"
+        f"tokenizer: {{path: {ckpt}}}\n"
+        f"sglang: {{model_path: {ckpt}}}\n"
+        "train: {parallel: {data_parallel_size: 2}}\n"
+    )
+    return load_config(path, overrides).config
+
+
+@pytest.fixture(scope="module")
+def reference_plan(tmp_path_factory):
+    return build_plan(reference_config(tmp_path_factory.mktemp("plan")))
+
+
+def test_reference_layout(reference_plan):
+    L = reference_plan.layout
+    assert (L.num_nodes, L.gpus_per_node, L.world) == (1, 8, 8)
+    assert (L.tp, L.pp, L.ep, L.etp, L.dp, L.expert_dp) == (4, 1, 8, 1, 2, 1)
+    assert L.sequence_parallel and L.recompute == "full" and L.optimizer_cpu_offload and L.backend == "nccl"
+    r = reference_plan.rollout
+    assert (r.engine, r.num_engines, r.tp_size, r.engine_gpus, r.colocate) == ("sglang", 1, 8, 8, True)
+    cmd = r.server_command
+    assert cmd[cmd.index("--tp-size") + 1] == "8" and cmd[cmd.index("--model-path") + 1] == MISSING_CKPT
+    assert "--enable-memory-saver" in cmd  # colocated engines release memory while the trainer runs
+    assert reference_plan.model.source == "yaml"
+    assert any("does not exist" in w for w in reference_plan.warnings)
+
+
+def test_param_split_matches_parameter_counts(reference_plan):
+    split = reference_plan.model.split
+    assert (split.attention, split.experts, split.replicated, split.embedding) == (ATTN, EXPERT_MLP, REPLICATED, EMBED)
+    total = LAYERS * (ATTN + EXPERT_MLP + REPLICATED) + 2 * EMBED + H
+    assert split.total == total == reference_plan.model.params_total
+    assert 30.0e9 < total < 31.0e9  # "30B"
+
+
+def test_trainer_memory_by_hand(reference_plan):
+    """Split rule: attention and embeddings / TP, experts / (EP x ETP), norms + router replicated."""
+    mem = reference_plan.trainer_memory
+    local = LAYERS * ATTN // 4 + 2 * EMBED // 4 + LAYERS * REPLICATED + H + LAYERS * EXPERT_MLP // 8
+    assert mem.local_params == local and mem.local_expert_params == LAYERS * EXPERT_MLP // 8
+    assert mem.components_gib["weights"] == pytest.approx(2 * local / GIB, abs=1e-3)  # bf16
+    assert mem.components_gib["grads_fp32"] == pytest.approx(4 * local / GIB, abs=1e-3)
+    assert mem.components_gib["optimizer"] == 0.0  # offloaded to the host
+    # full recompute keeps each layer's bf16 input, sequence-parallel: 20480 / TP tokens per GPU
+    assert mem.components_gib["act_layer_checkpoints"] == pytest.approx(LAYERS * 20480 / 4 * H * 2 / GIB, abs=1e-3)
+    assert 20 < mem.total_gib < 80 and mem.fits is True
+    assert mem.total_gib == pytest.approx(sum(mem.components_gib.values()), abs=0.01)
+    # host memory of the offloaded optimizer: fp32 main params + Adam moments of the whole model, one node
+    assert mem.host_offload_gib_per_node == pytest.approx(12 * reference_plan.model.params_total / GIB, rel=0.01)
+
+
+def test_engine_memory_by_hand(reference_plan):
+    eng = reference_plan.engine_memory
+    assert eng.weights_gib == pytest.approx(2 * reference_plan.model.params_total / 8 / GIB, abs=1e-3)
+    assert eng.static_gib == pytest.approx(0.7 * 80)
+    assert eng.kv_cache_gib == pytest.approx(eng.static_gib - eng.weights_gib, abs=1e-3)
+    assert eng.kv_bytes_per_token == LAYERS * 2 * 1 * HEAD_DIM * 2  # 4 KV heads over TP 8: one per GPU
+    assert eng.fits and eng.kv_tokens > 1_000_000
+
+
+def test_plan_text_names_layout_and_memory(reference_plan):
+    text = format_plan(reference_plan)
+    for needle in ("TP=4", "EP=8", "8 GPUs", "--tp-size 8", "memory trainer per GPU", "memory engine per GPU",
+                   "train_actor x8", "bundles 0-7", "'GPU': 1, 'CPU': 1"):
+        assert needle in text, needle
+    assert "OVER" not in text
+
+
+def test_optimizer_on_gpu_without_offload(tmp_path, reference_plan):
+    plan = build_plan(reference_config(tmp_path, "train.parallel.optimizer_cpu_offload=false"))
+    mem = plan.trainer_memory
+    split_local = mem.local_params - mem.local_expert_params
+    # fp32 main params + Adam moments: non-expert params sharded over DP=2, experts over expert-DP=1
+    expected = 12 * (split_local / 2 + mem.local_expert_params) / GIB
+    assert mem.components_gib["optimizer"] == pytest.approx(expected, abs=1e-3)
+    assert mem.total_gib == pytest.approx(reference_plan.trainer_memory.total_gib + expected, abs=0.01)
+
+
+def test_over_is_flagged(tmp_path):
+    plan = build_plan(reference_config(tmp_path, "train.parallel.optimizer_cpu_offload=false",
+                                       "train.parallel.recompute=none"))
+    assert plan.trainer_memory.fits is False and "OVER" in format_plan(plan)
+
+
+def test_tandem_engine_holds_two_models(tmp_path, reference_plan):
+    plan = build_plan(reference_config(tmp_path, "method=tandem"))
+    assert plan.rollout.models_per_engine == 2
+    assert plan.engine_memory.weights_gib == pytest.approx(2 * reference_plan.engine_memory.weights_gib, abs=1e-3)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.parallel.tensor_model_parallel_size=3", "train.parallel.tensor_model_parallel_size"),
+    ("train.parallel.expert_model_parallel_size=16", "train.parallel.expert_model_parallel_size"),
+    ("train.parallel.data_parallel_size=4", "train.parallel.data_parallel_size"),
+    ("sglang.num_engines=2", "sglang.num_engines"),
+])
+def test_bad_layout_names_the_key(tmp_path, override, key):
+    with pytest.raises(PlanError) as err:
+        build_plan(reference_config(tmp_path, override))
+    assert key in str(err.value)
+
+
+def test_cli_json_and_error_exit(tmp_path, capsys):
+    reference_config(tmp_path)  # writes qwen3.yaml
+    config = tmp_path / "qwen3.yaml"
+    assert main([str(config), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["layout"]["tp"] == 4 and data["trainer_memory"]["fits"] is True
+    assert main([str(config), "train.parallel.tensor_model_parallel_size=3"]) == 2
+    assert "train.parallel.tensor_model_parallel_size" in capsys.readouterr().err
+
+
+def test_existing_checkpoint_config_wins(tmp_path):
+    """With a real checkpoint dir its config.json is the architecture (here: the tiny model's)."""
+    tiny = load_config(CONFIGS / "grpo.yaml").config
+    hf = hf_config_from_model_config(tiny.model, tokenizer_vocab=tiny.tokenizer.vocab_size)
+    ckpt = tmp_path / "ckpt"
+    hf.save_pretrained(ckpt)
+    plan = build_plan(reference_config(tmp_path, "train.parallel.tensor_model_parallel_size=2",
+                                       "train.parallel.data_parallel_size=4", "sglang.tp_size=4", ckpt=str(ckpt)))
+    assert plan.model.source == "hf_path" and plan.model.hidden == 128
+    assert plan.model.params_total == parameter_counts(hf)["total"]
+    assert not any("does not exist" in w for w in plan.warnings)
+
+
+def test_default_cpu_config_plan():
+    plan = build_plan(load_config(CONFIGS / "grpo.yaml").config)
+    L = plan.layout
+    assert (L.num_nodes, L.total_gpus, L.world, L.backend) == (1, 0, 1, "gloo")
+    assert plan.rollout.engine == "embedded" and plan.rollout.server_command is None
+    assert plan.engine_memory is None and plan.trainer_memory.fits is None
+    text = format_plan(plan)
+    assert "0 GPUs" in text and "gloo" in text and "embedded engine" in text
+
+
+def test_param_split_dense_model():
+    cfg = load_config(CONFIGS / "grpo.yaml", ["model.arch=qwen3", "model.num_experts=0"]).config
+    hf = hf_config_from_model_config(cfg.model, tokenizer_vocab=cfg.tokenizer.vocab_size)
+    assert param_split(hf).total == parameter_counts(hf)["total"]
+
+
+def test_dry_run_script(tmp_path):
+    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
+           "TMPDIR": str(tmp_path)}
+    env.pop("DRY_RUN", None)
+    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B.sh"), "--dry-run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in ("TP=4", "EP=8", "8 GPUs", "--tp-size 8", "memory trainer per GPU", "does not exist"):
+        assert needle in out, needle
+    assert "DP=2" in out and "data_parallel_size" not in out  # the launcher writes DP out: no warning
+    assert list(tmp_path.iterdir()) == []  # the composed config was a temp file, removed
+
+
+def test_dry_run_script_rejects_bad_layout(tmp_path):
+    env = {**os.environ, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1", "NNODES": "2",
+           "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B.sh"), "--dry-run",
+                           "train.parallel.tensor_model_parallel_size=3"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "train.parallel.tensor_model_parallel_size" in proc.stderr

@@ -1,0 +1,92 @@
+"""Run plots from metrics.jsonl: the six figures, malformed lines reported, missing keys and empty files."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from slime_ext.plots import plot_metrics, plot_series, read_metrics
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURES = ["reward.png", "response_length.png", "kl.png", "entropy.png", "throughput.png", "time_split.png"]
+
+
+def write_metrics(path: Path, steps: int = 20, bad_line_at: int | None = 8, drop: tuple[str, ...] = ()) -> Path:
+    lines = []
+    for s in range(steps):
+        rec = {
+            "step": s,
+            "reward/mean": 0.2 + 0.03 * s,
+            "response_len/mean": 120 - 2 * s,
+            "train/kl_ref": 0.001 * s,
+            "train/entropy": 1.5 - 0.02 * s,
+            "perf/tokens_per_s": 900 + 5 * s,
+            "time/rollout": 3.0, "time/reward": 0.2, "time/train": 1.5, "time/sync": 0.1,
+            "some/unknown_key": "ignored",
+        }
+        if s % 5 == 4:
+            rec["eval/mean@1"] = 0.25 + 0.02 * s
+        for k in drop:
+            rec.pop(k, None)
+        lines.append(json.dumps(rec))
+        if s == bad_line_at:
+            lines.append('{"step": 9, "reward/mean": 0.5')  # truncated JSON
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def check_png(path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    img = mpimg.imread(path)
+    h, w = img.shape[:2]
+    assert 300 <= h <= 2000 and 500 <= w <= 3000, (path, img.shape)
+    assert img[..., :3].std() > 0.01  # not a blank canvas
+
+
+def test_six_figures_and_malformed_line_reported(tmp_path, caplog):
+    src = write_metrics(tmp_path / "metrics.jsonl")
+    with caplog.at_level(logging.WARNING, logger="slime_ext.plots"):
+        paths = plot_metrics(src, tmp_path / "plots")
+    assert sorted(p.name for p in paths) == sorted(FIGURES)
+    for p in paths:
+        assert p.parent == tmp_path / "plots"
+        check_png(p)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"{src}:10:" in warnings[0] and "not valid JSON" in warnings[0]
+    records = read_metrics(src)
+    assert len(records) == 20 and [r["step"] for r in records] == list(range(20))
+
+
+def test_missing_keys_are_not_plotted_and_empty_file_gives_nothing(tmp_path):
+    src = write_metrics(tmp_path / "m.jsonl", bad_line_at=None,
+                        drop=("train/kl_ref", "time/rollout", "time/reward", "time/train", "time/sync"))
+    paths = plot_metrics(src, tmp_path / "out")
+    assert sorted(p.name for p in paths) == sorted(set(FIGURES) - {"kl.png", "time_split.png"})
+    assert not (tmp_path / "out" / "kl.png").exists()
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert plot_metrics(empty, tmp_path / "none") == []
+    assert not (tmp_path / "none").exists()
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("not json\n[1, 2]\n\n")
+    assert plot_metrics(junk, tmp_path / "none") == []
+    with pytest.raises(FileNotFoundError):
+        plot_metrics(tmp_path / "absent.jsonl", tmp_path / "none")
+
+
+def test_plot_series_helper_and_many_steps(tmp_path):
+    src = write_metrics(tmp_path / "m.jsonl", steps=150, bad_line_at=None)
+    out = plot_series(src, tmp_path / "x.png", ["reward/mean", "train/entropy"], "Two series", "value")
+    assert out == tmp_path / "x.png"
+    check_png(out)
+    assert plot_series(src, tmp_path / "y.png", ["nope/key"], "Nothing", "value") is None
+    assert not (tmp_path / "y.png").exists()
+    paths = plot_metrics(src, tmp_path / "plots")  # 150 steps: time split as stacked areas
+    assert len(paths) == 6
+    check_png(tmp_path / "plots" / "time_split.png")
