@@ -113,6 +113,8 @@ class TrainingJob:
 
     def __init__(self, config: Config, run_dir: Path, train_rows: list[dict], eval_rows: list[dict], tokenizer: Any,
                  tokenizer_path: Path):
+        if config.model.hf_path and not (Path(config.model.hf_path) / "config.json").is_file():
+            raise FileNotFoundError(f"model.hf_path={config.model.hf_path}: no config.json there (not an HF checkpoint)")
         self.cfg = config
         self.run_dir = run_dir
         self.train_rows = train_rows
@@ -138,6 +140,9 @@ class TrainingJob:
         """SFT from random init on the reference solutions; cached by content hash (and resumable)."""
         from megatron_glue.convert import save_hf_checkpoint
 
+        base = Path(self.cfg.model.hf_path) if self.cfg.model.hf_path else None
+        if base is not None and self.cfg.sft.steps == 0:
+            return base  # start RL from the given checkpoint as it is
         out = self.warm_start_dir()
         hf_dir = out / "hf"
         if (out / "complete").exists():
@@ -152,7 +157,7 @@ class TrainingJob:
         settings.lr_warmup_steps = s.warmup_steps
         settings.lr_decay_style = "cosine"
         settings.min_lr = s.lr * 0.1
-        group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=None)
+        group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=base)
         data = DataSource(self.train_rows, self.cfg.run.seed + 1, shuffle=True)
         ckpt = out / "trainer_ckpt"
         start = 0
@@ -230,7 +235,14 @@ class TrainingJob:
                    initial=start, total=cfg.train.steps)
         try:
             for step in bar:
-                row = self._rl_step(step, manager, group, engine)
+                try:
+                    row = self._rl_step(step, manager, group, engine)
+                except ray.exceptions.RayActorError as exc:
+                    saved = (ckpt_dir / "latest").read_text().strip() if (ckpt_dir / "latest").exists() else "none"
+                    raise RuntimeError(
+                        f"a Ray actor died during step {step} ({exc.__class__.__name__}); the last checkpoint "
+                        f"({saved}) is intact: resume with `bash scripts/run.sh resume={self.run_dir}`"
+                    ) from exc
                 _append_jsonl(metrics_path, row)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")

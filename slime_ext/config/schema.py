@@ -32,7 +32,7 @@ class RunConfig(Section):
         default_factory=lambda: ["data", "tokenizer", "check_references", "sft", "rl", "eval"]
     )
     log_every: int = Field(1, ge=1)
-    save_every: int = Field(10, ge=1)
+    save_every: int = Field(1, ge=1)  # every step: a killed run loses at most the step in flight
 
 
 class ModelConfig(Section):
