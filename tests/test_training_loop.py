@@ -56,8 +56,10 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
         return ReasonCounter()
 
     monkeypatch.setattr(GRPO, "score", first_token_even)
-    rc = main(job_args(tmp_path, "sft.steps=0", "train.steps=10", "train.lr=3e-3", "run.stages=[data,tokenizer,rl]",
-                       "run.save_every=100"))
+    # 128 two-token rollouts per step from a random init: the first token's parity is the whole signal
+    rc = main(job_args(tmp_path, "sft.steps=0", "train.steps=10", "train.lr=1e-2", "run.stages=[data,tokenizer,rl]",
+                       "run.save_every=100", "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=16",
+                       "rollout.max_response_len=2"))
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     rewards = [m["reward/mean"] for m in read_metrics(run_dir)]
