@@ -47,8 +47,9 @@ def init_ray(config: Config) -> None:
     if config.cluster.ray_address:
         ray.init(address=config.cluster.ray_address, log_to_driver=True)
     else:
-        ray.init(num_cpus=max(2, config.rollout.threads + config.train.threads), include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        # address="local": always a fresh single-machine instance, never another job's cluster
+        ray.init(address="local", num_cpus=max(2, config.rollout.threads + config.train.threads),
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
 def world_size(config: Config) -> int:
