@@ -307,9 +307,11 @@ class MegatronTrainer:
                 raise ValueError(f"GRPO step needs old logprobs on every sample; missing on {lacking_lp[:5]}")
             if s.kl_coef > 0 and ref_logprobs is None:
                 raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
-        # Global denominator from the whole batch (every rank sees all samples).
-        full = build_batch(list(samples), pad_id=self.pad_id)
-        _, denominator = loss_coefficients(full.loss_mask, s.loss_agg if kind == "grpo" else "token_mean")
+        # Global denominator from the whole batch (every rank sees all samples); only the response
+        # masks matter, so no full token batch is built for it.
+        masks = torch.nn.utils.rnn.pad_sequence(
+            [torch.tensor(x.loss_mask, dtype=torch.float32) for x in samples], batch_first=True)
+        _, denominator = loss_coefficients(masks, s.loss_agg if kind == "grpo" else "token_mean")
         denominator = float(denominator)
         mine = self._my_samples(samples)
         extra = {}

@@ -670,12 +670,9 @@ def _rank_layout(d: _Dims, ep_rank: int, ep_size: int, pp_rank: int, pp_size: in
     """The ordered (local name, placement) list of one rank; placement None marks `_extra_state`
     entries, and the tied last-stage `output_layer.weight` copy is a placement of the embedding."""
     out: list[tuple[str, Optional[_Placed]]] = []
-    emb = None
     for pl in _placement(d, ep_size, pp_size):
         if pl.pp_rank != pp_rank or (pl.ep_rank is not None and pl.ep_rank != ep_rank):
             continue
-        if pl.param.template.startswith("embedding"):
-            emb = pl
         out.append((pl.local_name, pl))
         if pl.param.linear:
             out.append((pl.local_name[: -len(".weight")] + EXTRA_STATE, None))

@@ -30,7 +30,7 @@ def transformer_engine_available() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        import transformer_engine.pytorch  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401  (probe: does TE load here?)
     except Exception:  # TE raises RuntimeError, not only ImportError, when it cannot load
         return False
     return True

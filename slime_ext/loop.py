@@ -19,10 +19,9 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ray
-import torch
 from tqdm import tqdm
 
 from megatron_glue.actor import TrainerSettings
