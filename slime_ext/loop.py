@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import ray
 from tqdm import tqdm
@@ -157,6 +157,20 @@ class TrainingJob:
         settings.lr_warmup_steps = s.warmup_steps
         settings.lr_decay_style = "cosine"
         settings.min_lr = s.lr * 0.1
+        try:
+            weights = self._sft_steps(group, settings, base, out)
+        finally:
+            group.shutdown()
+        save_hf_checkpoint(hf_dir, self.hf_config, weights)
+        self.tokenizer.save_pretrained(hf_dir)
+        shutil.rmtree(out / "trainer_ckpt", ignore_errors=True)
+        (out / "complete").write_text(json.dumps({"steps": s.steps}) + "\n")
+        log.info("SFT warm start saved to %s", hf_dir)
+        return hf_dir
+
+    def _sft_steps(self, group: TrainGroup, settings: TrainerSettings, base: Optional[Path], out: Path) -> dict:
+        """Run (or resume) the SFT steps on the rank actors; return the final HF-named weights."""
+        s = self.cfg.sft
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=base)
         data = DataSource(self.train_rows, self.cfg.run.seed + 1, shuffle=True)
         ckpt = out / "trainer_ckpt"
@@ -178,14 +192,7 @@ class TrainingJob:
             if (step + 1) % 100 == 0 and step + 1 < s.steps:
                 group.call("save", str(ckpt), {"step": step + 1})
                 (out / "data_state.json").write_text(json.dumps(data.state_dict()))
-        weights = dict(group.export_hf())
-        group.shutdown()
-        save_hf_checkpoint(hf_dir, self.hf_config, weights)
-        self.tokenizer.save_pretrained(hf_dir)
-        shutil.rmtree(ckpt, ignore_errors=True)
-        (out / "complete").write_text(json.dumps({"steps": s.steps}) + "\n")
-        log.info("SFT warm start saved to %s", hf_dir)
-        return hf_dir
+        return dict(group.export_hf())
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, engine: Any, name: str) -> Any:

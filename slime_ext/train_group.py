@@ -135,6 +135,8 @@ class TrainGroup:
         return merged
 
     def shutdown(self) -> None:
+        """Kill the rank actors and drop their handles now, while this Ray session is alive."""
         for w in self.workers:
             ray.kill(w)
+        self.workers = []
         ray.util.remove_placement_group(self.placement)

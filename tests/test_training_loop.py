@@ -34,12 +34,6 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(autouse=True)
-def _ray_env(monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
 @pytest.mark.timeout(900)
 def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
     """A trivially learnable reward (the first response token has an even id) must go up under GRPO.
