@@ -13,7 +13,7 @@ the TP / PP / EP / DP layout and micro-batch size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Iterator, Literal, Optional, Sequence
 
@@ -28,7 +28,7 @@ from megatron_glue import cpu_compat
 from megatron_glue.logprobs import vocab_parallel_logprobs
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from slime_ext.algo import grpo_per_token_loss, loss_coefficients
-from slime_ext.data import RolloutBatch, Sample, build_batch
+from slime_ext.data import Author, RolloutBatch, Sample, build_batch
 
 LossKind = Literal["grpo", "sft"]
 PER_TOKEN_INPUTS = ("tokens", "position_ids", "loss_mask", "old_logprobs")
@@ -60,10 +60,14 @@ class TrainerSettings:
     kl_estimator: str = "low_var_kl"
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"
+    # Tandem: None = no author masking; a float = train on senior tokens (author 1) with weight 1 and
+    # on junior tokens (author 0) with this weight. Fails closed: samples without `author` are an error.
+    junior_weight: Optional[float] = None
 
     @classmethod
     def from_config(cls, cfg: Any, total_steps: Optional[int] = None, lr: Optional[float] = None) -> "TrainerSettings":
         t, g = cfg.train, cfg.grpo
+        kl_coef = cfg.tandem.klreg_beta if cfg.method == "tandem_klreg" else g.kl_coef
         return cls(
             lr=lr if lr is not None else t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps,
             lr_decay_style=t.lr_decay_style, total_steps=max(1, total_steps or t.steps),
@@ -71,9 +75,24 @@ class TrainerSettings:
             clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size,
             use_distributed_optimizer=t.parallel.use_distributed_optimizer, precision=t.precision,
             recompute=t.parallel.recompute, seed=cfg.run.seed,
-            eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=g.kl_coef,
+            eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=kl_coef,
             kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg,
+            junior_weight=cfg.tandem.junior_weight if cfg.method == "tandem" else None,
         )
+
+
+def author_weighted_masks(samples: Sequence[Sample], junior_weight: Optional[float]) -> list[list[float]]:
+    """Each sample's training mask: `loss_mask`, times the author weight when `junior_weight` is set
+    (senior tokens 1, junior tokens `junior_weight`, spliced external tokens 0). Missing authors raise:
+    a tandem batch must never silently train as plain GRPO."""
+    if junior_weight is None:
+        return [list(x.loss_mask) for x in samples]
+    lacking = [x.sample_id for x in samples if x.author is None]
+    if lacking:
+        raise ValueError(f"author-masked training (tandem) needs `author` on every sample; missing on "
+                         f"{lacking[:5]} ({len(lacking)} of {len(samples)})")
+    by_author = {int(Author.POLICY): 1.0, int(Author.PARTNER): float(junior_weight), int(Author.EXTERNAL): 0.0}
+    return [[m * by_author[a] for m, a in zip(x.loss_mask, x.author)] for x in samples]
 
 
 def _shift_left(x: torch.Tensor) -> torch.Tensor:
@@ -309,6 +328,8 @@ class MegatronTrainer:
                 raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
         # Global denominator from the whole batch (every rank sees all samples); only the response
         # masks matter, so no full token batch is built for it.
+        if kind == "grpo":
+            samples = [replace(x, loss_mask=m) for x, m in zip(samples, author_weighted_masks(samples, s.junior_weight))]
         masks = torch.nn.utils.rnn.pad_sequence(
             [torch.tensor(x.loss_mask, dtype=torch.float32) for x in samples], batch_first=True)
         _, denominator = loss_coefficients(masks, s.loss_agg if kind == "grpo" else "token_mean")

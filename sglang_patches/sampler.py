@@ -131,7 +131,20 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
+BUILTIN_SAMPLER_MODULES = ("sglang_patches.tandem",)
+
+
+def _import_builtin_samplers() -> None:
+    """Register the methods' samplers in this process (engine actors and SGLang workers build
+    samplers from specs without having imported the method code)."""
+    import importlib
+
+    for module in BUILTIN_SAMPLER_MODULES:
+        importlib.import_module(module)
+
+
 def build_sampler(spec: dict[str, Any], seed: int) -> Sampler:
+    _import_builtin_samplers()
     params = dict(spec)
     kind = params.pop("kind", None)
     if kind not in SAMPLER_REGISTRY:

@@ -37,8 +37,10 @@ Host requirements and limits:
   previous step's token is appended to `req.output_ids` only after the next step's sampler ran, so the
   chain would see every step one token late;
 - speculative decoding (several rows of one request in one call) is rejected;
-- multi-model samplers (`needs_partner`, Tandem) cannot run in a single-model server: rejected with the
-  sampler's name;
+- multi-model samplers (`needs_partner`, Tandem) need the two-model server (`tandem_model`): the request
+  then carries `partner_vocab` = V, each logits row is `[senior | junior - offset]` (width 2V), the
+  processor hands the sampler both halves and writes the chosen one into the first V columns with the
+  rest masked; without `partner_vocab` such samplers are rejected with their name;
 - the logprobs SGLang returns are taken after this processor: a forced token has logprob 0 there.
 """
 
@@ -66,6 +68,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without sglang
     ) from exc
 
 from sglang_patches.sampler import SAMPLER_REGISTRY, RequestView, SamplerChain
+from sglang_patches.tandem_model import split_logits
 
 # custom_params keys
 SPECS_KEY = "sampler_specs"
@@ -74,6 +77,7 @@ EOS_KEY = "eos_token_id"
 RID_KEY = "rid"
 TOKENIZER_KEY = "tokenizer_path"
 MODULES_KEY = "sampler_modules"
+PARTNER_VOCAB_KEY = "partner_vocab"  # set when the server is the two-model tandem engine
 REQ_KEY = "__req__"  # injected by SGLang
 
 MAX_TRACKED_REQUESTS = 65536  # bound on tracked requests (finished ones are evicted first, then the oldest)
@@ -108,7 +112,7 @@ def sampler_modules(specs: Sequence[dict[str, Any]]) -> list[str]:
 
 def build_custom_params(
     specs: Sequence[dict[str, Any]], seed: int, eos_token_id: int, rid: str,
-    tokenizer_path: Optional[str] = None,
+    tokenizer_path: Optional[str] = None, partner_vocab: Optional[int] = None,
 ) -> dict[str, Any]:
     """`sampling_params["custom_params"]` for a request whose samplers run in SGLang (JSON-safe values)."""
     params: dict[str, Any] = {
@@ -119,17 +123,21 @@ def build_custom_params(
         params[MODULES_KEY] = mods
     if tokenizer_path:
         params[TOKENIZER_KEY] = str(tokenizer_path)
+    if partner_vocab is not None:
+        params[PARTNER_VOCAB_KEY] = int(partner_vocab)
     return params
 
 
-def check_hostable(specs: Sequence[dict[str, Any]], seed: int = 0) -> SamplerChain:
-    """Build the chain as the server would and reject what a single-model SGLang server cannot host."""
+def check_hostable(specs: Sequence[dict[str, Any]], seed: int = 0, partner: bool = False) -> SamplerChain:
+    """Build the chain as the server would and reject what the server cannot host (a partner sampler
+    on a single-model server)."""
     chain = SamplerChain.from_specs(specs, seed)
     partners = [s.kind for s in chain.samplers if s.needs_partner]
-    if partners:
+    if partners and not partner:
         raise SamplerHostError(
             f"sampler(s) {partners} need a partner model (needs_partner), which a single-model SGLang server "
-            "does not have; run them on the embedded engine (the two-model SGLang path is not implemented)"
+            "does not have; serve the pair with sglang_patches.tandem_model (client partner_vocab=V) or use "
+            "the embedded engine"
         )
     return chain
 
@@ -242,7 +250,7 @@ def _state_for(params: dict[str, Any], req: Any) -> _RequestState:
     specs = decode_specs(specs_raw)
     _ensure_registered(specs, params.get(MODULES_KEY))
     seed = int(params.get(SEED_KEY, 0))
-    chain = check_hostable(specs, seed)
+    chain = check_hostable(specs, seed, partner=PARTNER_VOCAB_KEY in params)
     decode = None
     if chain.needs_decode:
         path = params.get(TOKENIZER_KEY)
@@ -321,7 +329,12 @@ class SamplerLogitProcessor(CustomLogitProcessor):
             if _CALLS % SWEEP_EVERY == 0:
                 _sweep_locked()
             for i, params in enumerate(custom_param_list):
-                if not params or SPECS_KEY not in params:
+                if not params:
+                    continue
+                vocab = params.get(PARTNER_VOCAB_KEY)
+                if SPECS_KEY not in params:
+                    if vocab is not None:  # a solo request on the tandem server: the senior's half only
+                        logits[i, int(vocab):] = -math.inf
                     continue
                 req = params.get(REQ_KEY)
                 if req is None:
@@ -333,15 +346,20 @@ class SamplerLogitProcessor(CustomLogitProcessor):
                 seen.add(id(req))
                 state = _state_for(params, req)
                 state.catch_up(req.output_ids)
-                row = logits[i]
+                row, partner = logits[i], None
+                if vocab is not None:
+                    row, partner = split_logits(logits[i], int(vocab))
                 view = RequestView(state.view_rid, state.seed, state.prompt_ids, state.output_ids,
                                    state.eos_token_id, state.decode)
-                action = state.chain.adjust(row, None, view)
+                action = state.chain.adjust(row, partner, view)
+                width = row.shape[-1]
                 if action.force_token is not None:
-                    forced = torch.full_like(row, -math.inf)
+                    forced = torch.full_like(logits[i], -math.inf)
                     forced[int(action.force_token)] = 0.0
                     logits[i] = forced
                     state.finish_requested = state.finish_requested or action.finish
-                elif action.logits is not None and action.logits is not row:
-                    logits[i] = action.logits.to(device=logits.device, dtype=logits.dtype)
+                elif action.logits is not None and (action.logits is not row or partner is not None):
+                    logits[i, :width] = action.logits.to(device=logits.device, dtype=logits.dtype)
+                if partner is not None:
+                    logits[i, width:] = -math.inf
         return logits

@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--baseline", help="an earlier eval.json to compare with (printed first, delta = this - it)")
     ap.add_argument("--batch-prompts", type=int, default=64, help="prompts per generate call (default 64)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--tandem-junior", metavar="HF_DIR",
+                    help="also run Tandem's axes (handoff, drift, legibility) against this junior checkpoint")
     return ap
 
 
@@ -168,6 +170,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     tmp.replace(out)
     print(f"wrote {out}")
+    if args.tandem_junior:
+        from slime_ext.tandem_eval import axes_row, tandem_axes
+
+        axes = tandem_axes(str(ckpt), args.tandem_junior, tokenizer, rows, cfg, n_prompts=cfg.tandem.eval_prompts,
+                           progress=lambda m: log.info("tandem axes: %s", m))
+        axes_out = out.with_name(out.stem + "_tandem_axes.json")
+        axes_out.write_text(json.dumps(axes, indent=2) + "\n")
+        print("\n".join(f"{k}: {v:.4f}" for k, v in axes_row(axes).items()))
+        print(f"wrote {axes_out}")
     return 0
 
 

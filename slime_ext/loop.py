@@ -31,7 +31,7 @@ from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.actor import EmbeddedEngineActor, RemoteEngine
 from slime_ext.rollout.data_source import DataSource
-from slime_ext.rollout.manager import RolloutManager
+from slime_ext.rollout.manager import RemoteRolloutManager, RolloutManager
 from slime_ext.tasks.templates import get_template
 from slime_ext.train_group import TrainGroup
 
@@ -129,9 +129,13 @@ class TrainingJob:
     def warm_start_key(self) -> str:
         c = self.cfg
         parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(),
-                 str(self.tokenizer_path), c.run.seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
+                 str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
                  c.rollout.max_response_len]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    @property
+    def sft_seed(self) -> int:
+        return self.cfg.sft.seed if self.cfg.sft.seed is not None else self.cfg.run.seed
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()
@@ -155,6 +159,7 @@ class TrainingJob:
                            threads=self.cfg.train.threads + self.cfg.rollout.threads)
         settings = TrainerSettings.from_config(self.cfg, total_steps=s.steps, lr=s.lr)
         settings.lr_warmup_steps = s.warmup_steps
+        settings.seed = self.sft_seed
         settings.lr_decay_style = "cosine"
         settings.min_lr = s.lr * 0.1
         try:
@@ -172,7 +177,7 @@ class TrainingJob:
         """Run (or resume) the SFT steps on the rank actors; return the final HF-named weights."""
         s = self.cfg.sft
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=base)
-        data = DataSource(self.train_rows, self.cfg.run.seed + 1, shuffle=True)
+        data = DataSource(self.train_rows, self.sft_seed + 1, shuffle=True)
         ckpt = out / "trainer_ckpt"
         start = 0
         if (ckpt / "latest").exists():
@@ -206,22 +211,64 @@ class TrainingJob:
         cached.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         return report
 
+    def evaluate_tandem_axes(self, senior_dir: Path, junior_dir: Path) -> dict:
+        """Handoff robustness, drift and legibility of the trained model against the junior."""
+        from slime_ext.tandem_eval import survival_plot, tandem_axes
+
+        axes = tandem_axes(str(senior_dir), str(junior_dir), self.tokenizer, self.eval_rows, self.cfg,
+                           n_prompts=self.cfg.tandem.eval_prompts, progress=lambda m: log.info("tandem axes: %s", m))
+        (self.run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
+        (self.run_dir / "plots").mkdir(exist_ok=True)
+        survival_plot({self.cfg.method: axes["drift"]}, self.run_dir / "plots" / "drift_survival.png")
+        return axes
+
     # -- RL ---------------------------------------------------------------------------------------
+    def junior_dir(self, warm_dir: Path) -> Path:
+        """Tandem's frozen junior: `tandem.junior_path`, else a copy of the senior's start (self-paired).
+        A different junior must share the senior's vocabulary exactly."""
+        path = self.cfg.tandem.junior_path
+        if not path or self.cfg.method not in ("tandem", "tandem_klreg"):
+            return warm_dir
+        junior = Path(path)
+        if not (junior / "config.json").exists():
+            raise FileNotFoundError(f"tandem.junior_path={path}: no HF checkpoint there (config.json missing)")
+        from sglang_patches.tandem import check_same_vocabulary
+        from slime_ext.tokenizer import load_tokenizer
+
+        check_same_vocabulary(self.tokenizer.get_vocab(), load_tokenizer(str(junior)).get_vocab())
+        return junior
+
     def run_rl(self, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
         cfg = self.cfg
         init_ray(cfg)
         ckpt_dir = self.run_dir / "checkpoints"
         metrics_path = self.run_dir / "metrics.jsonl"
+        junior = self.junior_dir(warm_dir)
         engine_handle = ray.remote(EmbeddedEngineActor).options(
             num_cpus=0.01, max_concurrency=2,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
-        ).remote(str(warm_dir), cfg.rollout.threads)
+        ).remote(str(warm_dir), cfg.rollout.threads, str(junior) if cfg.method == "tandem" else None)
         engine = RemoteEngine(engine_handle)
         group = TrainGroup(world_size(cfg), cfg.cluster.gpus_per_node, threads=cfg.train.threads)
-        group.setup(self.hf_config, TrainerSettings.from_config(cfg), self.sizes, self.tokenizer.pad_token_id, warm_dir)
-        if cfg.grpo.kl_coef > 0:
-            group.call("snapshot_reference")
-        manager = RolloutManager(cfg, self.train_rows, self.tokenizer, engine)
+        settings = TrainerSettings.from_config(cfg)
+        self.kl_active = settings.kl_coef > 0
+        group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, warm_dir)
+        if self.kl_active:
+            # The KL reference is the starting checkpoint, or Tandem's junior for the KL-Reg baseline.
+            if junior != warm_dir and cfg.method == "tandem_klreg":
+                group.call("load_hf", str(junior))
+                group.call("snapshot_reference")
+                group.call("load_hf", str(warm_dir))
+            else:
+                group.call("snapshot_reference")
+        manager_actor = None
+        if cfg.rollout.manager == "actor":
+            manager_actor = ray.remote(RolloutManager).options(
+                num_cpus=0.01, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            ).remote(cfg, self.train_rows, self.tokenizer, engine)
+            manager = RemoteRolloutManager(manager_actor)
+        else:
+            manager = RolloutManager(cfg, self.train_rows, self.tokenizer, engine)
         start = 0
         if (ckpt_dir / "latest").exists():
             extra = group.first("load", str(ckpt_dir))
@@ -263,18 +310,23 @@ class TrainingJob:
             self.tokenizer.save_pretrained(final_hf)
             if with_eval:
                 reports[cfg.method.upper()] = self.evaluate(engine, "final")
+            if with_eval and cfg.tandem.eval_axes:
+                self.evaluate_tandem_axes(final_hf, junior)
         finally:
             group.shutdown()
             ray.kill(engine_handle)
+            if manager_actor is not None:
+                ray.kill(manager_actor)
         return reports
 
-    def _rl_step(self, step: int, manager: RolloutManager, group: TrainGroup, engine: RemoteEngine) -> dict:
+    def _rl_step(self, step: int, manager: RolloutManager | RemoteRolloutManager, group: TrainGroup,
+                 engine: RemoteEngine) -> dict:
         t_start = time.perf_counter()
         groups, row = manager.rollout(step)
         samples = [s for g in groups for s in g]
         t0 = time.perf_counter()
-        ref = group.first("compute_logprobs", samples, True) if self.cfg.grpo.kl_coef > 0 else None
-        train = group.first("train_step", samples, manager.method.train_kind, ref["logprobs"] if ref else None)
+        ref = group.first("compute_logprobs", samples, True) if self.kl_active else None
+        train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None)
         t1 = time.perf_counter()
         engine.update_weights_from_tensor(group.export_hf())
         t2 = time.perf_counter()

@@ -197,3 +197,14 @@ def test_dry_run_script_rejects_bad_layout(tmp_path):
                            "train.parallel.tensor_model_parallel_size=3"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode != 0 and "train.parallel.tensor_model_parallel_size" in proc.stderr
+
+
+def test_tandem_launcher_dry_run_plans_the_pair(tmp_path):
+    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
+           "TMPDIR": str(tmp_path), "JUNIOR_CKPT": "/ckpt/junior"}
+    env.pop("DRY_RUN", None)
+    env.pop("METHOD_CONFIG", None)
+    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-tandem.sh"), "--dry-run"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "method=tandem" in proc.stdout and "2 model(s) per engine" in proc.stdout

@@ -50,8 +50,10 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
         return ReasonCounter()
 
     monkeypatch.setattr(GRPO, "score", first_token_even)
-    # 128 two-token rollouts per step from a random init: the first token's parity is the whole signal
+    # 128 two-token rollouts per step from a random init: the first token's parity is the whole signal.
+    # The patched scorer lives in this process, so the rollout manager runs in the driver here.
     rc = main(job_args(tmp_path, "sft.steps=0", "train.steps=10", "train.lr=1e-2", "run.stages=[data,tokenizer,rl]",
+                       "rollout.manager=driver",
                        "run.save_every=100", "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=16",
                        "rollout.max_response_len=2"))
     assert rc == 0
@@ -63,9 +65,94 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
     assert all(0 < m["time/sync"] < m["time/step"] for m in read_metrics(run_dir))
 
 
+@pytest.mark.timeout(900)
+def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
+    """Tandem through the whole stack: authored rollouts, senior-only steps, the junior (the cached warm
+    start) bit-identical afterwards, and the evaluation axes written."""
+    import hashlib
+
+    from slime_ext.main import main
+
+    args = [str(CONFIGS / "tandem.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+            *TINY, "sft.steps=3", "train.steps=2", "tandem.kappa=4", "tandem.eval_prompts=4"]
+    assert main(args + ["run.stages=[data,tokenizer,sft]"]) == 0
+    (warm,) = (tmp_path / "cache" / "warmstart").iterdir()
+
+    def digest() -> str:
+        return hashlib.sha256(b"".join(p.read_bytes() for p in sorted((warm / "hf").iterdir()))).hexdigest()
+
+    before = digest()
+    assert main(args) == 0
+    assert digest() == before
+    run_dir = max((tmp_path / "runs").iterdir())
+    metrics = read_metrics(run_dir)
+    assert len(metrics) == 2
+    for m in metrics:
+        assert 0.0 < m["tandem/senior_token_share"] < 1.0 and m["tandem/handoffs_per_rollout"] > 0
+        # only senior tokens are trained: the trainer's token count is the senior share of the rollouts
+        assert m["train/tokens"] == pytest.approx(m["tandem/senior_token_share"] * m["rollout/generated_tokens"])
+    axes = json.loads((run_dir / "tandem_axes.json").read_text())
+    assert {"handoff_alternate", "handoff_bernoulli", "drift", "legibility"} <= set(axes)
+    assert (run_dir / "plots" / "drift_survival.png").stat().st_size > 0
+
+
 def _run_cli(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slime_ext.main", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for_steps(runs: Path, n: int, proc: subprocess.Popen, timeout: float = 600) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = list(runs.glob("*/metrics.jsonl")) if runs.exists() else []
+        if found and len(found[0].read_text().splitlines()) >= n:
+            return found[0].parent
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        time.sleep(0.3)
+    raise AssertionError(f"no {n} steps within {timeout} s")
+
+
+LONG_RUN = ["sft.steps=2", "train.steps=200", "run.stages=[data,tokenizer,sft,rl]"]
+
+
+@pytest.mark.timeout(600)
+def test_engine_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path):
+    import psutil
+
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = _run_cli(job_args(tmp_path, *LONG_RUN), env)
+    run_dir = _wait_for_steps(tmp_path / "runs", 2, proc)
+    engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "EmbeddedEngineActor" in " ".join(p.cmdline())]
+    assert engines, "no engine actor process found"
+    for p in engines:
+        p.kill()
+    assert proc.wait(timeout=300) != 0
+    err = proc.stderr.read()
+    assert "a Ray actor died during step" in err and f"resume={run_dir}" in err, err[-3000:]
+    assert (run_dir / "checkpoints" / "latest").exists()
+    done = len(read_metrics(run_dir))
+    assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()).exists()
+    assert done >= 2
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_ends_every_ray_process_and_keeps_the_checkpoint(tmp_path):
+    import psutil
+
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = _run_cli(job_args(tmp_path, *LONG_RUN), env)
+    run_dir = _wait_for_steps(tmp_path / "runs", 1, proc)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert any("TrainWorker" in " ".join(p.cmdline()) for p in started)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    assert proc.wait(timeout=300) == 130
+    err = proc.stderr.read()
+    assert "interrupted" in err and f"resume={run_dir}" in err, err[-3000:]
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, [(p.pid, p.cmdline()[:3]) for p in alive]
+    assert (run_dir / "checkpoints" / "latest").exists()
 
 
 @pytest.mark.slow
@@ -107,7 +194,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path, capsys):
 def test_unimplemented_method_stops_before_training_and_says_so(tmp_path):
     from slime_ext.main import main
 
-    rc = main([str(CONFIGS / "tandem.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+    rc = main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
                *TINY, "run.stages=[data,tokenizer,sft,rl]"])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()

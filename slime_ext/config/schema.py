@@ -83,6 +83,9 @@ class SyntheticDataConfig(Section):
     n_train: int = Field(20000, ge=1)
     n_eval: int = Field(512, ge=1)
     seed: int = Field(0, ge=0)
+    # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
+    # use paragraphs; the default keeps one step per line.
+    step_separator: Literal["\n", "\n\n"] = "\n"
 
 
 class DataConfig(Section):
@@ -112,6 +115,9 @@ class RewardConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["embedded", "sglang"] = "embedded"
+    # Where the rollout manager (data source, method hooks, rewards) runs: a Ray actor (default), or the
+    # driver process (for debugging, and for tests that patch method code in-process).
+    manager: Literal["actor", "driver"] = "actor"
     prompts_per_step: int = Field(16, ge=1)
     n_samples_per_prompt: int = Field(8, ge=1)
     temperature: float = Field(1.0, ge=0)
@@ -169,6 +175,9 @@ class SFTConfig(Section):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(64, ge=1)
     warmup_steps: int = Field(20, ge=0)
+    # Seed of the warm start (init and data order); None = run.seed. Studies vary run.seed (RL sampling)
+    # over one shared warm start by fixing this.
+    seed: Optional[int] = Field(None, ge=0)
 
 
 class GRPOConfig(Section):
@@ -208,6 +217,10 @@ class TandemConfig(Section):
     junior_weight: float = Field(0.0, ge=0, le=1)
     junior_path: Optional[str] = None  # None: frozen copy of the senior's starting checkpoint
     klreg_beta: float = Field(0.05, ge=0)
+    # After training, evaluate handoff robustness, drift and legibility against the junior (any method:
+    # the study turns it on for the GRPO baseline too) on the first `eval_prompts` held-out prompts.
+    eval_axes: bool = False
+    eval_prompts: int = Field(256, ge=1)
 
 
 class DuetConfig(Section):

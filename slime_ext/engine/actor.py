@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -13,11 +13,11 @@ from slime_ext.engine.embedded import EmbeddedEngine
 class EmbeddedEngineActor(EmbeddedEngine):
     """An embedded engine loaded from an HF checkpoint directory inside a Ray actor process."""
 
-    def __init__(self, path: str, threads: int = 1):
+    def __init__(self, path: str, threads: int = 1, partner_path: Optional[str] = None):
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
-        engine = EmbeddedEngine.from_pretrained(path)
-        super().__init__(engine.model, engine.eos_token_id, decode=engine.decode)
+        engine = EmbeddedEngine.from_pretrained(path, partner_path=partner_path)
+        super().__init__(engine.model, engine.eos_token_id, partner=engine.partner, decode=engine.decode)
 
     def set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)

@@ -47,17 +47,19 @@ class _Row:
 
 def _row_kv(cache: DynamicCache, row: int, valid: torch.Tensor) -> KV:
     """One row's KV without padding holes: per layer ([heads, n, dim], [heads, n, dim])."""
-    idx = valid.nonzero().squeeze(-1)
+    idx = valid.nonzero().squeeze(-1).to(cache.layers[0].keys.device)
     return [(layer.keys[row][:, idx].clone(), layer.values[row][:, idx].clone()) for layer in cache.layers]
 
 
 class _ModelState:
-    """One model's batched KV cache during a generate call."""
+    """One model's batched KV cache during a generate call. Bookkeeping (masks, tokens, sampling) stays
+    on the CPU; inputs move to the model's device per call and last-position logits come back."""
 
     def __init__(self, model: torch.nn.Module, store: PrefixCache):
         self.model = model
         self.store = store
         self.cache: Optional[DynamicCache] = None
+        self.device = next(model.parameters()).device
 
     @torch.no_grad()
     def prefill(self, inputs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -77,8 +79,8 @@ class _ModelState:
             for layer in range(layers):
                 ks, vs = [], []
                 for p, kv in prefixes:
-                    k = torch.zeros(ref_k.shape[0], p_max, ref_k.shape[2], dtype=ref_k.dtype)
-                    v = torch.zeros(ref_v.shape[0], p_max, ref_v.shape[2], dtype=ref_v.dtype)
+                    k = torch.zeros(ref_k.shape[0], p_max, ref_k.shape[2], dtype=ref_k.dtype, device=ref_k.device)
+                    v = torch.zeros(ref_v.shape[0], p_max, ref_v.shape[2], dtype=ref_v.dtype, device=ref_v.device)
                     if p:
                         k[:, p_max - p :] = kv[layer][0]
                         v[:, p_max - p :] = kv[layer][1]
@@ -90,25 +92,28 @@ class _ModelState:
             mask[i, p_max + r_max - len(r) :] = 1
             tokens[i, r_max - len(r) :] = torch.tensor(r, dtype=torch.long)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, p_max:]
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1, cache_position=torch.arange(p_max, p_max + r_max))
+        dev = self.device
+        out = self.model(input_ids=tokens.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1,
+                         cache_position=torch.arange(p_max, p_max + r_max, device=dev))
         self.cache = out.past_key_values
         for i, ids in enumerate(inputs):
             self.store.insert(ids, _row_kv(self.cache, i, mask[i].bool()))
-        return out.logits[:, -1].float(), mask, [p for p, _ in prefixes]
+        return out.logits[:, -1].float().cpu(), mask, [p for p, _ in prefixes]
 
     def select(self, index: torch.Tensor) -> None:
-        self.cache.batch_select_indices(index)
+        self.cache.batch_select_indices(index.to(self.device))
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         positions = (mask.sum(-1, keepdim=True) - 1)
         length = mask.shape[1]
-        out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
+        dev = self.device
+        out = self.model(input_ids=tokens[:, None].to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
                          past_key_values=self.cache, use_cache=True, logits_to_keep=1,
-                         cache_position=torch.arange(length - 1, length))
+                         cache_position=torch.arange(length - 1, length, device=dev))
         self.cache = out.past_key_values
-        return out.logits[:, -1].float()
+        return out.logits[:, -1].float().cpu()
 
 
 class EmbeddedEngine:
@@ -199,7 +204,7 @@ class EmbeddedEngine:
         if any(row.chain.needs_partner for row in rows) and self.partner is None:
             raise ValueError("a sampler needs a partner model but the engine has none")
         states = [_ModelState(self.model, self.prefix_cache)]
-        if self.partner is not None:
+        if self.partner is not None and any(row.chain.needs_partner for row in rows):
             states.append(_ModelState(self.partner, self.partner_prefix_cache))
 
         unique: dict[tuple[int, ...], int] = {}

@@ -187,6 +187,7 @@ class SGLangEngineClient:
         backoff_max_s: float = 8.0,
         vocab_size: Optional[int] = None,
         tp_size: int = 1,
+        partner_vocab: Optional[int] = None,
         validate: Optional[bool] = None,
     ):
         self.base_url = base_url.rstrip("/")
@@ -200,6 +201,9 @@ class SGLangEngineClient:
         self.backoff_max_s = float(backoff_max_s)
         self.vocab_size = vocab_size
         self.tp_size = int(tp_size)
+        # The server is the two-model tandem engine (sglang_patches.tandem_model) with this vocabulary:
+        # every request then carries the processor, so solo requests sample the senior's half only.
+        self.partner_vocab = partner_vocab
         # None: validate payloads against sglang's definitions when sglang is installed here
         self.validate = importlib.util.find_spec("sglang") is not None if validate is None else bool(validate)
         self._lock = threading.Lock()
@@ -263,17 +267,21 @@ class SGLangEngineClient:
             "sampling_params": sampling,
             "return_logprob": bool(request.return_logprob),
         }
-        if request.sampler_specs:
+        if request.sampler_specs or self.partner_vocab is not None:
             from sglang_patches.sglang_adapter import SamplerLogitProcessor, build_custom_params, check_hostable
 
+            if not request.sampler_specs:  # solo request on a tandem server
+                sampling["custom_params"] = {"partner_vocab": int(self.partner_vocab)}
+                payload["custom_logit_processor"] = SamplerLogitProcessor.to_str()
+                return payload
             if self.eos_token_id is None:
                 raise ValueError(f"request {request.rid!r} has samplers but the client has no eos_token_id")
-            chain = check_hostable(request.sampler_specs, request.seed)
+            chain = check_hostable(request.sampler_specs, request.seed, partner=self.partner_vocab is not None)
             if chain.needs_decode and not self.tokenizer_path:
                 raise ValueError(f"request {request.rid!r}: its samplers decode text; give the client a tokenizer_path")
             sampling["custom_params"] = build_custom_params(
                 request.sampler_specs, request.seed, self.eos_token_id, request.rid,
-                self.tokenizer_path if chain.needs_decode else None)
+                self.tokenizer_path if chain.needs_decode else None, partner_vocab=self.partner_vocab)
             # a sampler's finish forces eos_token_id: make sure SGLang stops on it
             stop_ids = list(sampling.get("stop_token_ids") or [])
             if int(self.eos_token_id) not in stop_ids:

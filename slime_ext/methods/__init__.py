@@ -2,17 +2,21 @@
 
 from slime_ext.config.schema import Config
 from slime_ext.methods.base import Method, PromptPlan
+from typing import Any, Optional
+
 from slime_ext.methods.grpo import GRPO
+from slime_ext.methods.tandem import Tandem, TandemKLReg
 
-IMPLEMENTED = {"grpo": GRPO}
+IMPLEMENTED = {"grpo": GRPO, "tandem": Tandem, "tandem_klreg": TandemKLReg}
 
 
-def build_method(config: Config) -> Method:
+def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
     if config.method not in IMPLEMENTED:
         raise NotImplementedError(
             f"method {config.method!r} is configured but not implemented yet (implemented: {sorted(IMPLEMENTED)})"
         )
-    return IMPLEMENTED[config.method](config)
+    cls = IMPLEMENTED[config.method]
+    return cls(config, tokenizer) if cls is Tandem else cls(config)
 
 
-__all__ = ["Method", "PromptPlan", "GRPO", "build_method", "IMPLEMENTED"]
+__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "build_method", "IMPLEMENTED"]

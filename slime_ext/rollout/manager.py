@@ -1,6 +1,7 @@
 """The rollout manager: prompts -> method plan -> engine requests -> samples -> method finish.
 
-Runs as a Ray actor in the training loop (or as a plain object in tests). It owns the data source,
+Runs as a Ray actor in the training loop (`RemoteRolloutManager` is the driver's synchronous handle;
+`rollout.manager=driver` keeps it in the driver process) or as a plain object in tests. It owns the data source,
 the tokenizer, the method (its controllers) and talks to the engine through the engine interface,
 so the same code drives the embedded engine and SGLang servers.
 """
@@ -39,7 +40,7 @@ class RolloutManager:
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
-        self.method = method or build_method(config)
+        self.method = method or build_method(config, tokenizer)
         self.data = DataSource(train_rows, config.run.seed, config.data.shuffle)
         self.template = get_template(config.data.template)
 
@@ -97,6 +98,13 @@ class RolloutManager:
                       "cached_tokens": res.cached_tokens, "annotations": res.annotations},
         )
 
+    @property
+    def train_kind(self) -> str:
+        return self.method.train_kind
+
+    def get_train_kind(self) -> str:  # the same, callable on a Ray actor handle
+        return self.method.train_kind
+
     def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
         return self.method.update(stats, step)
 
@@ -106,3 +114,26 @@ class RolloutManager:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.data.load_state_dict(state["data"])
         self.method.load_state_dict(state["method"])
+
+
+class RemoteRolloutManager:
+    """Synchronous driver-side handle of a RolloutManager Ray actor (the same methods as the object)."""
+
+    def __init__(self, handle: Any):
+        import ray
+
+        self._ray = ray
+        self.handle = handle
+        self.train_kind = ray.get(handle.get_train_kind.remote())
+
+    def rollout(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        return self._ray.get(self.handle.rollout.remote(step))
+
+    def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
+        return self._ray.get(self.handle.update.remote(stats, step))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._ray.get(self.handle.state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._ray.get(self.handle.load_state_dict.remote(state))

@@ -37,8 +37,12 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path) -> tuple[Path, Path]:
     train, evals = folder / "train.jsonl", folder / "eval.jsonl"
     if not (train.is_file() and evals.is_file()):
         logger.info("generating synthetic math data into %s", folder)
-        write_jsonl(generate_dataset(syn.eval_levels, syn.n_eval, syn.seed, "eval"), evals)
-        write_jsonl(generate_dataset(syn.train_levels, syn.n_train, syn.seed, "train"), train)
+        for levels, n, split, path in ((syn.eval_levels, syn.n_eval, "eval", evals),
+                                       (syn.train_levels, syn.n_train, "train", train)):
+            rows = generate_dataset(levels, n, syn.seed, split)
+            if syn.step_separator != "\n":  # the generator joins steps with "\n"
+                rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
+            write_jsonl(rows, path)
     return train, evals
 
 

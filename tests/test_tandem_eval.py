@@ -1,0 +1,110 @@
+"""Tandem's evaluation axes: handoff schedules over two engines, drift and legibility numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from slime_ext.engine.embedded import EmbeddedEngine
+from slime_ext.tandem_eval import legibility, team_rollouts, token_drift
+from tests.megatron_fixtures import tiny_moe_config
+
+EOS = 1
+
+
+def make_model(seed: int):
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_moe_config(initializer_range=0.5)).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.set_num_threads(1)
+    return make_model(0), make_model(1)
+
+
+@pytest.fixture(scope="module")
+def step_token(models):
+    """The separator: the token both models emit most often, so team rollouts have several steps."""
+    from collections import Counter
+
+    from slime_ext.tandem_eval import solo_outputs
+
+    counts = Counter()
+    for m in models:
+        for o in solo_outputs(EmbeddedEngine(m, EOS), [[5, 6], [10, 11, 12]], 4, 30):
+            counts.update(t for t in o if t != EOS)
+    return counts.most_common(1)[0][0]
+
+
+def engines(models, step):
+    decode = lambda ids: "".join("\n\n" if t == step else "x" for t in ids)  # noqa: E731
+    senior, junior = models
+    return EmbeddedEngine(senior, EOS, decode=decode), EmbeddedEngine(junior, EOS, decode=decode)
+
+
+def test_alternate_schedule_alternates_steps_and_reuses_prefixes(models, step_token):
+    s_eng, j_eng = engines(models, step_token)
+    prompts = [[5, 6, 8, 9], [10, 11]]
+    rollouts, cache = team_rollouts(s_eng, j_eng, prompts, n_samples=3, schedule="alternate",
+                                    max_new_tokens=60, eos_token_id=EOS, seed=0)
+    assert len(rollouts) == 6
+    multi = 0
+    for r in rollouts:
+        assert r.turn_authors == ["senior", "junior"] * (r.turns // 2) + ["senior"] * (r.turns % 2)
+        assert r.senior_tokens + r.junior_tokens == len(r.output_ids)
+        # every turn but the last ends right after a step separator
+        assert r.output_ids.count(step_token) >= r.turns - 1
+        multi += r.turns > 1
+    assert multi >= 3
+    # Each turn re-feeds prompt + response so far; with prefix reuse an engine computes only what it has
+    # not seen: the other engine's last step plus its own last token (never fed). Bound that exactly.
+    bound = 0
+    for r in rollouts:
+        prompt = len(prompts[r.prompt_index])
+        bound += prompt + (prompt + r.turn_lengths[0] if r.turns > 1 else 0)
+        bound += sum(r.turn_lengths[t - 1] + 1 for t in range(2, r.turns))
+    computed = cache["fed_tokens"] - cache["cached_tokens"]
+    assert computed <= bound < cache["fed_tokens"]
+    assert cache["cached_token_share"] > 0.2
+
+
+def test_bernoulli_schedule_is_seeded(models, step_token):
+    s_eng, j_eng = engines(models, step_token)
+    prompts = [[5, 6, 8, 9], [10, 11], [12]]
+    a, _ = team_rollouts(s_eng, j_eng, prompts, 4, "bernoulli", 60, EOS, seed=3)
+    b, _ = team_rollouts(s_eng, j_eng, prompts, 4, "bernoulli", 60, EOS, seed=3)
+    assert [r.output_ids for r in a] == [r.output_ids for r in b]
+    patterns = {tuple(r.turn_authors[:2]) for r in a if r.turns >= 2}
+    assert len(patterns) >= 2  # not a fixed order
+    with pytest.raises(ValueError, match="unknown handoff schedule"):
+        team_rollouts(s_eng, j_eng, prompts, 1, "random", 10, EOS)
+
+
+def test_token_drift_matches_a_hand_computation():
+    d = token_drift([[1, 1, 2]], [[1, 2, 2]], vocab_size=3, min_junior_count=1, smoothing=0.5)
+    assert d["kl_senior_junior"] == pytest.approx(math.log(5 / 3) / 4.5, rel=1e-9)
+    # junior-frequent tokens 1 and 2 both have |log ratio| = log(5/3) = 0.51
+    assert d["survival"][d["survival_thresholds"].index(0.5)] == 1.0
+    assert d["survival"][d["survival_thresholds"].index(1.0)] == 0.0
+    same = token_drift([[1, 2, 2]], [[2, 1, 2]], vocab_size=3, min_junior_count=1)
+    assert same["kl_senior_junior"] == 0.0 and same["survival"][1] == 0.0
+
+
+def test_legibility_of_a_model_under_itself_and_a_manual_cross_entropy(models):
+    senior, junior = models
+    prompts, outputs = [[5, 6], [8, 9, 10]], [[11, 12, 13], [14, 15]]
+    own = legibility(senior, senior, prompts, outputs)
+    assert own["overlap"] == pytest.approx(1.0, abs=1e-5)
+    cross = legibility(senior, junior, prompts, outputs)
+    manual, n = 0.0, 0
+    with torch.no_grad():
+        for p, o in zip(prompts, outputs):
+            lp = torch.log_softmax(junior(torch.tensor([p + o])).logits[0], -1)
+            manual += sum(-float(lp[len(p) - 1 + i, t]) for i, t in enumerate(o))
+            n += len(o)
+    assert cross["junior_ce_on_senior"] == pytest.approx(manual / n, rel=1e-4)
+    assert 0.0 < cross["overlap"] < 0.99
