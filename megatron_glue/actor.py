@@ -50,6 +50,7 @@ class TrainerSettings:
     clip_grad: float = 1.0
     micro_batch_size: int = 16
     use_distributed_optimizer: bool = True
+    optimizer_cpu_offload: bool = False  # GPU runs only (see optimizer_config)
     precision: str = "fp32"
     recompute: str = "none"
     seed: int = 0
@@ -74,11 +75,34 @@ class TrainerSettings:
             weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
             clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size,
             use_distributed_optimizer=t.parallel.use_distributed_optimizer, precision=t.precision,
+            optimizer_cpu_offload=t.parallel.optimizer_cpu_offload,
             recompute=t.parallel.recompute, seed=cfg.run.seed,
             eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=kl_coef,
             kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg,
             junior_weight=cfg.tandem.junior_weight if cfg.method == "tandem" else None,
         )
+
+
+def optimizer_config(settings: "TrainerSettings", dtype: torch.dtype, cuda: bool) -> OptimizerConfig:
+    """Megatron's optimizer config. CPU offload (slime's 30B recipe: states and the Adam update on the
+    host, copies overlapped with compute) applies on GPUs only; without CUDA everything is on the CPU."""
+    offload = bool(settings.optimizer_cpu_offload and cuda)
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=settings.lr,
+        min_lr=settings.min_lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.adam_beta1,
+        adam_beta2=settings.adam_beta2,
+        adam_eps=settings.adam_eps,
+        clip_grad=settings.clip_grad,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
+        optimizer_cpu_offload=offload,
+        optimizer_offload_fraction=1.0 if offload else 0.0,
+        overlap_cpu_optimizer_d2h_h2d=offload,
+    )
 
 
 def author_weighted_masks(samples: Sequence[Sample], junior_weight: Optional[float]) -> list[list[float]]:
@@ -131,20 +155,7 @@ class MegatronTrainer:
         )
         self.model = DistributedDataParallel(self.tconfig, ddp_config, model)
         cpu_compat.cuda_typed(self.model.parameters())
-        opt_config = OptimizerConfig(
-            optimizer="adam",
-            lr=settings.lr,
-            min_lr=settings.min_lr,
-            weight_decay=settings.weight_decay,
-            adam_beta1=settings.adam_beta1,
-            adam_beta2=settings.adam_beta2,
-            adam_eps=settings.adam_eps,
-            clip_grad=settings.clip_grad,
-            bf16=dtype == torch.bfloat16,
-            params_dtype=dtype,
-            use_distributed_optimizer=settings.use_distributed_optimizer,
-        )
-        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        self.optimizer = get_megatron_optimizer(optimizer_config(settings, dtype, torch.cuda.is_available()), [self.model])
         self.scheduler = OptimizerParamScheduler(
             self.optimizer,
             init_lr=0.0 if settings.lr_warmup_steps else settings.lr,

@@ -604,6 +604,19 @@ def check_parallel_sizes(hf_config: Any, tp_size: int, ep_size: int = 1, pp_size
         raise ValueError("incompatible parallel sizes: " + "; ".join(errs))
 
 
+def _split_size(p: _Param, tp: int, etp: int) -> int:
+    """How many ways a parameter is TP-split: experts over the expert-TP size (1 or TP), the rest over TP."""
+    return etp if p.expert is not None else tp
+
+
+def _check_etp(tp_size: int, etp_size: Optional[int]) -> int:
+    etp = tp_size if etp_size is None else int(etp_size)
+    if etp not in (1, tp_size):
+        raise ValueError(f"expert tensor-parallel size {etp} is not supported: use 1 (experts whole on every TP "
+                         f"rank) or the TP size {tp_size}")
+    return etp
+
+
 def _tp_slice(p: _Param, t: torch.Tensor, r: int, tp: int) -> torch.Tensor:
     if tp == 1 or p.split == "rep":
         return t
@@ -733,13 +746,17 @@ def shard_megatron_state(
     pp_rank: int = 0,
     pp_size: int = 1,
     extra_state: bool = True,
+    etp_size: Optional[int] = None,
 ) -> dict[str, Any]:
     """The state dict of rank (tp_rank, ep_rank, pp_rank) (see the module docstring for the rules).
 
     `full_sd` may be lazy (only this rank's tensors are read). Values own their storage (no views of
     the full tensors). `extra_state=False` leaves out the `<linear>._extra_state: None` entries.
+    `etp_size` is the expert tensor-parallel size: None or `tp_size` splits experts like dense MLPs,
+    1 keeps every expert whole on each TP rank (slime's Qwen3-30B-A3B layout: TP 4, EP 8, expert-TP 1).
     """
     check_parallel_sizes(hf_config, tp_size, ep_size, pp_size)
+    etp = _check_etp(tp_size, etp_size)
     for name, r, n in (("tp", tp_rank, tp_size), ("ep", ep_rank, ep_size), ("pp", pp_rank, pp_size)):
         if not 0 <= r < n:
             raise ValueError(f"{name}_rank {r} out of range for {name}_size {n}")
@@ -751,7 +768,8 @@ def shard_megatron_state(
             if extra_state:
                 out[local] = None
             continue
-        out[local] = _own(_tp_slice(pl.param, full_sd[pl.param.full_name], tp_rank, tp_size))
+        ways = _split_size(pl.param, tp_size, etp)
+        out[local] = _own(_tp_slice(pl.param, full_sd[pl.param.full_name], tp_rank if ways > 1 else 0, ways))
     return out
 
 
@@ -761,6 +779,7 @@ def gather_megatron_states(
     tp_size: int,
     ep_size: int = 1,
     pp_size: int = 1,
+    etp_size: Optional[int] = None,
 ) -> LazyStateDict:
     """Inverse of `shard_megatron_state`: shards keyed (tp_rank, ep_rank, pp_rank) -> full Megatron
     state (lazy; each access concatenates the TP pieces). Shards may use Transformer Engine's fused-norm
@@ -768,6 +787,7 @@ def gather_megatron_states(
     each shard's keys and shapes are those of its rank. Replicated tensors are read from TP rank 0 /
     EP rank 0; the tied last-stage `output_layer.weight` copy must equal the embedding shard."""
     check_parallel_sizes(hf_config, tp_size, ep_size, pp_size)
+    etp = _check_etp(tp_size, etp_size)
     d = _dims(hf_config)
     shards = {r: _from_te_names(sd) for r, sd in shards.items()}
     want = {(t, e, p) for t in range(tp_size) for e in range(ep_size) for p in range(pp_size)}
@@ -780,7 +800,8 @@ def gather_megatron_states(
     for er in range(ep_size):
         for pr in range(pp_size):
             layouts[er, pr] = _rank_layout(d, er, ep_size, pr, pp_size)
-            expected = {n: _tp_shape(pl.param, tp_size) for n, pl in layouts[er, pr] if pl is not None}
+            expected = {n: _tp_shape(pl.param, _split_size(pl.param, tp_size, etp))
+                        for n, pl in layouts[er, pr] if pl is not None}
             for tr in range(tp_size):
                 _check_keys_and_shapes(shards[tr, er, pr], expected, f"shard (tp={tr}, ep={er}, pp={pr})", _is_extra)
     if d.tied and pp_size > 1:
@@ -799,7 +820,7 @@ def gather_megatron_states(
     def get(name: str) -> torch.Tensor:
         pl = placed[name]
         er = 0 if pl.ep_rank is None else pl.ep_rank
-        ranks = [0] if pl.param.split == "rep" else range(tp_size)
+        ranks = [0] if pl.param.split == "rep" or _split_size(pl.param, tp_size, etp) == 1 else range(tp_size)
         return _tp_join(pl.param, [shards[tr, er, pl.pp_rank][pl.local_name] for tr in ranks])
 
     return LazyStateDict(list(placed), get, {n: pl.param.shape for n, pl in placed.items()})
@@ -1040,6 +1061,7 @@ def _to_megatron(args: argparse.Namespace) -> None:
     hf_config, src = load_hf_checkpoint(args.hf_dir)
     print(f"[convert] {args.hf_dir}: {type(hf_config).__name__}, {len(src)} tensors", flush=True)
     check_parallel_sizes(hf_config, args.tp, args.ep, args.pp)
+    etp = _check_etp(args.tp, args.etp)
     full = _cast(hf_to_megatron(src, hf_config), _DTYPES[args.dtype])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1049,21 +1071,22 @@ def _to_megatron(args: argparse.Namespace) -> None:
         for e in range(args.ep):
             for t in range(args.tp):
                 i += 1
-                shard = shard_megatron_state(full, hf_config, t, args.tp, e, args.ep, p, args.pp)
+                shard = shard_megatron_state(full, hf_config, t, args.tp, e, args.ep, p, args.pp, etp_size=etp)
                 f = out / _shard_file(t, e, p)
                 torch.save(shard, f)
                 n_t = sum(v is not None for v in shard.values())
                 print(f"[convert] ({i}/{n}) wrote {f} ({n_t} tensors)", flush=True)
                 del shard
-    _write_meta(out, {"tp": args.tp, "ep": args.ep, "pp": args.pp, "source": str(args.hf_dir)}, hf_config)
+    _write_meta(out, {"tp": args.tp, "ep": args.ep, "pp": args.pp, "etp": etp, "source": str(args.hf_dir)}, hf_config)
     print(f"[convert] wrote {out / META_FILE}", flush=True)
 
 
 def _to_hf(args: argparse.Namespace) -> None:
     hf_config, shards, meta = load_megatron_checkpoint(args.megatron_dir)
     tp, ep, pp = int(meta["tp"]), int(meta["ep"]), int(meta["pp"])
-    print(f"[convert] {args.megatron_dir}: {type(hf_config).__name__}, tp={tp} ep={ep} pp={pp}", flush=True)
-    full = gather_megatron_states(shards, hf_config, tp, ep, pp)
+    etp = int(meta.get("etp", tp))
+    print(f"[convert] {args.megatron_dir}: {type(hf_config).__name__}, tp={tp} ep={ep} pp={pp} etp={etp}", flush=True)
+    full = gather_megatron_states(shards, hf_config, tp, ep, pp, etp_size=etp)
     hf = _cast(megatron_to_hf(full, hf_config), _DTYPES[args.dtype])
     save_hf_checkpoint(
         args.out, hf_config, hf, shard_size_mb=args.shard_size_mb, log=lambda s: print(f"[convert] {s}", flush=True)
@@ -1080,6 +1103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--etp", type=int, default=None,
+                    help="expert tensor-parallel size: 1 (experts whole on each TP rank) or the TP size (default)")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="keep")
     ap.add_argument("--shard-size-mb", type=float, default=4096, help="max safetensors file size (--to hf)")
     args = ap.parse_args(argv)

@@ -42,6 +42,11 @@ class ParallelSizes:
     pp: int = 1
     ep: int = 1
     sequence_parallel: bool = False
+    etp: Optional[int] = None  # expert tensor-parallel size; None = tp (megatron-core's default)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
 
     @classmethod
     def from_config(cls, parallel: Any) -> "ParallelSizes":
@@ -50,6 +55,7 @@ class ParallelSizes:
             pp=parallel.pipeline_model_parallel_size,
             ep=parallel.expert_model_parallel_size,
             sequence_parallel=parallel.sequence_parallel,
+            etp=parallel.expert_tensor_parallel_size,
         )
 
 
@@ -136,6 +142,7 @@ def transformer_config_from_hf(
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.expert_tp,
         sequence_parallel=parallel.sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,

@@ -45,14 +45,19 @@ def init_model_parallel(sizes: ParallelSizes, seed: int = 0) -> None:
     model_parallel = sizes.tp * sizes.pp
     if world % model_parallel:
         raise ValueError(f"world size {world} is not divisible by TP x PP = {model_parallel}")
-    if (world // sizes.pp) % (sizes.ep) or sizes.ep > world // sizes.pp:
-        raise ValueError(f"expert parallel size {sizes.ep} does not divide the {world // sizes.pp} ranks of a stage")
+    if sizes.expert_tp not in (1, sizes.tp):
+        raise ValueError(f"expert tensor-parallel size {sizes.expert_tp} is not supported: use 1 or the TP size {sizes.tp}")
+    expert_group = sizes.ep * sizes.expert_tp
+    if (world // sizes.pp) % expert_group:
+        raise ValueError(f"expert parallel x expert tensor parallel = {sizes.ep} x {sizes.expert_tp} does not divide "
+                         f"the {world // sizes.pp} ranks of a stage")
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(
         tensor_model_parallel_size=sizes.tp,
         pipeline_model_parallel_size=sizes.pp,
         expert_model_parallel_size=sizes.ep,
+        expert_tensor_parallel_size=sizes.expert_tp,
     )
     model_parallel_cuda_manual_seed(seed)
 

@@ -41,11 +41,11 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
     for param in rank_parameters(trainer.hf_config, ep_rank, sizes.ep, pp_rank, sizes.pp):
         tensor = local[param.local_name].detach()
         if param.expert_slot is None:
-            tp_group = mpu.get_tensor_model_parallel_group()
-        else:
-            tp_group = mpu.get_expert_tensor_parallel_group()
-        if param.tp_split and sizes.tp > 1:
-            tensor = tp_join(param.full_name, _all_gather(tensor, tp_group, sizes.tp), trainer.hf_config)
+            tp_group, ways = mpu.get_tensor_model_parallel_group(), sizes.tp
+        else:  # experts are split over the expert-TP group (1: whole on every TP rank)
+            tp_group, ways = mpu.get_expert_tensor_parallel_group(), sizes.expert_tp
+        if param.tp_split and ways > 1:
+            tensor = tp_join(param.full_name, _all_gather(tensor, tp_group, ways), trainer.hf_config)
         if param.expert_slot is not None and sizes.ep > 1:
             owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
             named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t) for r, t in enumerate(owners)]

@@ -69,6 +69,7 @@ override_value() {
 TP="$(override_value train.parallel.tensor_model_parallel_size 4)"
 PP="$(override_value train.parallel.pipeline_model_parallel_size 1)"
 EP="$(override_value train.parallel.expert_model_parallel_size 8)"
+ETP="$(override_value train.parallel.expert_tensor_parallel_size 1)"
 
 if [[ -z "${HF_CKPT:-}" ]]; then
   [[ "$DRY_RUN" == 1 ]] || die "set HF_CKPT to the Qwen3-30B-A3B checkpoint directory (HF format)"
@@ -179,9 +180,9 @@ EOF
 if [[ -f "$MCORE_CKPT/megatron_meta.json" ]]; then
   log "Megatron checkpoint present: $MCORE_CKPT (conversion skipped)"
 else
-  log "converting $HF_CKPT -> $MCORE_CKPT (TP $TP, EP $EP, PP $PP)"
+  log "converting $HF_CKPT -> $MCORE_CKPT (TP $TP, EP $EP, PP $PP, expert-TP $ETP)"
   "$PY" -m megatron_glue.convert --to megatron --hf-dir "$HF_CKPT" --out "$MCORE_CKPT" \
-    --tp "$TP" --ep "$EP" --pp "$PP"
+    --tp "$TP" --ep "$EP" --pp "$PP" --etp "$ETP"
 fi
 
 export MCORE_CKPT

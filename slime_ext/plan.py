@@ -9,11 +9,10 @@ mistake; the same numbers checked here fail in a second on a laptop (the launche
 Layout rules (megatron-core 0.16 `initialize_model_parallel`):
 
 * trainer world W (GPUs of the trainer, or processes on CPU), DP = W / (TP * PP), so TP * PP must divide W;
-* experts use expert-tensor-parallel ETP = 1 (slime's `--expert-tensor-parallel-size 1`): an expert's
-  weights are never split by TP; EP ranks take whole experts. megatron-core then needs ETP * EP * PP to
-  divide W, i.e. EP divides DP * TP; the expert data-parallel size is EDP = W / (EP * PP). Megatron's
-  own default is ETP = TP, which needs EP to divide DP; the plan warns when a layout fits only ETP = 1
-  (the reference TP4 / EP8 on 8 GPUs does) because the trainer must then be built with ETP = 1;
+* experts use expert-tensor-parallel ETP = `train.parallel.expert_tensor_parallel_size` (default TP,
+  megatron-core's default; 1 = slime's `--expert-tensor-parallel-size 1`, an expert's weights never
+  split by TP). megatron-core needs ETP * EP * PP to divide W; the expert data-parallel size is
+  EDP = W / (ETP * EP * PP). The reference TP4 / EP8 on 8 GPUs fits only with ETP = 1;
 * GPU runs: `train.parallel.data_parallel_size` is derived (W / (TP * PP)); a value other than 1 that
   differs from it is an error. CPU runs (`cluster.gpus_per_node: 0`): W = TP * PP * data_parallel_size
   gloo processes.
@@ -254,11 +253,16 @@ def _check_layout(config: Config, shape: ModelShape, world: int, problems: list[
     tk, pk, ek = ("train.parallel.tensor_model_parallel_size", "train.parallel.pipeline_model_parallel_size",
                   "train.parallel.expert_model_parallel_size")
     dp = world // (tp * pp)
+    etp = par.expert_tensor_parallel_size or tp
+    xk = "train.parallel.expert_tensor_parallel_size"
     if world % (tp * pp):
         problems.append(f"{tk} x {pk} = {tp} x {pp} = {tp * pp} does not divide the trainer world of {world} ranks")
-    elif (dp * tp) % ep:
-        problems.append(f"{ek} = {ep} does not divide DP x TP = {dp} x {tp} = {dp * tp} (megatron-core's expert "
-                        f"layout with expert tensor parallel 1 needs EP x PP to divide the world of {world})")
+    elif etp not in (1, tp):
+        problems.append(f"{xk} = {etp}: supported are 1 (experts whole on every TP rank) and the TP size {tp}")
+    elif world % (etp * ep * pp):
+        hint = " (set it to 1: experts whole on every TP rank)" if etp > 1 and world % (ep * pp) == 0 else ""
+        problems.append(f"{ek} x {xk} x {pk} = {ep} x {etp} x {pp} = {ep * etp * pp} does not divide the trainer "
+                        f"world of {world} ranks{hint}")
     elif config.cluster.gpus_per_node and par.data_parallel_size not in (1, dp):
         problems.append(f"train.parallel.data_parallel_size = {par.data_parallel_size} but the layout gives "
                         f"DP = world / (TP x PP) = {world} / {tp * pp} = {dp} (leave it at 1: it is derived)")
@@ -295,7 +299,8 @@ def build_layout(config: Config, shape: ModelShape) -> TrainerLayout:
     gpu = c.gpus_per_node > 0
     return TrainerLayout(
         num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, total_gpus=c.num_nodes * c.gpus_per_node,
-        world=world, tp=tp, pp=pp, ep=ep, etp=1, dp=world // (tp * pp), expert_dp=world // (ep * pp),
+        world=world, tp=tp, pp=pp, ep=ep, etp=par.expert_tensor_parallel_size or tp, dp=world // (tp * pp),
+        expert_dp=world // (ep * (par.expert_tensor_parallel_size or tp) * pp),
         sequence_parallel=par.sequence_parallel and tp > 1, recompute=par.recompute,
         max_tokens_per_gpu=par.max_tokens_per_gpu, distributed_optimizer=par.use_distributed_optimizer,
         optimizer_cpu_offload=par.optimizer_cpu_offload, precision=t.precision, backend="nccl" if gpu else "gloo",
@@ -505,10 +510,6 @@ class Plan:
 
 def _layout_warnings(layout: TrainerLayout, config: Config) -> list[str]:
     out = []
-    if layout.ep > 1 and layout.dp % layout.ep:
-        out.append(f"EP={layout.ep} fits only with expert tensor parallel 1: megatron-core's default ETP=TP="
-                   f"{layout.tp} needs TP x EP x PP = {layout.tp * layout.ep * layout.pp} to divide "
-                   f"{layout.world} ranks; build the trainer (and convert weights) with ETP=1")
     if layout.gpus_per_node and config.train.parallel.data_parallel_size != layout.dp:
         out.append(f"train.parallel.data_parallel_size={config.train.parallel.data_parallel_size} is below the derived "
                    f"DP={layout.dp}: code that sizes the world as TP x PP x data_parallel_size would start "

@@ -52,7 +52,7 @@ class TrainWorker:
             hf_to_megatron(source, self.trainer.hf_config), self.trainer.hf_config,
             tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
             ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
-            pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp,
+            pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp,
         )
         self.trainer.load_local_state_dict(dict(shard))
 

@@ -244,6 +244,25 @@ def test_shard_gather_bit_exact(kind, sizes):
         assert torch.equal(gathered[k], full[k]), k
 
 
+def test_expert_tp_1_keeps_experts_whole_and_round_trips():
+    """slime's layout: TP splits attention and dense parts, experts stay whole on every TP rank."""
+    cfg = moe_cfg()
+    full = random_megatron_full(cfg)
+    shards = {(t, e, 0): cv.shard_megatron_state(full, cfg, t, 2, e, 2, 0, 1, etp_size=1)
+              for t in range(2) for e in range(2)}
+    fc1 = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"
+    for t in range(2):  # tp ranks 0 and 1 of ep rank 1 hold the same whole expert 3
+        assert torch.equal(shards[t, 1, 0][fc1], full["decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"])
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert shards[0, 0, 0][qkv].shape[0] * 2 == full[qkv].shape[0]  # attention still TP-split
+    gathered = cv.gather_megatron_states(shards, cfg, 2, 2, 1, etp_size=1)
+    assert all(torch.equal(gathered[k], full[k]) for k in full)
+    with pytest.raises(ValueError, match="expert tensor-parallel size 3 is not supported"):
+        cv.shard_megatron_state(full, cfg, 0, 2, 0, 2, 0, 1, etp_size=3)
+    with pytest.raises(ValueError, match="shard \\(tp=0, ep=0, pp=0\\)"):  # TP-split experts are not ETP-1 shards
+        cv.gather_megatron_states(all_shards(full, cfg, 2, 2, 1), cfg, 2, 2, 1, etp_size=1)
+
+
 def test_shard_slices_by_hand():
     """(tp, ep, pp) = (2, 2, 2): the slices a rank gets, checked against the HF tensors directly."""
     cfg = moe_cfg()

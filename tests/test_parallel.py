@@ -52,7 +52,7 @@ def _worker(rank, config, hf_sd, sizes, steps):
         hf_to_megatron(hf_sd, config), config,
         tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
         ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
-        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp,
+        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp,
     )
     trainer.load_local_state_dict(dict(shard))
     from megatron_glue.weights import export_hf_state_dict
@@ -96,6 +96,8 @@ def moe_reference():
     [
         ("tp2_sp", dict(tp=2, sequence_parallel=True)),
         ("ep2", dict(ep=2)),
+        # slime's Qwen3-30B-A3B layout in miniature: TP and EP over the same ranks, experts whole (ETP 1)
+        ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1, sequence_parallel=True)),
         ("pp2", dict(pp=2)),
         ("dp2", dict()),
     ],

@@ -130,6 +130,8 @@ def test_tandem_engine_holds_two_models(tmp_path, reference_plan):
     ("train.parallel.expert_model_parallel_size=16", "train.parallel.expert_model_parallel_size"),
     ("train.parallel.data_parallel_size=4", "train.parallel.data_parallel_size"),
     ("sglang.num_engines=2", "sglang.num_engines"),
+    ("train.parallel.expert_tensor_parallel_size=4", "train.parallel.expert_tensor_parallel_size"),  # 4x8 > 8
+    ("train.parallel.expert_tensor_parallel_size=2", "train.parallel.expert_tensor_parallel_size"),  # not 1 or TP
 ])
 def test_bad_layout_names_the_key(tmp_path, override, key):
     with pytest.raises(PlanError) as err:

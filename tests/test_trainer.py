@@ -207,3 +207,16 @@ def test_sft_on_the_synthetic_task_lowers_heldout_loss(tmp_path):
     after = heldout_nll()
     assert before > 5.0  # ~ln(vocab) at initialisation
     assert after < 0.5 * before, (before, after)
+
+
+def test_optimizer_cpu_offload_reaches_megatron_on_gpus_only():
+    import torch as _torch
+
+    from megatron_glue.actor import optimizer_config
+
+    on = TrainerSettings(optimizer_cpu_offload=True)
+    gpu = optimizer_config(on, _torch.bfloat16, cuda=True)
+    assert gpu.optimizer_cpu_offload and gpu.optimizer_offload_fraction == 1.0 and gpu.overlap_cpu_optimizer_d2h_h2d
+    cpu = optimizer_config(on, _torch.float32, cuda=False)
+    assert not cpu.optimizer_cpu_offload and cpu.optimizer_offload_fraction == 0.0
+    assert not optimizer_config(TrainerSettings(), _torch.bfloat16, cuda=True).optimizer_cpu_offload

@@ -145,6 +145,9 @@ class ParallelConfig(Section):
     tensor_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
     expert_model_parallel_size: int = Field(1, ge=1)
+    # Expert tensor parallel: None = the TP size (megatron-core's default: experts split like dense MLPs);
+    # 1 = experts whole on every TP rank (slime's Qwen3-30B-A3B layout, TP 4 x EP 8 on 8 GPUs).
+    expert_tensor_parallel_size: Optional[int] = Field(None, ge=1)
     data_parallel_size: int = Field(1, ge=1)
     sequence_parallel: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
