@@ -69,6 +69,8 @@ class TrainerSettings:
     def from_config(cls, cfg: Any, total_steps: Optional[int] = None, lr: Optional[float] = None) -> "TrainerSettings":
         t, g = cfg.train, cfg.grpo
         kl_coef = cfg.tandem.klreg_beta if cfg.method == "tandem_klreg" else g.kl_coef
+        clip_low, clip_high = (cfg.dapo.eps_clip_low, cfg.dapo.eps_clip_high) if cfg.method == "dapo" else \
+            (g.eps_clip_low, g.eps_clip_high)
         return cls(
             lr=lr if lr is not None else t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps,
             lr_decay_style=t.lr_decay_style, total_steps=max(1, total_steps or t.steps),
@@ -77,7 +79,7 @@ class TrainerSettings:
             use_distributed_optimizer=t.parallel.use_distributed_optimizer, precision=t.precision,
             optimizer_cpu_offload=t.parallel.optimizer_cpu_offload,
             recompute=t.parallel.recompute, seed=cfg.run.seed,
-            eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=kl_coef,
+            eps_clip_low=clip_low, eps_clip_high=clip_high, kl_coef=kl_coef,
             kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg,
             junior_weight=cfg.tandem.junior_weight if cfg.method == "tandem" else None,
         )

@@ -210,3 +210,14 @@ def test_tandem_launcher_dry_run_plans_the_pair(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "method=tandem" in proc.stdout and "2 model(s) per engine" in proc.stdout
+
+
+def test_duet_launcher_dry_run(tmp_path):
+    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
+           "TMPDIR": str(tmp_path)}
+    env.pop("DRY_RUN", None)
+    env.pop("METHOD_CONFIG", None)
+    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-duet.sh"), "--dry-run", "duet.budget_fraction=0.25"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "method=duet" in proc.stdout

@@ -96,6 +96,22 @@ def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
     assert (run_dir / "plots" / "drift_survival.png").stat().st_size > 0
 
 
+@pytest.mark.timeout(900)
+def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
+    from slime_ext.main import main
+
+    common = [f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "train.steps=2"]
+    assert main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'duet'}", *common,
+                 "duet.budget_fraction=0.5", "duet.grace=2", "duet.poll=2"]) == 0
+    (duet_dir,) = (tmp_path / "duet").iterdir()
+    for m in read_metrics(duet_dir):
+        assert m["duet/rollouts"] >= 4 and 0.0 <= m["duet/abort_rate"] <= 1.0
+        assert m["duet/budget_tokens"] > 0 and m["time/controller"] < m["time/step"]
+    assert main([str(CONFIGS / "dapo.yaml"), f"run.output_dir={tmp_path / 'dapo'}", *common]) == 0
+    (dapo_dir,) = (tmp_path / "dapo").iterdir()
+    assert all(m["dapo/drawn_groups"] == 6 for m in read_metrics(dapo_dir))  # 1.5 x 4 prompts
+
+
 def _run_cli(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slime_ext.main", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -194,7 +210,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path, capsys):
 def test_unimplemented_method_stops_before_training_and_says_so(tmp_path):
     from slime_ext.main import main
 
-    rc = main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+    rc = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
                *TINY, "run.stages=[data,tokenizer,sft,rl]"])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()

@@ -245,6 +245,7 @@ class DuetConfig(Section):
     n_max: int = Field(32, ge=1)
     bisection_iters: int = Field(10, ge=1)
     s_floor_cold: float = Field(0.01, gt=0)
+    trim_entropy: float = Field(0.3, ge=0)  # after the marker, EOS at the first step below this entropy (nats)
 
     @model_validator(mode="after")
     def _check(self) -> "DuetConfig":

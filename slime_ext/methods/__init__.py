@@ -4,10 +4,12 @@ from slime_ext.config.schema import Config
 from slime_ext.methods.base import Method, PromptPlan
 from typing import Any, Optional
 
+from slime_ext.methods.dapo import DAPO
+from slime_ext.methods.duet import Duet
 from slime_ext.methods.grpo import GRPO
 from slime_ext.methods.tandem import Tandem, TandemKLReg
 
-IMPLEMENTED = {"grpo": GRPO, "tandem": Tandem, "tandem_klreg": TandemKLReg}
+IMPLEMENTED = {"grpo": GRPO, "tandem": Tandem, "tandem_klreg": TandemKLReg, "duet": Duet, "dapo": DAPO}
 
 
 def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
@@ -19,4 +21,4 @@ def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
     return cls(config, tokenizer) if cls is Tandem else cls(config)
 
 
-__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "build_method", "IMPLEMENTED"]
+__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "Duet", "DAPO", "build_method", "IMPLEMENTED"]

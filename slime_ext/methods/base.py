@@ -29,6 +29,11 @@ class PromptPlan:
 class Method:
     name = "base"
     train_kind = "grpo"  # which trainer loss the method's batches use
+    data_epoch = 0  # the data source's epoch, set by the rollout manager before each step
+
+    def prompts_to_draw(self, prompts_per_step: int) -> int:
+        """How many prompts to roll out this step (DAPO oversamples)."""
+        return prompts_per_step
 
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
         raise NotImplementedError

@@ -60,7 +60,8 @@ class RolloutManager:
     def rollout(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         """One step's rollouts, scored and with advantages; plus metrics (including timings)."""
         t0 = time.perf_counter()
-        rows = self.data.next_batch(self.config.rollout.prompts_per_step)
+        self.method.data_epoch = self.data.epoch
+        rows = self.data.next_batch(self.method.prompts_to_draw(self.config.rollout.prompts_per_step))
         plans = self.method.plan(rows, step)
         requests, where = [], []
         for i, (row, plan) in enumerate(zip(rows, plans)):
