@@ -135,6 +135,7 @@ class EmbeddedEngine:
         self.partner_prefix_cache = PrefixCache(prefix_cache_tokens)
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
+        self._on_token: Optional[Callable[[str, int], None]] = None
         self.stats = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
                       "decode_seconds": 0.0, "aborted": 0}
 
@@ -195,7 +196,11 @@ class EmbeddedEngine:
 
     # -- generation -------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+    def generate(self, requests: list[GenerateRequest],
+                 on_token: Optional[Callable[[str, int], None]] = None) -> list[GenerateResult]:
+        """Generate all requests as one batch. `on_token(rid, token_id)` is called for every emitted token
+        as it is chosen (streaming servers use it)."""
+        self._on_token = on_token
         if not requests:
             return []
         check_unique_rids(requests)
@@ -305,6 +310,8 @@ class EmbeddedEngine:
             if row.request.return_logprob:
                 row.logprobs.append(picked[b])
             row.output_ids.append(token)
+            if self._on_token is not None:
+                self._on_token(row.request.rid, token)
             row.finish_reason = FINISH_SAMPLER if b in finishing else row.stop.check(row.output_ids)
             tokens.append(token)
         return tokens

@@ -1,0 +1,165 @@
+"""The OpenAI-compatible server over the embedded engine, and the clients that talk to it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from slime_ext.engine.openai_client import CallFailed, OpenAIClient
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from slime_ext.tokenizer import train_tokenizer
+    from tests.megatron_fixtures import tiny_moe_config
+
+    d = tmp_path_factory.mktemp("m")
+    tok = train_tokenizer(["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40,
+                          vocab_size=300, out_dir=d)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), initializer_range=0.3)).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.serve import ServerState, serve
+    from slime_ext.tokenizer import load_tokenizer
+
+    torch.set_num_threads(1)
+    state = ServerState(EmbeddedEngine.from_pretrained(str(model_dir)), load_tokenizer(model_dir), "tiny", max_tokens=12)
+    srv = serve(state)
+    yield srv, state
+    srv.shutdown()
+    state.batcher.close()
+
+
+def url(srv) -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def post(srv, path, payload):
+    req = urllib.request.Request(url(srv) + path, data=json.dumps(payload).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+MSG = [{"role": "user", "content": "what is 1 + 2?"}]
+
+
+def test_chat_completion_schema_and_seeded_sampling(server):
+    srv, _ = server
+    client = OpenAIClient(url(srv), model="tiny")
+    a = client.chat(MSG, seed=5, max_tokens=10)
+    b = client.chat(MSG, seed=5, max_tokens=10)
+    assert a.text == b.text and a.finish_reason in ("stop", "length")
+    assert a.usage["completion_tokens"] <= 10 and a.usage["prompt_tokens"] > 3
+    others = {client.chat(MSG, seed=s, max_tokens=10).text for s in range(6, 12)}
+    assert len(others) > 1  # sampling, not a constant
+    code, body = post(srv, "/v1/completions", {"prompt": "the cat", "max_tokens": 5, "seed": 1})
+    assert code == 200 and body["object"] == "text_completion" and isinstance(body["choices"][0]["text"], str)
+
+
+def test_streaming_reassembles_the_non_streamed_text(server):
+    srv, _ = server
+    client = OpenAIClient(url(srv))
+    full = client.chat(MSG, seed=9, max_tokens=12).text
+    streamed = list(client.stream_chat(MSG, seed=9, max_tokens=12))
+    assert "".join(streamed) == full and len(streamed) >= 2
+
+
+def test_concurrent_requests_are_batched(server):
+    srv, state = server
+    client = OpenAIClient(url(srv), max_concurrency=8)
+    before = state.batcher.calls
+    results = client.chat_many([MSG] * 8, max_tokens=8, seed=3)
+    assert all(not isinstance(r, Exception) for r in results)
+    assert len({r.text for r in results}) == 1  # same seed, same prompt
+    assert state.batcher.calls - before < 8
+
+
+def test_sglang_client_talks_to_the_native_route(server, model_dir):
+    """The client our loop uses for SGLang: same ids and logprobs as the embedded engine directly."""
+    from sglang_patches.sampling import SamplingParams
+    from slime_ext.engine.base import GenerateRequest
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.engine.sglang_client import SGLangEngineClient
+
+    srv, state = server
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    reqs = [GenerateRequest(f"g{i}", [5, 6, 7 + i], sp, seed=40 + i) for i in range(3)]
+    client = SGLangEngineClient(url(srv), eos_token_id=state.tokenizer.eos_token_id)
+    remote = client.generate(reqs)
+    local = EmbeddedEngine.from_pretrained(str(model_dir)).generate(reqs)
+    assert [r.output_ids for r in remote] == [r.output_ids for r in local]
+    for r, l in zip(remote, local):
+        assert r.finish_reason == l.finish_reason
+        assert r.logprobs == pytest.approx(l.logprobs, abs=1e-5)
+
+
+def test_bad_requests_get_clear_errors_and_no_retries(server):
+    srv, _ = server
+    code, body = post(srv, "/v1/chat/completions", {"messages": []})
+    assert code == 400 and "messages" in body["error"]["message"]
+    code, body = post(srv, "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]})
+    assert code == 400 and "messages[0]" in body["error"]["message"]
+    code, body = post(srv, "/v1/completions", {"prompt": 3})
+    assert code == 400 and "'prompt'" in body["error"]["message"]
+    code, body = post(srv, "/generate", {"input_ids": []})
+    assert code == 400 and "input_ids" in body["error"]["message"]
+    code, body = post(srv, "/nope", {})
+    assert code == 404
+    client = OpenAIClient(url(srv), max_retries=3, backoff_s=0.01)
+    with pytest.raises(CallFailed, match="after 1 attempt"):
+        client.chat([{"role": "robot", "content": "x"}])
+    assert client.stats["retries"] == 0 and client.stats["failed"] == 1
+
+
+def test_client_retries_server_errors_with_backoff_and_reports_failures():
+    calls = {"n": 0}
+
+    class Flaky(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            calls["n"] += 1
+            if calls["n"] < 3:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = json.dumps({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "usage": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = OpenAIClient(f"http://127.0.0.1:{srv.server_address[1]}", max_retries=3, backoff_s=0.01)
+        res = client.chat(MSG)
+        assert res.text == "ok" and res.attempts == 3 and client.stats["retries"] == 2
+        calls["n"] = -10  # more failures than retries
+        with pytest.raises(CallFailed, match="after 3 attempt"):
+            OpenAIClient(f"http://127.0.0.1:{srv.server_address[1]}", max_retries=2, backoff_s=0.01).chat(MSG)
+    finally:
+        srv.shutdown()
+    dead = OpenAIClient("http://127.0.0.1:9", max_retries=1, backoff_s=0.01, timeout_s=2)
+    (failed,) = dead.chat_many([MSG])
+    assert isinstance(failed, CallFailed) and "127.0.0.1:9" in str(failed)
