@@ -1,0 +1,114 @@
+"""SxS: latency metrics by hand, the exact shaping QP against a brute-force KKT solver, the channel sampler."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_patches.sampler import RequestView, build_sampler, replay_annotations
+from sglang_patches.sxs import SPEAK, THINK, visible_token_ids
+from slime_ext.sxs.metrics import latency_metrics, runs, strip_acknowledgements
+from slime_ext.sxs.shaping import check_separation, shaping_targets, solve_shaping_qp
+
+
+def test_latency_metrics_by_hand():
+    ch = [THINK, THINK, SPEAK, SPEAK, THINK, SPEAK, SPEAK, SPEAK]
+    assert runs(ch) == [(0, 1, 2), (1, 3, 2), (0, 5, 1), (1, 6, 3)]
+    m = latency_metrics(ch)
+    assert m["ari"] == pytest.approx((3 + 4 + 6 + 7 + 8) / 5)
+    assert m["abo"] == pytest.approx((3 + 6) / 2)
+    assert m["airw"] == pytest.approx((2 + 1) / 2)
+    assert (m["think_blocks"], m["total_len"], m["reasoning_len"], m["response_len"]) == (2, 8, 3, 5)
+    assert m["first_disclosure"] == 3
+    texts = ["x", "y", "Sure", ",", "z", " the", " answer", " 7"]
+    assert latency_metrics(ch, texts)["first_disclosure"] == 6  # "Sure," is only an acknowledgement
+    starts_with_speech = latency_metrics([SPEAK, THINK, SPEAK])
+    assert starts_with_speech["airw"] == pytest.approx(0.5) and starts_with_speech["abo"] == 2
+    assert math.isnan(latency_metrics([THINK, THINK])["ari"])
+    assert strip_acknowledgements("Okay, sure! The answer") == "the answer"
+
+
+def _kkt_brute_force(s, c, eps):
+    """Generic exact solver: enumerate active constraint sets, solve each equality QP, keep the KKT point."""
+    G = len(s)
+    A, b = [], []
+    for i in range(G):  # a.R <= b form
+        row = np.full(G, 1.0 / G)
+        if c[i]:  # mean + eps - R_i <= 0
+            row[i] -= 1.0
+            A.append(row), b.append(-eps)
+        else:  # R_i - mean + eps <= 0
+            row = -row
+            row[i] += 1.0
+            A.append(row), b.append(-eps)
+    A, b = np.array(A), np.array(b)
+    best = None
+    for k in range(G + 1):
+        for act in itertools.combinations(range(G), k):
+            Aa = A[list(act)]
+            n = len(act)
+            K = np.block([[2 * np.eye(G), Aa.T], [Aa, np.zeros((n, n))]]) if n else 2 * np.eye(G)
+            rhs = np.concatenate([2 * np.asarray(s), b[list(act)]]) if n else 2 * np.asarray(s)
+            try:
+                sol = np.linalg.solve(K, rhs)
+            except np.linalg.LinAlgError:
+                sol = np.linalg.lstsq(K, rhs, rcond=None)[0]
+            R, lam = sol[:G], sol[G:]
+            if np.all(A @ R <= b + 1e-9) and np.all(lam >= -1e-9):
+                val = float(np.sum((R - s) ** 2))
+                if best is None or val < best[0]:
+                    best = (val, R)
+    return best[1]
+
+
+def test_shaping_qp_is_exact_and_separates():
+    rng = random.Random(0)
+    for _ in range(40):
+        G = rng.randint(2, 7)
+        correct = [rng.random() < 0.5 for _ in range(G)]
+        if all(correct) or not any(correct):
+            correct[0] = not correct[0]
+        longest = [rng.randint(5, 200) for _ in range(G)]
+        s = shaping_targets(longest, correct)
+        r = solve_shaping_qp(s, correct, eps=0.5)
+        check_separation(r, correct, eps=0.5)
+        assert r.mean() == pytest.approx(s.mean(), abs=1e-9)
+        assert np.allclose(r, _kkt_brute_force(s, correct, 0.5), atol=1e-7)
+    # targets as METHODS.md states them: correct ones by shorter longest-think, incorrect at -S_min
+    s = shaping_targets([10, 50, 90, 40], [True, True, True, False])
+    assert s[:3] == pytest.approx([math.sqrt(1.5), 0.0, -math.sqrt(1.5)]) and s[3] == pytest.approx(math.sqrt(1.5))
+    r = solve_shaping_qp(s, [True, True, True, False])
+    assert r[0] >= r[1] >= r[2] > r[3] and r.mean() == pytest.approx(s.mean())
+    with pytest.raises(ValueError, match="mixed group"):
+        solve_shaping_qp([1.0, 2.0], [True, True])
+    with pytest.raises(AssertionError, match="violate"):
+        check_separation([1.0, 1.0], [True, False])
+
+
+TAGS = {"think_open": 10, "think_close": 11, "speak_open": 12, "speak_close": 13}
+EOS = 1
+
+
+def test_channel_sampler_annotates_and_enforces_tag_structure():
+    spec = {"kind": "sxs_channel", **TAGS}
+    s = build_sampler(spec, 0)
+    tokens = [10, 20, 21, 11, 12, 22, 13, 10, 23, 11, 12, 24, 13, EOS]
+    notes = [s.on_token(t, RequestView("r", 0, [2], tokens[:i], EOS)) for i, t in enumerate(tokens)]
+    channels = [n["channel"] for n in notes]
+    assert channels == [THINK, THINK, THINK, THINK, SPEAK, SPEAK, SPEAK, THINK, THINK, THINK, SPEAK, SPEAK, SPEAK, THINK]
+    assert visible_token_ids(tokens, channels, TAGS) == [22, 24]
+    assert replay_annotations([spec], 0, [2], tokens, EOS) == notes
+    fresh = build_sampler(spec, 0)
+    logits = torch.zeros(30)
+    outside = fresh.adjust(logits, None, RequestView("r", 0, [2], [], EOS)).logits
+    assert set(torch.nonzero(outside > -math.inf).flatten().tolist()) == {10, 12, EOS}
+    fresh.on_token(10, RequestView("r", 0, [2], [], EOS))
+    inside = fresh.adjust(logits, None, RequestView("r", 0, [2], [10], EOS)).logits
+    assert set(torch.nonzero(inside == -math.inf).flatten().tolist()) == {10, 12, 13, EOS}
+    loose = build_sampler({**spec, "enforce": False}, 0)
+    assert loose.adjust(logits, None, RequestView("r", 0, [2], [], EOS)).logits is None
