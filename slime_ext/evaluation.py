@@ -113,6 +113,11 @@ def _stderr(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / n / n)
 
 
+def _nanmean(values: Sequence[float]) -> float:
+    finite = [v for v in values if v == v]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
 def _score(result: GenerateResult, text: str, label: Any, verify: Callable) -> VerifyResult:
     if result.finish_reason == FINISH_FAILED or result.error:
         return VerifyResult(0.0, f"engine_{result.finish_reason}", detail=(result.error or "")[:300])
@@ -134,12 +139,17 @@ def evaluate(
     stop: Sequence[str] = (),
     verifier: Optional[Callable[[str, Any], VerifyResult]] = None,
     n_examples: int = 4,
+    sampler_specs: Sequence[dict] = (),
+    project: Optional[Callable[[GenerateResult], str]] = None,
+    response_metrics: Optional[Callable[[GenerateResult], dict[str, float]]] = None,
 ) -> EvalReport:
     """Generate `eval_cfg.n_samples` samples (+1 greedy when `eval_cfg.greedy`) for each of the first
     `eval_cfg.n_prompts` rows, `batch_prompts` prompts per `engine.generate` call, and score them.
 
     `eval_cfg` needs `n_prompts`, `n_samples`, `k`, `temperature`, `greedy` (an `EvalConfig`).
-    `verifier` overrides `get_verifier(reward_type)`.
+    `verifier` overrides `get_verifier(reward_type)`. Methods with their own response format pass
+    `sampler_specs` (attached to every request), `project` (the text to score, e.g. SxS's visible
+    answer) and `response_metrics` (per sampled response; their means go to `meta["response_metrics"]`).
     """
     from tqdm import tqdm
 
@@ -168,6 +178,7 @@ def evaluate(
     g_truncated = 0
     g_reasons = ReasonCounter()
     examples: list[dict[str, Any]] = []
+    extra: dict[str, list[float]] = {}
     start = time.perf_counter()
 
     bar = tqdm(total=len(rows) * per_row, desc="eval", unit="resp", file=sys.stderr, disable=not progress)
@@ -179,10 +190,10 @@ def evaluate(
                 ids = list(tokenizer(fmt.format(rows[i]["prompt"]))["input_ids"])
                 for j in range(n):
                     requests.append(GenerateRequest(f"eval-{i}-{j}", ids, sampled, sample_seed(seed, i, j),
-                                                    return_logprob=False))
+                                                    list(sampler_specs), return_logprob=False))
                 if eval_cfg.greedy:
                     requests.append(GenerateRequest(f"eval-{i}-{GREEDY}", ids, greedy, sample_seed(seed, i, GREEDY),
-                                                    return_logprob=False))
+                                                    list(sampler_specs), return_logprob=False))
             results = engine.generate(requests)
             if len(results) != len(requests):
                 raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
@@ -192,8 +203,11 @@ def evaluate(
                 example: dict[str, Any] = {}
                 for j in list(range(n)) + ([GREEDY] if eval_cfg.greedy else []):
                     result = by_rid[f"eval-{i}-{j}"]
-                    text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+                    text = project(result) if project else tokenizer.decode(result.output_ids, skip_special_tokens=True)
                     v = _score(result, text, row["label"], verify)
+                    if response_metrics is not None and j != GREEDY:
+                        for key, value in response_metrics(result).items():
+                            extra.setdefault(key, []).append(value)
                     cut = result.finish_reason == FINISH_LENGTH
                     if j == GREEDY:
                         g_scores.append(float(v.score))
@@ -235,7 +249,8 @@ def evaluate(
         greedy_reasons=g_reasons.as_dict(),
         examples=examples,
         meta={"reward_type": reward_type, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
-              "elapsed_s": round(time.perf_counter() - start, 3)},
+              "elapsed_s": round(time.perf_counter() - start, 3),
+              **({"response_metrics": {k: _nanmean(v) for k, v in extra.items()}} if extra else {})},
     )
 
 

@@ -207,9 +207,24 @@ class TrainingJob:
         rows = self.eval_rows[: self.cfg.eval.n_prompts]
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
-                          seed=self.cfg.run.seed, progress=True)
+                          seed=self.cfg.run.seed, progress=True, **self.method_eval_options())
         cached.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         return report
+
+    def method_eval_options(self) -> dict[str, Any]:
+        """What a method changes in evaluation: SxS scores the visible answer and reports latency."""
+        from slime_ext.methods import SxS, build_method
+
+        if self.cfg.method not in ("sxs_sft", "sxs_rl"):
+            return {}
+        method: SxS = build_method(self.cfg, self.tokenizer)
+        return {"sampler_specs": [method.spec], "project": method.project, "response_metrics": method.response_metrics}
+
+    def evaluate_checkpoint(self, hf_dir: Path, name: str) -> Any:
+        """Evaluate an HF checkpoint in this process (SFT-only runs have no engine actor)."""
+        from slime_ext.engine.embedded import EmbeddedEngine
+
+        return self.evaluate(EmbeddedEngine.from_pretrained(str(hf_dir)), name)
 
     def evaluate_tandem_axes(self, senior_dir: Path, junior_dir: Path) -> dict:
         """Handoff robustness, drift and legibility of the trained model against the junior."""

@@ -135,6 +135,8 @@ class Job:
         from slime_ext.plots import plot_metrics
 
         out: dict[str, Any] = {}
+        if not self.reports and self.warm_dir is not None and "rl" not in self.cfg.run.stages:
+            self.reports = {"SFT": self._training().evaluate_checkpoint(self.warm_dir, "sft")}
         if self.reports:
             table = compare_table(self.reports)
             (self.run_dir / "final_table.md").write_text(table + "\n")

@@ -173,3 +173,14 @@ def test_cli_synthetic_rule(tmp_path, capsys):
     report = json.loads((tmp_path / "sxs.jsonl.report.json").read_text())
     assert report["examples"] == 6 and report["failures"] == []
     assert main(["--input", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+
+
+def test_interleaved_synthetic_rows_keep_the_answer_visible():
+    from slime_ext.sxs.interleave import interleave_row
+    from slime_ext.tasks.synthetic_math import generate_dataset
+
+    for row in generate_dataset(["L2"], 20, 0, "train"):
+        out = interleave_row(row)
+        assert out["cot_solution"] == row["solution"] and out["solution"].startswith("<think>Step 1")
+        assert out["solution"].count("<think>") == out["solution"].count("</think>") >= 1
+        assert "\\boxed{" + str(row["label"]) + "}" in visible_answer(out["solution"])

@@ -112,6 +112,24 @@ def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
     assert all(m["dapo/drawn_groups"] == 6 for m in read_metrics(dapo_dir))  # 1.5 x 4 prompts
 
 
+@pytest.mark.timeout(900)
+def test_sxs_sft_then_rl_jobs(tmp_path):
+    """SxS stage 1 (SFT on interleaved data, evaluated on the visible answer with latency metrics) and
+    stage 2 (RL with channel annotations) through the stack."""
+    from slime_ext.main import main
+
+    common = [f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "rollout.max_response_len=48"]
+    assert main([str(CONFIGS / "sxs_sft.yaml"), f"run.output_dir={tmp_path / 'sft'}", *common]) == 0
+    (sft_dir,) = (tmp_path / "sft").iterdir()
+    report = json.loads((sft_dir / "eval_sft.json").read_text())
+    assert set(report["meta"]["response_metrics"]) >= {"ari", "abo", "airw", "think_blocks", "first_disclosure"}
+    assert main([str(CONFIGS / "sxs_rl.yaml"), f"run.output_dir={tmp_path / 'rl'}", *common, "train.steps=2"]) == 0
+    (rl_dir,) = (tmp_path / "rl").iterdir()
+    for m in read_metrics(rl_dir):
+        assert 0.0 <= m["sxs/speak_share"] <= 1.0 and m["sxs/think_blocks"] >= 0
+        assert 0.0 <= m["sxs/dropped_groups"] <= 1.0
+
+
 def _run_cli(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slime_ext.main", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -86,6 +86,8 @@ class SyntheticDataConfig(Section):
     # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
     # use paragraphs; the default keeps one step per line.
     step_separator: Literal["\n", "\n\n"] = "\n"
+    # SxS: replace each reference solution by its think/speak interleaving (Algorithm 1, rule oracle)
+    sxs_interleave: bool = False
 
 
 class DataConfig(Section):

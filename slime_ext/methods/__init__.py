@@ -7,9 +7,12 @@ from typing import Any, Optional
 from slime_ext.methods.dapo import DAPO
 from slime_ext.methods.duet import Duet
 from slime_ext.methods.grpo import GRPO
+from slime_ext.methods.sxs import SxS
 from slime_ext.methods.tandem import Tandem, TandemKLReg
 
-IMPLEMENTED = {"grpo": GRPO, "tandem": Tandem, "tandem_klreg": TandemKLReg, "duet": Duet, "dapo": DAPO}
+IMPLEMENTED = {"grpo": GRPO, "tandem": Tandem, "tandem_klreg": TandemKLReg, "duet": Duet, "dapo": DAPO,
+               "sxs_sft": SxS, "sxs_rl": SxS}
+NEEDS_TOKENIZER = (Tandem, SxS)
 
 
 def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
@@ -18,7 +21,7 @@ def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
             f"method {config.method!r} is configured but not implemented yet (implemented: {sorted(IMPLEMENTED)})"
         )
     cls = IMPLEMENTED[config.method]
-    return cls(config, tokenizer) if cls is Tandem else cls(config)
+    return cls(config, tokenizer) if cls in NEEDS_TOKENIZER else cls(config)
 
 
-__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "Duet", "DAPO", "build_method", "IMPLEMENTED"]
+__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "Duet", "DAPO", "SxS", "build_method", "IMPLEMENTED"]

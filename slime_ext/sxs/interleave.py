@@ -85,3 +85,16 @@ def render(blocks: Sequence[Block]) -> str:
 def visible_answer(tagged: str) -> str:
     """The projection a user sees: the speak blocks' text, joined by blank lines."""
     return "\n\n".join(m.strip() for m in re.findall(r"<speak>(.*?)(?:</speak>|$)", tagged, flags=re.DOTALL))
+
+
+def interleave_row(row: dict) -> dict:
+    """A synthetic math row with its solution replaced by the SxS interleaving (rule oracle); the plain
+    chain of thought is kept as `cot_solution` (the standard-CoT arm of the study)."""
+    from slime_ext.sxs.oracles import RuleOracle
+    from slime_ext.sxs.synthetic import triple_from_row
+
+    t = triple_from_row(row)
+    reasoning, answer = segment(t["reasoning"]), segment(t["answer"])
+    oracle = RuleOracle()
+    counts = [oracle.coverage(t["question"], reasoning[: k + 1], answer, 0, t) for k in range(len(reasoning))]
+    return dict(row, solution=render(interleave(reasoning, answer, counts)), cot_solution=row["solution"])

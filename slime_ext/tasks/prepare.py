@@ -40,7 +40,11 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path) -> tuple[Path, Path]:
         for levels, n, split, path in ((syn.eval_levels, syn.n_eval, "eval", evals),
                                        (syn.train_levels, syn.n_train, "train", train)):
             rows = generate_dataset(levels, n, syn.seed, split)
-            if syn.step_separator != "\n":  # the generator joins steps with "\n"
+            if syn.sxs_interleave:
+                from slime_ext.sxs.interleave import interleave_row
+
+                rows = [interleave_row(r) for r in rows]
+            elif syn.step_separator != "\n":  # the generator joins steps with "\n"
                 rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
             write_jsonl(rows, path)
     return train, evals
