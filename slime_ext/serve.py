@@ -2,7 +2,8 @@
 
 Routes (the subset of OpenAI's and SGLang's APIs this project's clients use, same schemas):
 - `POST /v1/chat/completions`, `POST /v1/completions` (`stream: true` gives server-sent events ending in
-  `data: [DONE]`), `GET /v1/models`;
+  `data: [DONE]`; the extension `speak_only: true` runs SxS's channel sampler and returns / streams only
+  the speak channel, as a user of an interleaved-reasoning model sees it), `GET /v1/models`;
 - `POST /generate`: SGLang's native token-id route (`input_ids`, `sampling_params` incl.
   `sampling_seed` and `custom_params`, `return_logprob`, `rid`), answered like SGLang
   (`output_ids`, `meta_info.finish_reason.type`, `output_token_logprobs` triples, `cached_tokens`), so
@@ -147,6 +148,38 @@ class ServerState:
         system = "\n".join(m["content"] for m in messages if m["role"] == "system")
         return self.template.format((system + "\n" if system else "") + users[-1])
 
+    def sxs_spec(self, enforce: bool = True) -> dict:
+        from slime_ext.methods.sxs import tag_ids
+
+        try:
+            return {"kind": "sxs_channel", **tag_ids(self.tokenizer), "enforce": enforce}
+        except ValueError as exc:
+            raise BadRequest(f"speak_only: {exc}") from None
+
+    def visible_text(self, res: GenerateResult) -> str:
+        from sglang_patches.sxs import visible_token_ids
+        from slime_ext.methods.sxs import tag_ids
+
+        channels = [int(a.get("channel", 0)) for a in res.annotations]
+        return self.tokenizer.decode(visible_token_ids(res.output_ids, channels, tag_ids(self.tokenizer)),
+                                     skip_special_tokens=True)
+
+    def channel_tracker(self) -> Callable[[int], bool]:
+        """A per-stream function: feed each emitted token, get whether the user may see it."""
+        from sglang_patches.sampler import RequestView
+        from sglang_patches.sxs import SPEAK, SxSChannelSampler
+        from slime_ext.methods.sxs import tag_ids
+
+        tags = tag_ids(self.tokenizer)
+        tracker = SxSChannelSampler(0, **tags, enforce=False)
+        view = RequestView("stream", 0, [], [], self.tokenizer.eos_token_id)
+        tag_set = set(tags.values())
+
+        def visible(tok: int) -> bool:
+            return tracker.on_token(tok, view)["channel"] == SPEAK and tok not in tag_set
+
+        return visible
+
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer(text)["input_ids"]
         if not ids:
@@ -237,14 +270,15 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
 
         def _openai(self, body: dict, ids: list[int], chat: bool) -> None:
             sampling = _sampling_from(body, "max_tokens", state.max_tokens)
-            req = state.request(ids, sampling, body)
+            speak_only = bool(body.get("speak_only"))  # SxS: the user sees only the speak channel
+            req = state.request(ids, sampling, body, [state.sxs_spec(bool(body.get("enforce_tags", True)))] if speak_only else None)
             created, rid = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
             kind = "chat.completion" if chat else "text_completion"
             if body.get("stream"):
-                self._stream(req, rid, created, chat)
+                self._stream(req, rid, created, chat, speak_only)
                 return
             res = state.batcher.submit(req).result()
-            text = _completion_text(state, res)
+            text = state.visible_text(res) if speak_only else _completion_text(state, res)
             choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_OPENAI.get(res.finish_reason, "stop"), "logprobs": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
@@ -255,7 +289,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                              "usage": {"prompt_tokens": len(ids), "completion_tokens": len(res.output_ids),
                                        "total_tokens": len(ids) + len(res.output_ids)}})
 
-        def _stream(self, req: GenerateRequest, rid: str, created: int, chat: bool) -> None:
+        def _stream(self, req: GenerateRequest, rid: str, created: int, chat: bool, speak_only: bool = False) -> None:
             tokens: "queue.Queue[Optional[int]]" = queue.Queue()
             fut = state.batcher.submit(req, on_token=tokens.put)
             fut.add_done_callback(lambda _: tokens.put(None))
@@ -266,6 +300,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             kind = "chat.completion.chunk" if chat else "text_completion"
             emitted, ids = "", []
+            channel = state.channel_tracker() if speak_only else None
 
             def send(delta: str, finish: Optional[str]) -> None:
                 choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -280,6 +315,8 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             while (tok := tokens.get()) is not None:
                 if tok == state.tokenizer.eos_token_id:
                     continue
+                if channel is not None and not channel(tok):
+                    continue  # private (think) token or a tag: not streamed
                 ids.append(tok)
                 text = state.tokenizer.decode(ids, skip_special_tokens=True)
                 if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next byte

@@ -163,3 +163,32 @@ def test_client_retries_server_errors_with_backoff_and_reports_failures():
     dead = OpenAIClient("http://127.0.0.1:9", max_retries=1, backoff_s=0.01, timeout_s=2)
     (failed,) = dead.chat_many([MSG])
     assert isinstance(failed, CallFailed) and "127.0.0.1:9" in str(failed)
+
+
+def test_speak_only_streams_exactly_the_visible_projection(server):
+    """SxS inference: with speak_only the stream carries the speak channel only; it equals the projection
+    of the full output (same seed, same channel sampler) computed on the client side."""
+    from sglang_patches.sampler import replay_annotations
+    from sglang_patches.sxs import visible_token_ids
+    from slime_ext.methods.sxs import tag_ids
+
+    srv, state = server
+    tags = tag_ids(state.tokenizer)
+    spec = {"kind": "sxs_channel", **tags, "enforce": True}
+    client = OpenAIClient(url(srv))
+    prompt_ids = state.encode(state.render_chat(MSG))
+    nonempty = 0
+    for seed in range(8):
+        code, body = post(srv, "/generate", {"input_ids": prompt_ids, "return_logprob": False, "sampling_params": {
+            "max_new_tokens": 12, "sampling_seed": seed, "custom_params": {"sampler_specs": json.dumps([spec])}}})
+        assert code == 200
+        out = body["output_ids"]
+        notes = replay_annotations([spec], seed, prompt_ids, out, state.tokenizer.eos_token_id)
+        visible = state.tokenizer.decode(visible_token_ids(out, [n["channel"] for n in notes], tags),
+                                         skip_special_tokens=True)
+        streamed = "".join(client.stream_chat(MSG, seed=seed, max_tokens=12, speak_only=True))
+        whole = client.chat(MSG, seed=seed, max_tokens=12, speak_only=True).text
+        assert streamed == visible == whole
+        nonempty += bool(visible)
+        assert out[0] in (tags["think_open"], tags["speak_open"], state.tokenizer.eos_token_id)  # enforced
+    assert nonempty >= 1
