@@ -131,7 +131,7 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
-BUILTIN_SAMPLER_MODULES = ("sglang_patches.tandem", "sglang_patches.duet", "sglang_patches.sxs")
+BUILTIN_SAMPLER_MODULES = ("sglang_patches.tandem", "sglang_patches.duet", "sglang_patches.sxs", "sglang_patches.dagrpo")
 
 
 def _import_builtin_samplers() -> None:

@@ -115,6 +115,11 @@ class Job:
             raise NotImplementedError(f"method {self.cfg.method!r} has no training code yet (implemented: {sorted(IMPLEMENTED)})")
         if self.tokenizer is None:
             self.summary["stages"]["tokenizer"] = self.stage_tokenizer()
+        if not getattr(self, "_method_checked", False):  # a method's config errors surface before SFT
+            from slime_ext.methods import build_method
+
+            build_method(self.cfg, self.tokenizer)
+            self._method_checked = True
         data = self._need_data()
         return TrainingJob(self.cfg, self.run_dir, data.train, data.eval, self.tokenizer, self.tokenizer_path)
 

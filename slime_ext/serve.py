@@ -131,6 +131,8 @@ class ServerState:
         self.max_tokens = int(max_tokens)
         self.batcher = Batcher(engine, max_batch=max_batch)
         self._seeds = itertools.count(1)
+        self.lock = threading.Lock()
+        self.openai_requests = 0  # chat/completion requests served (tests count cloud calls with it)
 
     def render_chat(self, messages: Any) -> str:
         if not isinstance(messages, list) or not messages:
@@ -269,6 +271,8 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             self._openai(body, ids, chat=False)
 
         def _openai(self, body: dict, ids: list[int], chat: bool) -> None:
+            with state.lock:
+                state.openai_requests += 1
             sampling = _sampling_from(body, "max_tokens", state.max_tokens)
             speak_only = bool(body.get("speak_only"))  # SxS: the user sees only the speak channel
             req = state.request(ids, sampling, body, [state.sxs_spec(bool(body.get("enforce_tags", True)))] if speak_only else None)

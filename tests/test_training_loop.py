@@ -225,13 +225,24 @@ def test_missing_model_path_is_a_clear_error(tmp_path, capsys):
         main(job_args(tmp_path, "model.hf_path=/nonexistent/ckpt", "run.stages=[data,tokenizer,sft]"))
 
 
-def test_unimplemented_method_stops_before_training_and_says_so(tmp_path):
+def test_unimplemented_method_stops_before_training_and_says_so(tmp_path, monkeypatch):
+    import slime_ext.methods as methods
     from slime_ext.main import main
 
-    rc = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+    monkeypatch.delitem(methods.IMPLEMENTED, "duet")  # a method whose training code does not exist yet
+    rc = main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
                *TINY, "run.stages=[data,tokenizer,sft,rl]"])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["not_implemented_stages"] == ["sft", "rl"] and summary["complete"] is False
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_method_config_errors_surface_before_sft(tmp_path):
+    from slime_ext.main import main
+
+    with pytest.raises(ValueError, match="dagrpo.cloud_url"):
+        main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+              *TINY, "run.stages=[data,tokenizer,sft,rl]"])
+    assert not (tmp_path / "c" / "warmstart").exists()

@@ -300,6 +300,8 @@ class DAGRPOConfig(Section):
     cloud_concurrency: int = Field(4, ge=1)
     phases: list[DAGRPOPhase] = Field(default_factory=list)
     hierarchical_reward: float = Field(0.2, ge=0, le=1)  # collab_grpo baseline's fixed assistance reward
+    require_tags: bool = False  # format rule: <think>..</think><answer>..</answer> (off for the synthetic task)
+    badly_formatted_reward: float = Field(0.5, ge=0, le=1)  # correct but badly formatted
 
 
 class ClusterConfig(Section):

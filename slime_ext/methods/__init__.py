@@ -4,6 +4,7 @@ from slime_ext.config.schema import Config
 from slime_ext.methods.base import Method, PromptPlan
 from typing import Any, Optional
 
+from slime_ext.methods.dagrpo import DAGRPO, CollabGRPO
 from slime_ext.methods.dapo import DAPO
 from slime_ext.methods.duet import Duet
 from slime_ext.methods.grpo import GRPO
@@ -11,8 +12,8 @@ from slime_ext.methods.sxs import SxS
 from slime_ext.methods.tandem import Tandem, TandemKLReg
 
 IMPLEMENTED = {"grpo": GRPO, "tandem": Tandem, "tandem_klreg": TandemKLReg, "duet": Duet, "dapo": DAPO,
-               "sxs_sft": SxS, "sxs_rl": SxS}
-NEEDS_TOKENIZER = (Tandem, SxS)
+               "sxs_sft": SxS, "sxs_rl": SxS, "dagrpo": DAGRPO, "collab_grpo": CollabGRPO}
+NEEDS_TOKENIZER = (Tandem, SxS, DAGRPO)
 
 
 def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
@@ -21,7 +22,8 @@ def build_method(config: Config, tokenizer: Optional[Any] = None) -> Method:
             f"method {config.method!r} is configured but not implemented yet (implemented: {sorted(IMPLEMENTED)})"
         )
     cls = IMPLEMENTED[config.method]
-    return cls(config, tokenizer) if cls in NEEDS_TOKENIZER else cls(config)
+    return cls(config, tokenizer) if issubclass(cls, NEEDS_TOKENIZER) else cls(config)
 
 
-__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "Duet", "DAPO", "SxS", "build_method", "IMPLEMENTED"]
+__all__ = ["Method", "PromptPlan", "GRPO", "Tandem", "TandemKLReg", "Duet", "DAPO", "SxS", "DAGRPO", "CollabGRPO", "build_method",
+           "IMPLEMENTED"]

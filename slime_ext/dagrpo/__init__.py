@@ -1,0 +1,1 @@
+"""DA-GRPO (METHODS.md section 4): budgeted local-cloud offloading with a dual variable."""

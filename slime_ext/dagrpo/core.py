@@ -1,0 +1,98 @@
+"""DA-GRPO's reward, cost, dual advantage, dual update and the splice of the cloud's completion.
+
+- Reward on the composed response: 1 if correct and well formatted, `badly_formatted_reward` if correct
+  but badly formatted, 0 if wrong. Format: `Step k:` lines numbered 1, 2, ... and at most the task's
+  step limit, a boxed answer, and (when `require_tags`) `<think>...</think>` before `<answer>...</answer>`.
+- Cost c = 1 if the cloud was used (asked), else 0.
+- Dual advantage per group: A = (r - mean r) - lambda (c - mean c), then GRPO's std normalisation
+  (switchable); lambda shapes the reward, it does not scale the gradient.
+- Projected dual update: lambda <- max(0, lambda + eta (C_hat - tau)).
+- Splice: the training sequence keeps the local tokens (the trigger included: asking is the decision
+  being learned; trained) followed by the cloud's tokens (masked, author EXTERNAL); the verifier scores
+  the text with the cloud's completion in place of the trigger.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+_STEP_LINE = re.compile(r"(?:^|<think>)\s*Step (\d+):", re.MULTILINE)
+
+
+def format_ok(text: str, step_limit: int, require_tags: bool = True) -> bool:
+    steps = [int(x) for x in _STEP_LINE.findall(text)]
+    if not steps or steps != list(range(1, len(steps) + 1)) or len(steps) > step_limit:
+        return False
+    if "\\boxed{" not in text:
+        return False
+    if require_tags:
+        t0, t1, a0, a1 = (text.find(x) for x in ("<think>", "</think>", "<answer>", "</answer>"))
+        if min(t0, t1, a0, a1) < 0 or not t0 < t1 <= a0 < a1:
+            return False
+    return True
+
+
+def composed_reward(correct: bool, well_formatted: bool, badly_formatted_reward: float = 0.5) -> float:
+    if not correct:
+        return 0.0
+    return 1.0 if well_formatted else float(badly_formatted_reward)
+
+
+def dual_advantages(rewards: Sequence[float], costs: Sequence[float], group_ids: Sequence[Any], lam: float,
+                    normalize_std: bool = True, eps: float = 1e-6) -> np.ndarray:
+    """A = (r - mean_G r) - lambda (c - mean_G c), divided by the group's (n - 1) std of r - lambda c when
+    normalising (the GRPO core's convention)."""
+    r, c = np.asarray(rewards, dtype=np.float64), np.asarray(costs, dtype=np.float64)
+    out = np.zeros_like(r)
+    groups: dict[Any, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(g, []).append(i)
+    for idx in groups.values():
+        if len(idx) <= 1:
+            continue  # a group of one has nothing to compare with (as the GRPO core)
+        a = (r[idx] - r[idx].mean()) - lam * (c[idx] - c[idx].mean())
+        if normalize_std:  # the GRPO core's convention: unbiased (n - 1) std of the group
+            a = a / (np.std(r[idx] - lam * c[idx], ddof=1) + eps)
+        out[idx] = a
+    return out
+
+
+def dual_update(lam: float, cloud_rate: float, tau: float, eta: float) -> float:
+    """One projected dual-ascent step on lambda (kept >= 0)."""
+    return max(0.0, float(lam) + float(eta) * (float(cloud_rate) - float(tau)))
+
+
+def tau_at(step_in_phase: int, tau: float, schedule: Optional[Sequence[Sequence[float]]] = None) -> float:
+    """The phase's target at a step: `schedule` points (step, tau) switch tau from that step on."""
+    current = float(tau)
+    for start, value in sorted(schedule or [], key=lambda p: p[0]):
+        if step_in_phase >= start:
+            current = float(value)
+    return current
+
+
+@dataclass
+class Splice:
+    response_ids: list[int]  # local tokens (with the trigger) + cloud tokens
+    loss_mask: list[float]  # 1 local, 0 cloud
+    author: list[int]  # 1 local (POLICY), 2 cloud (EXTERNAL)
+    scored_text: str  # what the verifier sees: the cloud's completion in place of the trigger
+
+
+def splice(local_ids: Sequence[int], local_text: str, trigger: str, cloud_text: Optional[str], tokenizer: Any,
+           eos_token_id: int) -> Splice:
+    """Compose a help-seeking response with the cloud's completion (None = the call failed: nothing is
+    spliced and the request counts as unanswered)."""
+    ids = [t for t in local_ids if t != eos_token_id]
+    head, found, _ = local_text.rpartition(trigger)
+    if not found:
+        raise ValueError(f"splice: the response does not contain the trigger {trigger!r}")
+    if cloud_text is None:
+        return Splice(list(ids), [1.0] * len(ids), [1] * len(ids), head)
+    cloud_ids = list(tokenizer(cloud_text)["input_ids"]) + [eos_token_id]
+    return Splice(ids + cloud_ids, [1.0] * len(ids) + [0.0] * len(cloud_ids), [1] * len(ids) + [2] * len(cloud_ids),
+                  head + cloud_text)

@@ -1,0 +1,168 @@
+"""DA-GRPO (METHODS.md section 4) and its fixed-reward baseline (collab_grpo).
+
+plan:   the help-trigger sampler on every request (the local response ends at the trigger).
+finish: per group, one cloud call if any response asked; the completion is spliced into every
+        help-seeking response (local tokens trained, cloud tokens masked); the composed text is scored
+        with the format rule; cost c = asked; advantages are the dual advantages with the current
+        lambda (DA-GRPO) or GRPO advantages of r + hierarchical_reward x asked-and-correct... (collab).
+update: lambda <- max(0, lambda + eta (C_hat - tau_t)); lambda is saved with checkpoints.
+"""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any, Optional
+
+from slime_ext.algo import grouped_advantages
+from slime_ext.config.schema import Config
+from slime_ext.dagrpo.cloud import CloudHelper
+from slime_ext.dagrpo.core import composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at
+from slime_ext.data import Sample, SampleStatus
+from slime_ext.methods.base import PromptPlan
+from slime_ext.methods.grpo import GRPO
+from slime_ext.rewards import ReasonCounter
+
+
+class DAGRPO(GRPO):
+    name = "dagrpo"
+
+    def __init__(self, config: Config, tokenizer: Optional[Any] = None, cloud: Optional[CloudHelper] = None):
+        super().__init__(config)
+        if tokenizer is None:
+            raise ValueError("DA-GRPO needs the tokenizer (to splice the cloud's completion)")
+        d = config.dagrpo
+        self.tokenizer = tokenizer
+        self.lam = float(d.lambda_init)
+        self.phase_index, self.step_in_phase = 0, 0
+        self.spec = {"kind": "dagrpo_trigger", "trigger": d.trigger}
+        if cloud is None:
+            if not d.cloud_url:
+                raise ValueError("DA-GRPO needs dagrpo.cloud_url (an OpenAI-compatible endpoint, e.g. "
+                                 "python -m slime_ext.serve --model STRONGER_MODEL)")
+            from slime_ext.engine.openai_client import OpenAIClient
+
+            cloud = CloudHelper(OpenAIClient(d.cloud_url, timeout_s=d.cloud_timeout_s, max_retries=d.cloud_retries,
+                                             max_concurrency=d.cloud_concurrency),
+                                max_tokens=config.rollout.max_response_len)
+        self.cloud = cloud
+
+    @property
+    def phase(self) -> Any:
+        phases = self.config.dagrpo.phases
+        return phases[min(self.phase_index, len(phases) - 1)] if phases else None
+
+    def tau(self) -> float:
+        p = self.phase
+        return tau_at(self.step_in_phase, p.tau, p.tau_schedule) if p is not None else 0.0
+
+    def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
+        n = self.config.rollout.n_samples_per_prompt
+        return [PromptPlan(n, self.sampling, [dict(self.spec)]) for _ in prompts]
+
+    def score(self, groups: list[list[Sample]]) -> ReasonCounter:
+        d = self.config.dagrpo
+        limit = self.phase.step_limit if self.phase is not None else 4
+        eos = self.tokenizer.eos_token_id
+        reasons = ReasonCounter()
+        asked = [[any(n.get("asked_for_help") for n in (s.metadata.get("annotations") or [])) for s in g] for g in groups]
+        questions = [g[0].metadata.get("question") if any(a) else None for g, a in zip(groups, asked)]
+        completions = self.cloud.answer(questions)
+        self._step = {"calls": sum(q is not None for q in questions), "groups": len(groups),
+                      "failures": sum(q is not None and c is None for q, c in zip(questions, completions))}
+        for group, flags, cloud_text in zip(groups, asked, completions):
+            for s, a in zip(group, flags):
+                s.cost = 1.0 if a else 0.0
+                text = s.response_text or ""
+                if a:
+                    sp = splice(s.response_ids, self.tokenizer.decode(s.response_ids, skip_special_tokens=True),
+                                d.trigger, cloud_text, self.tokenizer, eos)
+                    local = len([t for t in s.response_ids if t != eos])
+                    lps = (s.logprobs or [0.0] * s.response_len)[:local]
+                    s.response_ids, s.loss_mask, s.author = sp.response_ids, sp.loss_mask, sp.author
+                    s.logprobs = lps + [0.0] * (len(sp.response_ids) - local)
+                    s.metadata.update(asked=True, cloud_answered=cloud_text is not None)
+                    text = sp.scored_text
+                s.response_text = text
+                if s.status == SampleStatus.FAILED:
+                    s.reward = 0.0
+                    continue
+                result = self.verify(text, s.label)
+                correct = result.score > 0
+                s.rewards.update(correct=float(correct), format=float(format_ok(text, limit, d.require_tags)))
+                s.reward = composed_reward(correct, bool(s.rewards["format"]), d.badly_formatted_reward)
+                reasons.add(result)
+        return reasons
+
+    def advantages(self, samples: list[Sample]) -> list[float]:
+        g = self.config.grpo
+        return dual_advantages([s.reward for s in samples], [s.cost for s in samples], [s.group_id for s in samples],
+                               self.lam, normalize_std=g.normalize_std, eps=g.adv_eps).tolist()
+
+    def finish(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
+        reasons = self.score(groups)
+        samples = [s for g in groups for s in g]
+        for s, a in zip(samples, self.advantages(samples)):
+            s.advantage = a
+            if s.status == SampleStatus.FAILED:
+                s.loss_mask, s.advantage = [0.0] * s.response_len, 0.0
+        rate = mean(s.cost for s in samples)
+        metrics = {
+            "reward/mean": mean(s.reward for s in samples), "reward/correct": mean(s.rewards.get("correct", 0) for s in samples),
+            "reward/format": mean(s.rewards.get("format", 0) for s in samples),
+            "dagrpo/lambda": self.lam, "dagrpo/tau": self.tau(), "dagrpo/cloud_rate": rate,
+            "dagrpo/cloud_calls_per_group": self._step["calls"] / max(self._step["groups"], 1),
+            "dagrpo/cloud_failures": float(self._step["failures"]),
+            "dagrpo/local_only_accuracy": mean([s.rewards.get("correct", 0) for s in samples if not s.cost] or [float("nan")]),
+            "dagrpo/phase": float(self.phase_index),
+            "response_len/mean": mean(s.response_len for s in samples),
+        }
+        for reason, count in reasons.as_dict().items():
+            metrics[f"verifier/{reason}"] = count / len(samples)
+        self._last_rate = rate
+        return metrics
+
+    def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
+        """The projected dual step with this step's cloud rate, then advance the phase clock."""
+        rate = getattr(self, "_last_rate", 0.0)
+        self.lam = dual_update(self.lam, rate, self.tau(), self.config.dagrpo.eta_lambda)
+        self.step_in_phase += 1
+        phases = self.config.dagrpo.phases
+        if phases and self.step_in_phase >= phases[min(self.phase_index, len(phases) - 1)].steps \
+                and self.phase_index < len(phases) - 1:
+            self.phase_index, self.step_in_phase = self.phase_index + 1, 0
+        return {"dagrpo/lambda_next": self.lam}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lambda": self.lam, "phase_index": self.phase_index, "step_in_phase": self.step_in_phase}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.lam = float(state["lambda"])
+            self.phase_index, self.step_in_phase = int(state["phase_index"]), int(state["step_in_phase"])
+
+
+class CollabGRPO(DAGRPO):
+    """Baseline: no dual variable; a fixed assistance reward (`dagrpo.hierarchical_reward`) for a correct
+    answer reached with the cloud's help, instead of the full reward (hierarchical: solving alone pays
+    more than solving with help)."""
+
+    name = "collab_grpo"
+
+    def score(self, groups: list[list[Sample]]) -> ReasonCounter:
+        reasons = super().score(groups)
+        for g in groups:
+            for s in g:
+                if s.cost and s.rewards.get("correct"):
+                    s.reward = float(self.config.dagrpo.hierarchical_reward)
+        return reasons
+
+    def advantages(self, samples: list[Sample]) -> list[float]:
+        g = self.config.grpo
+        return grouped_advantages([s.reward for s in samples], [s.group_id for s in samples],
+                                  normalize_std=g.normalize_std, eps=g.adv_eps).tolist()
+
+    def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
+        lam = self.lam
+        out = super().update(stats, step)
+        self.lam = lam  # the baseline keeps lambda fixed (its initial value)
+        return out

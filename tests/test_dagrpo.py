@@ -1,0 +1,207 @@
+"""DA-GRPO: the trigger sampler, dual advantage and update, splice masks, the cloud once per group over
+real HTTP, failing endpoints, and the dual update steering a simulated policy to tau."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_patches.dagrpo import HelpTriggerSampler
+from sglang_patches.sampler import RequestView, replay_annotations
+from slime_ext.algo import grouped_advantages
+from slime_ext.dagrpo.core import composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at
+
+TRIGGER = "I need external assistance."
+
+
+def test_dual_advantage_is_the_group_advantage_of_the_shaped_reward():
+    rng = random.Random(0)
+    for _ in range(20):
+        n = rng.randint(4, 24)
+        groups = [rng.randrange(4) for _ in range(n)]
+        r = [rng.choice([0.0, 0.5, 1.0]) for _ in range(n)]
+        c = [float(rng.random() < 0.4) for _ in range(n)]
+        lam = rng.uniform(0, 2)
+        for norm in (True, False):
+            got = dual_advantages(r, c, groups, lam, normalize_std=norm)
+            want = grouped_advantages([ri - lam * ci for ri, ci in zip(r, c)], groups, normalize_std=norm, eps=1e-6)
+            assert np.allclose(got, np.asarray(want), atol=1e-5)  # the core computes in float32
+    # by hand: one group, r = [1, 0], c = [1, 0], lambda 0.5 -> A = [0.5 - 0.25, -0.5 + 0.25]
+    assert dual_advantages([1, 0], [1, 0], [0, 0], 0.5, normalize_std=False) == pytest.approx([0.25, -0.25])
+
+
+def test_dual_update_is_projected_and_tau_schedules():
+    assert dual_update(0.3, 0.5, 0.2, 1.0) == pytest.approx(0.6)
+    assert dual_update(0.1, 0.0, 0.2, 1.0) == 0.0  # projected onto lambda >= 0
+    assert tau_at(0, 0.2, [(10, 0.1), (20, 0.3)]) == 0.2 and tau_at(15, 0.2, [(10, 0.1), (20, 0.3)]) == 0.1
+    assert tau_at(25, 0.2, [(20, 0.3), (10, 0.1)]) == 0.3
+
+
+def _simulate(tau: float, lam0: float, steps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Prompts of difficulty d ~ U(0, 1): alone the policy is right with probability 1 - d, with the cloud
+    always (cost 1). A logistic policy over (1, d) asks per prompt; policy gradient on the dual advantage
+    and the projected dual update. Returns (mean cloud rate over the last quarter, final lambda)."""
+    rng = np.random.default_rng(seed)
+    theta, lam, rates = np.zeros(2), lam0, []
+    groups = np.repeat(np.arange(16), 8)
+    for _ in range(steps):
+        d = np.repeat(rng.random(16), 8)
+        x = np.stack([np.ones(128), 4 * (d - 0.5)], 1)
+        p = 1 / (1 + np.exp(-(x @ theta)))
+        ask = rng.random(128) < p
+        r = np.where(ask, 1.0, (rng.random(128) > d).astype(float))
+        a = dual_advantages(r, ask.astype(float), groups, lam, normalize_std=False)
+        theta += 2.0 * np.mean((a * np.where(ask, 1 - p, -p))[:, None] * x, 0)
+        lam = dual_update(lam, ask.mean(), tau, 0.02)
+        rates.append(ask.mean())
+    return float(np.mean(rates[-steps // 4:])), lam
+
+
+def test_dual_update_drives_a_simulated_policy_to_tau():
+    for tau in (0.1, 0.3, 0.6):
+        for lam0 in (0.0, 0.5, 2.0):
+            rate, lam = _simulate(tau, lam0)
+            assert abs(rate - tau) < 0.02, (tau, lam0, rate, lam)
+            # the optimal policy asks when d > lambda, so the rate is 1 - lambda at equilibrium
+            assert lam == pytest.approx(1 - tau, abs=0.15)
+
+
+def test_format_rule_and_reward():
+    good = "<think>Step 1: a = 2.\nStep 2: b = 3.</think><answer>\\boxed{3}</answer>"
+    assert format_ok(good, step_limit=4) and format_ok(good.replace("<think>", "").replace("</think>", "")
+                                                       .replace("<answer>", "").replace("</answer>", ""), 4, False)
+    assert not format_ok(good, step_limit=1)  # too many steps
+    assert not format_ok(good.replace("Step 2", "Step 3"), 4)  # numbering
+    assert not format_ok(good.replace("\\boxed{3}", "3"), 4) and not format_ok(good.replace("<answer>", ""), 4)
+    assert composed_reward(True, True) == 1.0 and composed_reward(True, False, 0.3) == 0.3
+    assert composed_reward(False, True) == 0.0
+
+
+class Tok:
+    """Character-level stand-in tokenizer: ids are code points."""
+
+    eos_token_id = 0
+
+    def __call__(self, text):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i)
+
+
+def test_splice_masks_cloud_tokens_exactly():
+    tok = Tok()
+    local_text = "Step 1: hmm. " + TRIGGER
+    local = tok(local_text)["input_ids"] + [0]
+    sp = splice(local, local_text, TRIGGER, "Step 2: x = 4.\n\\boxed{4}", tok, 0)
+    n_local, n_cloud = len(local) - 1, len("Step 2: x = 4.\n\\boxed{4}") + 1
+    assert sp.loss_mask == [1.0] * n_local + [0.0] * n_cloud and sp.author == [1] * n_local + [2] * n_cloud
+    assert tok.decode(sp.response_ids[:n_local]) == local_text  # the trigger stays trained
+    assert sp.scored_text == "Step 1: hmm. Step 2: x = 4.\n\\boxed{4}"
+    failed = splice(local, local_text, TRIGGER, None, tok, 0)
+    assert failed.scored_text == "Step 1: hmm. " and failed.loss_mask == [1.0] * n_local
+    with pytest.raises(ValueError, match="trigger"):
+        splice(local, "no trigger here", TRIGGER, "x", tok, 0)
+
+
+def test_trigger_sampler_ends_the_response_after_the_trigger():
+    tok = Tok()
+    s = HelpTriggerSampler(0, trigger=TRIGGER)
+    text = "Step 1: " + TRIGGER
+    ids = tok(text)["input_ids"]
+    notes, out = [], []
+    for t in ids:
+        view = RequestView("r", 0, [5], out, 0, tok.decode)
+        assert not s.adjust(torch.zeros(3), None, view).finish
+        notes.append(s.on_token(t, view))
+        out.append(t)
+    assert notes[-1] == {"asked_for_help": True} and all(n == {} for n in notes[:-1])
+    assert s.adjust(torch.zeros(3), None, RequestView("r", 0, [5], out, 0, tok.decode)).finish
+    spec = {"kind": "dagrpo_trigger", "trigger": TRIGGER}
+    assert replay_annotations([spec], 0, [5], ids, 0, tok.decode) == notes
+
+
+# -- the cloud over HTTP ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cloud_server(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.serve import ServerState, serve
+    from slime_ext.tokenizer import load_tokenizer, train_tokenizer
+    from tests.megatron_fixtures import tiny_moe_config
+
+    d = tmp_path_factory.mktemp("cloud")
+    tok = train_tokenizer(["Question: what is 1 + 2?\nAnswer: Step 1: 1 + 2 = 3.\n\\boxed{3}"] * 30, vocab_size=300, out_dir=d)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok))).save_pretrained(d)
+    state = ServerState(EmbeddedEngine.from_pretrained(str(d)), load_tokenizer(d), "cloud", max_tokens=6)
+    srv = serve(state)
+    yield f"http://127.0.0.1:{srv.server_address[1]}", state, load_tokenizer(d)
+    srv.shutdown()
+    state.batcher.close()
+
+
+def _sample(sid, group, text, tok, asked):
+    from slime_ext.data import Sample
+
+    ids = tok(text)["input_ids"] + [tok.eos_token_id]
+    notes = [{}] * (len(ids) - 1) + [{"asked_for_help": True} if asked else {}]
+    return Sample(sid, [3, 4], ids, group_id=group, label="3", response_text=text, logprobs=[-0.1] * len(ids),
+                  metadata={"annotations": notes, "question": f"question of {group}"})
+
+
+def test_cloud_is_called_once_per_group_that_asked_and_never_otherwise(cloud_server):
+    from slime_ext.config import load_config
+    from slime_ext.dagrpo.cloud import CloudHelper
+    from slime_ext.engine.openai_client import OpenAIClient
+    from slime_ext.methods.dagrpo import DAGRPO
+    from tests.conftest import CONFIGS
+
+    url, state, tok = cloud_server
+    cfg = load_config(CONFIGS / "dagrpo.yaml", ["dagrpo.lambda_init=0.5"]).config
+    method = DAGRPO(cfg, tok, cloud=CloudHelper(OpenAIClient(url), max_tokens=6))
+    asked_text = "Step 1: " + TRIGGER
+    g1 = [_sample("a", "g1", asked_text, tok, True), _sample("b", "g1", asked_text, tok, True),
+          _sample("c", "g1", "Step 1: 1 + 2 = 3.\n\\boxed{3}", tok, False)]
+    g2 = [_sample("d", "g2", "Step 1: 1 + 2 = 3.\n\\boxed{3}", tok, False), _sample("e", "g2", "\\boxed{4}", tok, False)]
+    g3 = [_sample("f", "g3", asked_text, tok, True), _sample("g", "g3", "\\boxed{3}", tok, False)]
+    before = state.openai_requests
+    m = method.finish([g1, g2, g3], 0)
+    assert state.openai_requests - before == 2  # g1 and g3 asked; g2 did not
+    assert m["dagrpo/cloud_calls_per_group"] == pytest.approx(2 / 3) and m["dagrpo/cloud_rate"] == pytest.approx(3 / 7)
+    a, b = g1[0], g1[1]
+    assert a.response_ids[len(b.response_ids) - 1:] == b.response_ids[len(b.response_ids) - 1:]  # same splice
+    local = len(tok(asked_text)["input_ids"])
+    assert a.loss_mask[:local] == [1.0] * local and set(a.loss_mask[local:]) == {0.0} and a.author[local] == 2
+    assert a.cost == 1.0 and g1[2].cost == 0.0 and len(a.logprobs) == a.response_len
+    # the dual advantage with lambda 0.5 was used
+    want = dual_advantages([s.reward for g in (g1, g2, g3) for s in g], [s.cost for g in (g1, g2, g3) for s in g],
+                           [s.group_id for g in (g1, g2, g3) for s in g], 0.5)
+    assert [s.advantage for g in (g1, g2, g3) for s in g] == pytest.approx(list(want))
+    method.update({}, 0)
+    assert method.lam == pytest.approx(max(0.0, 0.5 + 0.05 * (3 / 7 - 0.2)))
+    assert method.state_dict()["lambda"] == method.lam
+
+
+def test_a_failing_endpoint_counts_unanswered_requests_and_keeps_the_samples(cloud_server):
+    from slime_ext.config import load_config
+    from slime_ext.dagrpo.cloud import CloudHelper
+    from slime_ext.engine.openai_client import OpenAIClient
+    from slime_ext.methods.dagrpo import DAGRPO
+    from tests.conftest import CONFIGS
+
+    _, _, tok = cloud_server
+    cfg = load_config(CONFIGS / "dagrpo.yaml", []).config
+    dead = CloudHelper(OpenAIClient("http://127.0.0.1:9", max_retries=1, backoff_s=0.01, timeout_s=2))
+    method = DAGRPO(cfg, tok, cloud=dead)
+    asked_text = "Step 1: " + TRIGGER
+    g = [_sample("a", "g", asked_text, tok, True), _sample("b", "g", "\\boxed{3}", tok, False)]
+    m = method.finish([g], 0)
+    assert m["dagrpo/cloud_failures"] == 1 and dead.failures == 1
+    assert len(g) == 2 and g[0].reward == 0.0 and g[0].cost == 1.0 and g[0].metadata["cloud_answered"] is False
+    assert g[0].loss_mask == [1.0] * len(tok(asked_text)["input_ids"])
