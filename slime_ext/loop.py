@@ -237,6 +237,21 @@ class TrainingJob:
         survival_plot({self.cfg.method: axes["drift"]}, self.run_dir / "plots" / "drift_survival.png")
         return axes
 
+    def evaluate_phases(self, engine: Any, ended: int) -> dict:
+        """DA-GRPO continual evaluation after phase `ended`: every phase's held-out set (greedy local answers,
+        the cloud for prompts that ask); then the continual table from all evaluations so far."""
+        from slime_ext.methods import build_method
+
+        method = build_method(self.cfg, self.tokenizer)
+        out = {}
+        for k, phase in enumerate(self.cfg.dagrpo.phases):
+            rows = method.phase_rows(k)[1][: self.cfg.eval.n_prompts]
+            out[phase.name] = method.evaluate_rows(engine, rows, self.cfg.data.template, seed=self.cfg.run.seed)
+            log.info("after phase %d, held-out %s: %s", ended, phase.name, out[phase.name])
+        (self.run_dir / f"eval_after_phase_{ended}.json").write_text(json.dumps(out, indent=2) + "\n")
+        write_continual_table(self.run_dir, [p.name for p in self.cfg.dagrpo.phases])
+        return out
+
     # -- RL ---------------------------------------------------------------------------------------
     def junior_dir(self, warm_dir: Path) -> Path:
         """Tandem's frozen junior: `tandem.junior_path`, else a copy of the senior's start (self-paired).
@@ -313,6 +328,8 @@ class TrainingJob:
                         f"({saved}) is intact: resume with `bash scripts/run.sh resume={self.run_dir}`"
                     ) from exc
                 _append_jsonl(metrics_path, row)
+                if row.get("dagrpo/phase_end"):
+                    self.evaluate_phases(engine, int(row.get("dagrpo/phase", 0)))
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")
                 if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.train.steps:
@@ -352,3 +369,26 @@ class TrainingJob:
         row.update({"step": step, "time/train": t1 - t0, "time/sync": t2 - t1, "time/step": t2 - t_start,
                     "perf/tokens_per_s": tokens / (t2 - t_start), "memory/peak_rss_gib": self.peak_gib})
         return row
+
+
+def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
+    """during-task accuracy (phase k's set right after phase k), post-switch accuracy (after phase k+1),
+    forgetting (during - post) / during, local-only and joint accuracy and cloud rate after the last phase."""
+    evals = {k: json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
+             for k in range(len(phases)) if (run_dir / f"eval_after_phase_{k}.json").exists()}
+    if not evals:
+        return None
+    last = evals[max(evals)]
+    lines = ["| phase | during-task acc | post-switch acc | forgetting | local-only acc (last) | joint acc (last) "
+             "| cloud rate (last) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for k, name in enumerate(phases):
+        during = evals.get(k, {}).get(name, {}).get("joint_accuracy")
+        post = evals.get(k + 1, {}).get(name, {}).get("joint_accuracy")
+        forget = (during - post) / during if during and post is not None else None
+        cell = lambda v: "-" if v is None or v != v else f"{v:.3f}"  # noqa: E731
+        row = last.get(name, {})
+        lines.append(f"| {name} | {cell(during)} | {cell(post)} | {cell(forget)} | {cell(row.get('local_only_accuracy'))} "
+                     f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} |")
+    path = run_dir / "continual_table.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

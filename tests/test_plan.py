@@ -231,3 +231,14 @@ def test_sxs_launcher_dry_run_runs_both_stages(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "method=sxs_sft" in proc.stdout and "method=sxs_rl" in proc.stdout
+
+
+def test_dagrpo_launcher_dry_run(tmp_path):
+    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
+           "TMPDIR": str(tmp_path), "CLOUD_URL": "http://cloud:30000"}
+    env.pop("DRY_RUN", None)
+    env.pop("METHOD_CONFIG", None)
+    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-dagrpo.sh"), "--dry-run"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "method=dagrpo" in proc.stdout

@@ -130,6 +130,44 @@ def test_sxs_sft_then_rl_jobs(tmp_path):
         assert 0.0 <= m["sxs/dropped_groups"] <= 1.0
 
 
+@pytest.mark.timeout(900)
+def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
+    """DA-GRPO through the stack: a cloud served over HTTP, two task phases, lambda updated every step,
+    every phase's held-out set evaluated after each phase, the continual table written."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.main import main
+    from slime_ext.serve import ServerState, serve
+    from slime_ext.tokenizer import load_tokenizer, train_tokenizer
+    from tests.megatron_fixtures import tiny_moe_config
+
+    cloud_dir = tmp_path / "cloud"
+    tok = train_tokenizer(["Step 1: 1 + 2 = 3.\n\\boxed{3}"] * 20, vocab_size=280, out_dir=cloud_dir)
+    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok))).save_pretrained(cloud_dir)
+    state = ServerState(EmbeddedEngine.from_pretrained(str(cloud_dir)), load_tokenizer(cloud_dir), "cloud", max_tokens=8)
+    srv = serve(state)
+    try:
+        phases = "[{name: easy, levels: [L1], steps: 1, tau: 0.2}, {name: hard, levels: [L3], steps: 1, tau: 0.2}]"
+        rc = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+                   *TINY, "sft.steps=3", "train.steps=2", "eval.n_prompts=4", f"dagrpo.phases={phases}",
+                   f"dagrpo.cloud_url=http://127.0.0.1:{srv.server_address[1]}", "dagrpo.lambda_init=0.5"])
+    finally:
+        srv.shutdown()
+        state.batcher.close()
+    assert rc == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    metrics = read_metrics(run_dir)
+    assert [m["dagrpo/phase"] for m in metrics] == [0.0, 1.0]
+    for m in metrics:  # lambda <- max(0, lambda + eta (rate - tau))
+        assert m["dagrpo/lambda_next"] == pytest.approx(max(0.0, m["dagrpo/lambda"] + 0.05 * (m["dagrpo/cloud_rate"] - 0.2)))
+    for k in (0, 1):
+        after = json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
+        assert set(after) == {"easy", "hard"} and all(0.0 <= v["joint_accuracy"] <= 1.0 for v in after.values())
+    table = (run_dir / "continual_table.md").read_text()
+    assert "| easy |" in table and "| hard |" in table
+
+
 def _run_cli(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slime_ext.main", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)

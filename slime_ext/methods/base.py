@@ -11,7 +11,7 @@ checkpoints (`state_dict`), so a resumed run continues exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from sglang_patches.sampling import SamplingParams
 from slime_ext.data import Sample
@@ -30,6 +30,13 @@ class Method:
     name = "base"
     train_kind = "grpo"  # which trainer loss the method's batches use
     data_epoch = 0  # the data source's epoch, set by the rollout manager before each step
+
+    def data_phase(self) -> Optional[str]:
+        """Name of the data phase to draw from (continual methods); None = the run's training data."""
+        return None
+
+    def phase_train_rows(self, name: str) -> list[dict]:
+        raise NotImplementedError(f"method {self.name!r} has no data phases")
 
     def prompts_to_draw(self, prompts_per_step: int) -> int:
         """How many prompts to roll out this step (DAPO oversamples)."""

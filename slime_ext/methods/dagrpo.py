@@ -55,6 +55,59 @@ class DAGRPO(GRPO):
         p = self.phase
         return tau_at(self.step_in_phase, p.tau, p.tau_schedule) if p is not None else 0.0
 
+    # -- continual phases ----------------------------------------------------------------------------
+    def data_phase(self) -> Optional[str]:
+        return self.phase.name if self.phase is not None else None
+
+    def phase_rows(self, index: int) -> tuple[list[dict], list[dict]]:
+        """(train, held-out) rows of phase `index`: its JSONL files, or synthetic math at its levels."""
+        cache = getattr(self, "_phase_rows", {})
+        self._phase_rows = cache
+        if index not in cache:
+            from slime_ext.tasks.prepare import prepare_data
+
+            phase = self.config.dagrpo.phases[index]
+            data_cfg = self.config.data.model_copy(deep=True)
+            if phase.train_path:
+                data_cfg.source, data_cfg.train_path, data_cfg.eval_path = "jsonl", phase.train_path, phase.eval_path
+            else:
+                data_cfg.synthetic.train_levels = list(phase.levels)
+                data_cfg.synthetic.eval_levels = list(phase.levels)
+            prepared = prepare_data(data_cfg, self.config.run.cache_dir)
+            cache[index] = (prepared.train, prepared.eval)
+        return cache[index]
+
+    def phase_train_rows(self, name: str) -> list[dict]:
+        index = [p.name for p in self.config.dagrpo.phases].index(name)
+        return self.phase_rows(index)[0]
+
+    def evaluate_rows(self, engine: Any, rows: list[dict], template: str, seed: int = 0) -> dict[str, float]:
+        """Greedy local answers with the trigger; the cloud answers the prompts that asked (one call
+        each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud rate."""
+        from sglang_patches.sampling import SamplingParams
+        from slime_ext.engine.base import GenerateRequest
+        from slime_ext.tasks.templates import get_template
+
+        fmt = get_template(template)
+        sp = SamplingParams(temperature=0.0, max_new_tokens=self.config.rollout.max_response_len)
+        reqs = [GenerateRequest(f"dg-eval-{i}", self.tokenizer(fmt.format(r["prompt"]))["input_ids"], sp, seed + i,
+                                [dict(self.spec)], return_logprob=False) for i, r in enumerate(rows)]
+        results = engine.generate(reqs)
+        asked = [any(a.get("asked_for_help") for a in res.annotations) for res in results]
+        completions = self.cloud.answer([r["prompt"] if a else None for r, a in zip(rows, asked)])
+        eos = self.tokenizer.eos_token_id
+        correct, local = [], []
+        for row, res, a, cloud_text in zip(rows, results, asked, completions):
+            text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+            if a:
+                text = splice(res.output_ids, text, self.config.dagrpo.trigger, cloud_text, self.tokenizer, eos).scored_text
+            ok = float(self.verify(text, row["label"]).score > 0)
+            correct.append(ok)
+            if not a:
+                local.append(ok)
+        return {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
+                "cloud_rate": mean(asked), "n": float(len(rows))}
+
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
         n = self.config.rollout.n_samples_per_prompt
         return [PromptPlan(n, self.sampling, [dict(self.spec)]) for _ in prompts]
@@ -127,10 +180,11 @@ class DAGRPO(GRPO):
         self.lam = dual_update(self.lam, rate, self.tau(), self.config.dagrpo.eta_lambda)
         self.step_in_phase += 1
         phases = self.config.dagrpo.phases
-        if phases and self.step_in_phase >= phases[min(self.phase_index, len(phases) - 1)].steps \
-                and self.phase_index < len(phases) - 1:
+        ended = bool(phases) and self.step_in_phase >= phases[min(self.phase_index, len(phases) - 1)].steps
+        out = {"dagrpo/lambda_next": self.lam, "dagrpo/phase_end": float(ended)}
+        if ended and self.phase_index < len(phases) - 1:
             self.phase_index, self.step_in_phase = self.phase_index + 1, 0
-        return {"dagrpo/lambda_next": self.lam}
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"lambda": self.lam, "phase_index": self.phase_index, "step_in_phase": self.step_in_phase}

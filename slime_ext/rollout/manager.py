@@ -43,6 +43,20 @@ class RolloutManager:
         self.method = method or build_method(config, tokenizer)
         self.data = DataSource(train_rows, config.run.seed, config.data.shuffle)
         self.template = get_template(config.data.template)
+        self.phase_sources: dict[str, DataSource] = {}  # continual methods: one data order per phase
+        self._pending_phase_states: dict[str, Any] = {}
+
+    def _source(self) -> DataSource:
+        name = self.method.data_phase()
+        if name is None:
+            return self.data
+        if name not in self.phase_sources:
+            seed = self.config.run.seed + int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
+            source = DataSource(self.method.phase_train_rows(name), seed, self.config.data.shuffle)
+            if name in self._pending_phase_states:
+                source.load_state_dict(self._pending_phase_states.pop(name))
+            self.phase_sources[name] = source
+        return self.phase_sources[name]
 
     def _generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         call = getattr(self.engine.generate, "remote", None)
@@ -60,8 +74,9 @@ class RolloutManager:
     def rollout(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         """One step's rollouts, scored and with advantages; plus metrics (including timings)."""
         t0 = time.perf_counter()
-        self.method.data_epoch = self.data.epoch
-        rows = self.data.next_batch(self.method.prompts_to_draw(self.config.rollout.prompts_per_step))
+        source = self._source()
+        self.method.data_epoch = source.epoch
+        rows = source.next_batch(self.method.prompts_to_draw(self.config.rollout.prompts_per_step))
         plans = self.method.plan(rows, step)
         requests, where = [], []
         for i, (row, plan) in enumerate(zip(rows, plans)):
@@ -81,7 +96,7 @@ class RolloutManager:
         metrics.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "rollout/generated_tokens": generated,
                         "perf/rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
                         "rollout/failed": sum(r.finish_reason == "failed" for r in results) / len(results),
-                        "rollout/epoch": self.data.epoch})
+                        "rollout/epoch": source.epoch})
         return groups, metrics
 
     def _to_sample(self, req: GenerateRequest, res: GenerateResult, row: dict, step: int, prompt_index: int) -> Sample:
@@ -110,11 +125,14 @@ class RolloutManager:
         return self.method.update(stats, step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data": self.data.state_dict(), "method": self.method.state_dict()}
+        phases = {k: v.state_dict() for k, v in self.phase_sources.items()} | self._pending_phase_states
+        return {"data": self.data.state_dict(), "method": self.method.state_dict(), "phases": phases}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.data.load_state_dict(state["data"])
         self.method.load_state_dict(state["method"])
+        self.phase_sources.clear()
+        self._pending_phase_states = dict(state.get("phases") or {})
 
 
 class RemoteRolloutManager:
