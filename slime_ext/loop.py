@@ -128,7 +128,9 @@ class TrainingJob:
     # -- SFT warm start ---------------------------------------------------------------------------
     def warm_start_key(self) -> str:
         c = self.cfg
-        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(),
+        dagrpo_data = ([p.model_dump() for p in c.dagrpo.phases], c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction) \
+            if c.method in ("dagrpo", "collab_grpo") else None
+        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), dagrpo_data,
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
                  c.rollout.max_response_len]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -136,6 +138,19 @@ class TrainingJob:
     @property
     def sft_seed(self) -> int:
         return self.cfg.sft.seed if self.cfg.sft.seed is not None else self.cfg.run.seed
+
+    def sft_rows(self) -> list[dict]:
+        """The warm start's rows: the training data; for DA-GRPO every phase's data, with some solutions
+        ending in the help trigger."""
+        c = self.cfg
+        if c.method not in ("dagrpo", "collab_grpo") or not c.dagrpo.phases:
+            return self.train_rows
+        from slime_ext.dagrpo.core import with_trigger_examples
+        from slime_ext.methods import build_method
+
+        method = build_method(c, self.tokenizer)
+        rows = [r for k in range(len(c.dagrpo.phases)) for r in method.phase_rows(k)[0]]
+        return with_trigger_examples(rows, c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction, self.sft_seed)
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()
@@ -177,7 +192,7 @@ class TrainingJob:
         """Run (or resume) the SFT steps on the rank actors; return the final HF-named weights."""
         s = self.cfg.sft
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=base)
-        data = DataSource(self.train_rows, self.sft_seed + 1, shuffle=True)
+        data = DataSource(self.sft_rows(), self.sft_seed + 1, shuffle=True)
         ckpt = out / "trainer_ckpt"
         start = 0
         if (ckpt / "latest").exists():

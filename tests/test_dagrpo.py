@@ -205,3 +205,16 @@ def test_a_failing_endpoint_counts_unanswered_requests_and_keeps_the_samples(clo
     assert m["dagrpo/cloud_failures"] == 1 and dead.failures == 1
     assert len(g) == 2 and g[0].reward == 0.0 and g[0].cost == 1.0 and g[0].metadata["cloud_answered"] is False
     assert g[0].loss_mask == [1.0] * len(tok(asked_text)["input_ids"])
+
+
+def test_warm_start_rows_include_trigger_examples():
+    from slime_ext.dagrpo.core import with_trigger_examples
+
+    rows = [{"id": i, "prompt": f"q{i}", "label": "1", "solution": "Step 1: a = 1.\nStep 2: b = 1.\n\\boxed{1}"}
+            for i in range(400)]
+    out = with_trigger_examples(rows, TRIGGER, 0.15, seed=0)
+    asked = [r for r in out if r["solution"].endswith(TRIGGER)]
+    assert abs(len(asked) / 400 - 0.15) < 4 * math.sqrt(0.15 * 0.85 / 400)
+    assert all(r["solution"] == "Step 1: a = 1.\n" + TRIGGER for r in asked)
+    assert out == with_trigger_examples(rows, TRIGGER, 0.15, seed=0)  # deterministic
+    assert with_trigger_examples(rows, TRIGGER, 0.0) == rows

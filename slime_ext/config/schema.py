@@ -302,6 +302,9 @@ class DAGRPOConfig(Section):
     hierarchical_reward: float = Field(0.2, ge=0, le=1)  # collab_grpo baseline's fixed assistance reward
     require_tags: bool = False  # format rule: <think>..</think><answer>..</answer> (off for the synthetic task)
     badly_formatted_reward: float = Field(0.5, ge=0, le=1)  # correct but badly formatted
+    # Share of SFT solutions that stop after their first step with the trigger (the warm start asks
+    # for help sometimes, so the behaviour exists before RL); SFT draws from every phase's data.
+    sft_trigger_fraction: float = Field(0.15, ge=0, le=1)
 
 
 class ClusterConfig(Section):

@@ -96,3 +96,18 @@ def splice(local_ids: Sequence[int], local_text: str, trigger: str, cloud_text: 
     cloud_ids = list(tokenizer(cloud_text)["input_ids"]) + [eos_token_id]
     return Splice(ids + cloud_ids, [1.0] * len(ids) + [0.0] * len(cloud_ids), [1] * len(ids) + [2] * len(cloud_ids),
                   head + cloud_text)
+
+
+def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, seed: int = 0) -> list[dict]:
+    """SFT rows where a deterministic `fraction` of solutions stop after their first step with the trigger,
+    so the local model asks for help sometimes before RL (the behaviour RL then prices with lambda)."""
+    import hashlib
+
+    out = []
+    for row in rows:
+        key = hashlib.blake2b(f"{seed}:{row.get('id', row['prompt'])}".encode(), digest_size=8).digest()
+        if int.from_bytes(key, "little") / 2**64 < fraction and row.get("solution"):
+            first = str(row["solution"]).split("\n")[0]
+            row = dict(row, solution=f"{first}\n{trigger}")
+        out.append(row)
+    return out
