@@ -1,0 +1,105 @@
+"""DUET study on the embedded default: GRPO (full and reduced rollouts) vs DUET at 100/50/25% budget vs DAPO.
+
+    python scripts/duet_study.py [--seeds 0 1] [--runs runs/duet_study] [--out results/duet_study] [k=v ...]
+
+Every arm starts from the default job's SFT warm start (`sft.seed=0`; same cache key as
+`configs/grpo.yaml`) and differs only in the method and `run.seed`. Finished runs are skipped, so an
+interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
+generated tokens per step, wall-clock per step, steps and seconds to the target accuracy, speed-ups
+against full GRPO) and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from statistics import mean
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from slime_ext.study import read_metrics, run_one, summarise, write_table  # noqa: E402
+
+ARMS = {
+    "GRPO full": ("grpo.yaml", []),
+    "GRPO x0.5 rollouts": ("grpo.yaml", ["rollout.n_samples_per_prompt=4"]),
+    "DUET 100%": ("duet.yaml", ["duet.budget_fraction=1.0"]),
+    "DUET 50%": ("duet.yaml", ["duet.budget_fraction=0.5"]),
+    "DUET 25%": ("duet.yaml", ["duet.budget_fraction=0.25"]),
+    "DAPO": ("dapo.yaml", []),
+}
+
+
+def row_of(run: Path, target: float) -> dict[str, float]:
+    final = json.loads((run / "eval_final.json").read_text())
+    metrics = read_metrics(run)
+    reward = [m["reward/mean"] for m in metrics]
+    times = [m["time/step"] for m in metrics]
+    # first step whose trailing 5-step training reward reaches the target, and the seconds spent by then
+    smooth = [mean(reward[max(0, i - 4): i + 1]) for i in range(len(reward))]
+    hit = next((i for i, r in enumerate(smooth) if r >= target), None)
+    return {
+        "mean@4": final["mean@4"], "pass@4": final["pass@4"], "greedy": final["greedy"],
+        "tokens_per_step": mean(m["rollout/generated_tokens"] for m in metrics),
+        "seconds_per_step": mean(times),
+        "steps_to_target": float(hit + 1) if hit is not None else float("nan"),
+        "seconds_to_target": float(sum(times[: hit + 1])) if hit is not None else float("nan"),
+    }
+
+
+def plots(out: Path, duet_runs: dict[str, Path]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("duet/lambda", "lambda"), ("duet/k1", "K1"), ("duet/k2", "K2"), ("duet/n_max", "n_q max"),
+              ("duet/abort_rate", "abort rate"), ("duet/marker_rate", "marker rate")]
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6))
+    for ax, (key, label) in zip(axes.flat, panels):
+        for name, run in duet_runs.items():
+            m = read_metrics(run)
+            ax.plot([x["step"] for x in m], [x.get(key, float("nan")) for x in m], label=name)
+        ax.set_title(label)
+        ax.set_xlabel("RL step")
+    axes.flat[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "duet_controller.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--runs", type=Path, default=REPO / "runs" / "duet_study")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "duet_study")
+    ap.add_argument("--target", type=float, default=0.7, help="training-reward target for time-to-target")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    command = "python scripts/duet_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    rows: dict[str, list[dict[str, float]]] = {a: [] for a in ARMS}
+    runs: dict[str, list[str]] = {a: [] for a in ARMS}
+    first: dict[str, Path] = {}
+    for seed in args.seeds:
+        for arm, (config, extra) in ARMS.items():
+            slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
+            run = run_one(config, seed, args.runs / f"{slug}-seed{seed}", [*args.overrides, *extra])  # the arm wins
+            rows[arm].append(row_of(run, args.target))
+            runs[arm].append(str(run))
+            first.setdefault(arm, run)
+    summary = summarise(rows)
+    full = summary["GRPO full"]
+    for arm, stats in summary.items():  # speed-ups against full GRPO (ratios of means)
+        stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, 1)
+        stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, 1)
+    print(write_table(args.out, "DUET study", summary, runs, args.seeds, command,
+                      ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
+                       "step_speedup", "steps_to_target", "seconds_to_target"]))
+    plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")})
+    print(f"[study] wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
