@@ -395,7 +395,8 @@ def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
         return None
     last = evals[max(evals)]
     lines = ["| phase | during-task acc | post-switch acc | forgetting | local-only acc (last) | joint acc (last) "
-             "| cloud rate (last) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| cloud rate (last) | random router (last) | router classifier (last) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for k, name in enumerate(phases):
         during = evals.get(k, {}).get(name, {}).get("joint_accuracy")
         post = evals.get(k + 1, {}).get(name, {}).get("joint_accuracy")
@@ -403,7 +404,8 @@ def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
         cell = lambda v: "-" if v is None or v != v else f"{v:.3f}"  # noqa: E731
         row = last.get(name, {})
         lines.append(f"| {name} | {cell(during)} | {cell(post)} | {cell(forget)} | {cell(row.get('local_only_accuracy'))} "
-                     f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} |")
+                     f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} "
+                     f"| {cell(row.get('random_router_joint_accuracy'))} | {cell(row.get('router_clf_joint_accuracy'))} |")
     path = run_dir / "continual_table.md"
     path.write_text("\n".join(lines) + "\n")
     return path

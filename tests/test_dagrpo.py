@@ -218,3 +218,31 @@ def test_warm_start_rows_include_trigger_examples():
     assert all(r["solution"] == "Step 1: a = 1.\n" + TRIGGER for r in asked)
     assert out == with_trigger_examples(rows, TRIGGER, 0.15, seed=0)  # deterministic
     assert with_trigger_examples(rows, TRIGGER, 0.0) == rows
+
+
+def test_router_baselines():
+    from slime_ext.dagrpo.routers import (LogisticRouter, prompt_features, random_route, route_by_score,
+                                          routed_scores)
+
+    rng = np.random.default_rng(0)
+
+    def prompts(n):
+        out, fail = [], []
+        for _ in range(n):
+            k = int(rng.integers(1, 6))
+            out.append(" ".join(f"Add {int(rng.integers(1, 90))}." for _ in range(k)) + " How many?")
+            fail.append(rng.random() < 0.15 * k)  # more operations, more local failures
+        return out, np.array(fail)
+
+    train_p, train_fail = prompts(400)
+    eval_p, eval_fail = prompts(400)
+    feats = np.stack([prompt_features(p) for p in train_p])
+    router = LogisticRouter().fit(feats, train_fail)
+    proba = router.predict_proba(np.stack([prompt_features(p) for p in eval_p]))
+    local_correct, cloud_correct = (~eval_fail).astype(float), np.ones(400)
+    learned = routed_scores(local_correct, cloud_correct, route_by_score(proba, 0.3))
+    rand = routed_scores(local_correct, cloud_correct, random_route(400, 0.3, seed=1))
+    assert learned["cloud_rate"] == rand["cloud_rate"] == 0.3
+    assert learned["joint_accuracy"] > rand["joint_accuracy"] + 0.03  # routing by difficulty pays
+    assert routed_scores([1, 0, 1], [1, 1, 0], np.array([False, True, False])) == {
+        "joint_accuracy": 1.0, "cloud_rate": pytest.approx(1 / 3), "local_only_accuracy": 1.0}

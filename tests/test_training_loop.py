@@ -164,6 +164,7 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
     for k in (0, 1):
         after = json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
         assert set(after) == {"easy", "hard"} and all(0.0 <= v["joint_accuracy"] <= 1.0 for v in after.values())
+        assert all("router_clf_joint_accuracy" in v and "random_router_joint_accuracy" in v for v in after.values())
     table = (run_dir / "continual_table.md").read_text()
     assert "| easy |" in table and "| hard |" in table
 

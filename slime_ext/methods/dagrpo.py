@@ -81,7 +81,8 @@ class DAGRPO(GRPO):
         index = [p.name for p in self.config.dagrpo.phases].index(name)
         return self.phase_rows(index)[0]
 
-    def evaluate_rows(self, engine: Any, rows: list[dict], template: str, seed: int = 0) -> dict[str, float]:
+    def evaluate_rows(self, engine: Any, rows: list[dict], template: str, seed: int = 0,
+                      baselines: bool = True) -> dict[str, float]:
         """Greedy local answers with the trigger; the cloud answers the prompts that asked (one call
         each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud rate."""
         from sglang_patches.sampling import SamplingParams
@@ -105,8 +106,40 @@ class DAGRPO(GRPO):
             correct.append(ok)
             if not a:
                 local.append(ok)
-        return {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
-                "cloud_rate": mean(asked), "n": float(len(rows))}
+        out = {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
+               "cloud_rate": mean(asked), "n": float(len(rows))}
+        if baselines and rows:
+            out.update(self._router_baselines(rows, results, asked, mean(asked), seed))
+        return out
+
+    def _router_baselines(self, rows: list[dict], results: list, asked: list[bool], rate: float,
+                          seed: int) -> dict[str, float]:
+        """Random router and a router classifier at DA-GRPO's own cloud rate, on the same prompts: the
+        local answer where kept (a prompt where the model asked counts as a local failure), the cloud's
+        where routed. The classifier is cross-fitted (two folds) on the prompts' features."""
+        import numpy as np
+
+        from slime_ext.dagrpo.routers import (LogisticRouter, prompt_features, random_route, route_by_score,
+                                              routed_scores)
+
+        local = np.array([0.0 if a else float(self.verify(self.tokenizer.decode(r.output_ids, skip_special_tokens=True),
+                                                          row["label"]).score > 0)
+                          for row, r, a in zip(rows, results, asked)])
+        cloud_texts = self.cloud.answer([row["prompt"] for row in rows])
+        cloud = np.array([float(t is not None and self.verify(t, row["label"]).score > 0) for row, t in zip(rows, cloud_texts)])
+        feats = np.stack([prompt_features(row["prompt"]) for row in rows])
+        scores = np.zeros(len(rows))
+        folds = np.arange(len(rows)) % 2
+        for f in (0, 1):
+            train, test = folds != f, folds == f
+            if len(set((1 - local[train]).tolist())) < 2:
+                scores[test] = 0.5  # nothing to learn from one class
+                continue
+            scores[test] = LogisticRouter().fit(feats[train], 1 - local[train]).predict_proba(feats[test])
+        rnd = routed_scores(local, cloud, random_route(len(rows), rate, seed))
+        clf = routed_scores(local, cloud, route_by_score(scores, rate))
+        return {"random_router_joint_accuracy": rnd["joint_accuracy"], "router_clf_joint_accuracy": clf["joint_accuracy"],
+                "cloud_alone_accuracy": float(cloud.mean()), "local_alone_accuracy": float(local.mean())}
 
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
         n = self.config.rollout.n_samples_per_prompt
