@@ -128,7 +128,8 @@ class TrainingJob:
     # -- SFT warm start ---------------------------------------------------------------------------
     def warm_start_key(self) -> str:
         c = self.cfg
-        dagrpo_data = ([p.model_dump() for p in c.dagrpo.phases], c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction) \
+        dagrpo_data = ([p.model_dump() for p in c.dagrpo.phases], c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction,
+                       c.dagrpo.local_only) \
             if c.method in ("dagrpo", "collab_grpo") else None
         parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), dagrpo_data,
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
@@ -150,7 +151,8 @@ class TrainingJob:
 
         method = build_method(c, self.tokenizer)
         rows = [r for k in range(len(c.dagrpo.phases)) for r in method.phase_rows(k)[0]]
-        return with_trigger_examples(rows, c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction, self.sft_seed)
+        fraction = 0.0 if c.dagrpo.local_only else c.dagrpo.sft_trigger_fraction
+        return with_trigger_examples(rows, c.dagrpo.trigger, fraction, self.sft_seed)
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()

@@ -246,3 +246,19 @@ def test_router_baselines():
     assert learned["joint_accuracy"] > rand["joint_accuracy"] + 0.03  # routing by difficulty pays
     assert routed_scores([1, 0, 1], [1, 1, 0], np.array([False, True, False])) == {
         "joint_accuracy": 1.0, "cloud_rate": pytest.approx(1 / 3), "local_only_accuracy": 1.0}
+
+
+def test_local_only_baseline_needs_no_cloud_and_never_asks():
+    from slime_ext.config import load_config
+    from slime_ext.methods import build_method
+    from tests.conftest import CONFIGS
+
+    tok = Tok()
+    method = build_method(load_config(CONFIGS / "dagrpo_local_only.yaml", []).config, tok)
+    (plan,) = method.plan([{"prompt": "q"}], 0)
+    assert plan.sampler_specs == []
+    g = [_sample("a", "g", "Step 1: 1 + 2 = 3.\n\\boxed{3}", tok, False), _sample("b", "g", "\\boxed{4}", tok, False)]
+    m = method.finish([g], 0)
+    assert m["dagrpo/cloud_rate"] == 0.0 and method.cloud.calls == 0
+    with pytest.raises(ValueError, match="dagrpo.cloud_url"):
+        build_method(load_config(CONFIGS / "dagrpo.yaml", []).config, tok)

@@ -305,6 +305,8 @@ class DAGRPOConfig(Section):
     # Share of SFT solutions that stop after their first step with the trigger (the warm start asks
     # for help sometimes, so the behaviour exists before RL); SFT draws from every phase's data.
     sft_trigger_fraction: float = Field(0.15, ge=0, le=1)
+    # Local-only tuning baseline: no trigger, no cloud; the same phases and evaluation.
+    local_only: bool = False
 
 
 class ClusterConfig(Section):

@@ -35,6 +35,8 @@ class DAGRPO(GRPO):
         self.lam = float(d.lambda_init)
         self.phase_index, self.step_in_phase = 0, 0
         self.spec = {"kind": "dagrpo_trigger", "trigger": d.trigger}
+        if cloud is None and d.local_only:
+            cloud = CloudHelper(None)  # never called: nothing asks
         if cloud is None:
             if not d.cloud_url:
                 raise ValueError("DA-GRPO needs dagrpo.cloud_url (an OpenAI-compatible endpoint, e.g. "
@@ -92,7 +94,7 @@ class DAGRPO(GRPO):
         fmt = get_template(template)
         sp = SamplingParams(temperature=0.0, max_new_tokens=self.config.rollout.max_response_len)
         reqs = [GenerateRequest(f"dg-eval-{i}", self.tokenizer(fmt.format(r["prompt"]))["input_ids"], sp, seed + i,
-                                [dict(self.spec)], return_logprob=False) for i, r in enumerate(rows)]
+                                self.specs(), return_logprob=False) for i, r in enumerate(rows)]
         results = engine.generate(reqs)
         asked = [any(a.get("asked_for_help") for a in res.annotations) for res in results]
         completions = self.cloud.answer([r["prompt"] if a else None for r, a in zip(rows, asked)])
@@ -108,7 +110,7 @@ class DAGRPO(GRPO):
                 local.append(ok)
         out = {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
                "cloud_rate": mean(asked), "n": float(len(rows))}
-        if baselines and rows:
+        if baselines and rows and not self.config.dagrpo.local_only:
             out.update(self._router_baselines(rows, results, asked, mean(asked), seed))
         return out
 
@@ -141,9 +143,12 @@ class DAGRPO(GRPO):
         return {"random_router_joint_accuracy": rnd["joint_accuracy"], "router_clf_joint_accuracy": clf["joint_accuracy"],
                 "cloud_alone_accuracy": float(cloud.mean()), "local_alone_accuracy": float(local.mean())}
 
+    def specs(self) -> list[dict]:
+        return [] if self.config.dagrpo.local_only else [dict(self.spec)]
+
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
         n = self.config.rollout.n_samples_per_prompt
-        return [PromptPlan(n, self.sampling, [dict(self.spec)]) for _ in prompts]
+        return [PromptPlan(n, self.sampling, self.specs()) for _ in prompts]
 
     def score(self, groups: list[list[Sample]]) -> ReasonCounter:
         d = self.config.dagrpo
