@@ -291,3 +291,20 @@ def test_junior_weight_trains_junior_tokens_and_missing_authors_raise(_parallel_
             for s in samples]
     with pytest.raises(ValueError, match="needs `author` on every sample"):
         trainer.train_step(bare, kind="grpo")
+
+
+def test_partner_cache_that_missed_solo_requests_stays_aligned(senior, junior):
+    """Solo requests run the policy alone (its prefix cache learns prompts the junior's cache lacks); a
+    later tandem batch on overlapping prefixes must use one prefix length for both models."""
+    engine = EmbeddedEngine(senior, EOS, partner=junior)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10)
+    engine.generate([GenerateRequest(f"solo{i}", [5, 6, 7, 8, 9 + i], sp, seed=i) for i in range(4)])
+    reqs = tandem_requests(6)
+    reqs = [GenerateRequest(r.rid, [5, 6, 7] + r.input_ids, r.sampling, r.seed, r.sampler_specs) for r in reqs]
+    got = engine.generate(reqs)
+    fresh = EmbeddedEngine(senior, EOS, partner=junior).generate(reqs)
+    assert [r.output_ids for r in got] == [r.output_ids for r in fresh]
+    assert [r.annotations for r in got] == [r.annotations for r in fresh]
+    again = engine.generate(reqs)  # now both caches hold these prompts: reused, same outputs
+    assert any(r.cached_tokens > 0 for r in again)
+    assert [r.output_ids for r in again] == [r.output_ids for r in fresh]

@@ -62,10 +62,12 @@ class _ModelState:
         self.device = next(model.parameters()).device
 
     @torch.no_grad()
-    def prefill(self, inputs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Prefill unique inputs (reusing cached prefixes). Returns last-position logits [U, V], the
-        attention mask [U, T] and the number of cached tokens used per input."""
-        prefixes = [self.store.longest_prefix(ids, max_len=len(ids) - 1) for ids in inputs]
+    def prefill(self, inputs: list[list[int]], limits: Optional[list[int]] = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Prefill unique inputs (reusing cached prefixes, at most `limits[i]` tokens of input i, so that
+        models in lockstep reuse the same lengths and share one attention mask). Returns last-position
+        logits [U, V], the attention mask [U, T] and the number of cached tokens used per input."""
+        caps = limits if limits is not None else [len(ids) - 1 for ids in inputs]
+        prefixes = [self.store.longest_prefix(ids, max_len=min(len(ids) - 1, cap)) for ids, cap in zip(inputs, caps)]
         p_max = max(p for p, _ in prefixes)
         rest = [ids[p:] for ids, (p, _) in zip(inputs, prefixes)]
         r_max = max(len(r) for r in rest)
@@ -217,8 +219,11 @@ class EmbeddedEngine:
             unique.setdefault(tuple(r.input_ids), len(unique))
         inputs = [list(k) for k in unique]
         logits_list, masks, cached = [], None, None
+        # every model reuses the same prefix length (the shortest any of their caches holds): the partner's
+        # cache may lack prefixes the policy cached while serving requests without a partner
+        limits = [min(st.store.prefix_length(ids, len(ids) - 1) for st in states) for ids in inputs]
         for state in states:
-            logits, mask, used = state.prefill(inputs)
+            logits, mask, used = state.prefill(inputs, limits)
             logits_list.append(logits)
             if masks is None:
                 masks, cached = mask, used

@@ -74,6 +74,12 @@ class PrefixCache:
         kv = [(k[:, :best_len], v[:, :best_len]) for k, v in self._entries[best_key]]
         return best_len, kv
 
+    def prefix_length(self, ids: Sequence[int], max_len: Optional[int] = None) -> int:
+        """Length of the longest cached prefix (no statistics, no reordering)."""
+        query = tuple(int(i) for i in ids)
+        limit = len(query) if max_len is None else min(max_len, len(query))
+        return max((_common_prefix(key, query, limit) for key in self._entries), default=0)
+
     def clear(self) -> None:
         self._entries.clear()
         self._tokens = 0
