@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.study import read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 
@@ -66,15 +66,22 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "tandem_study")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "tandem_study")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: tabulate the runs that finished (a partial study says which are missing)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = "python scripts/tandem_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     runs: dict[str, list[str]] = {m: [] for m in METHODS}
     first: dict[str, Path] = {}
+    missing = []
     for seed in args.seeds:
         for method, config in METHODS.items():
-            run = run_one(config, seed, args.runs / f"{method}-seed{seed}", args.overrides)
+            parent = args.runs / f"{method}-seed{seed}"
+            run = finished_run(parent) if args.report_only else run_one(config, seed, parent, args.overrides)
+            if run is None:
+                missing.append(f"{method} seed {seed}")
+                continue
             rows[method].append(row_of(run))
             runs[method].append(str(run))
             first.setdefault(method, run)
@@ -91,7 +98,8 @@ def main(argv=None) -> int:
     warm_row.update(axes_row(json.loads(warm_out.with_name("warm_start_eval_tandem_axes.json").read_text())))
     summary = {"warm start": {k: (v, 0.0, 1) for k, v in warm_row.items()}} | summarise(rows)
     keys = list(warm_row) + ["train_senior_token_share"]
-    print(write_table(args.out, "Tandem study (the warm start is one model)", summary, runs, args.seeds, command, keys))
+    title = "Tandem study (the warm start is one model)" + (f"; not run: {', '.join(missing)}" if missing else "")
+    print(write_table(args.out, title, summary, runs, args.seeds, command, keys))
     plots(args.out, first)
     print(f"[study] wrote {args.out}")
     return 0
