@@ -29,19 +29,10 @@ _QA_THEREFORE = re.compile(r"Therefore,?\s+the answer is\s+\S+", re.IGNORECASE)
 
 
 def math_marker(text: str) -> bool:
-    """A `\\boxed{` whose braces close (nested braces allowed)."""
-    start = text.find("\\boxed{")
-    while start != -1:
-        depth = 0
-        for ch in text[start + len("\\boxed"):]:
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return True
-        start = text.find("\\boxed{", start + 1)
-    return False
+    """A closed `\\boxed{...}` (the verifier's own extractor: nested and escaped braces handled)."""
+    from slime_ext.rewards.boxed import find_last_boxed
+
+    return find_last_boxed(text)[0] is not None
 
 
 def code_marker(text: str) -> bool:

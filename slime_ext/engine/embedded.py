@@ -221,7 +221,8 @@ class EmbeddedEngine:
         logits_list, masks, cached = [], None, None
         # every model reuses the same prefix length (the shortest any of their caches holds): the partner's
         # cache may lack prefixes the policy cached while serving requests without a partner
-        limits = [min(st.store.prefix_length(ids, len(ids) - 1) for st in states) for ids in inputs]
+        limits = [min(st.store.prefix_length(ids, len(ids) - 1) for st in states) for ids in inputs] \
+            if len(states) > 1 else None
         for state in states:
             logits, mask, used = state.prefill(inputs, limits)
             logits_list.append(logits)
