@@ -7,7 +7,9 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export METHOD_CONFIG="${METHOD_CONFIG:-configs/dagrpo.yaml}"
-if [[ -n "${CLOUD_URL:-}" ]]; then
-  set -- "$@" "dagrpo.cloud_url=${CLOUD_URL}"
+if [[ -z "${CLOUD_URL:-}" ]]; then
+  echo "error: set CLOUD_URL to the cloud model's OpenAI-compatible endpoint (e.g. http://cloud-host:30000)" >&2
+  exit 2
 fi
+set -- "$@" "dagrpo.cloud_url=${CLOUD_URL}"
 exec bash "$HERE/run-qwen3-30B-A3B.sh" "$@"

@@ -128,8 +128,9 @@ class TrainingJob:
     # -- SFT warm start ---------------------------------------------------------------------------
     def warm_start_key(self) -> str:
         c = self.cfg
-        dagrpo_data = ([p.model_dump() for p in c.dagrpo.phases], c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction,
-                       c.dagrpo.local_only) \
+        # DA-GRPO's SFT rows depend on the phases' data only (not their order, steps, tau or local_only),
+        # so every arm of a study over the same tasks shares one warm start
+        dagrpo_data = (sorted(self.phase_data_sources()), c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction) \
             if c.method in ("dagrpo", "collab_grpo") else None
         parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), dagrpo_data,
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
@@ -150,9 +151,17 @@ class TrainingJob:
         from slime_ext.methods import build_method
 
         method = build_method(c, self.tokenizer)
-        rows = [r for k in range(len(c.dagrpo.phases)) for r in method.phase_rows(k)[0]]
-        fraction = 0.0 if c.dagrpo.local_only else c.dagrpo.sft_trigger_fraction
-        return with_trigger_examples(rows, c.dagrpo.trigger, fraction, self.sft_seed)
+        first_phase_of: dict[str, int] = {}
+        for k, source in enumerate(self.phase_data_sources()):
+            first_phase_of.setdefault(source, k)
+        rows = [r for source in sorted(first_phase_of) for r in method.phase_rows(first_phase_of[source])[0]]
+        return with_trigger_examples(rows, c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction, self.sft_seed)
+
+    def phase_data_sources(self) -> list[str]:
+        """One canonical string per DA-GRPO phase naming the data it trains on."""
+        return [json.dumps([p.levels, p.train_path, p.eval_path]) for p in self.cfg.dagrpo.phases]
+
+
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()
@@ -229,9 +238,14 @@ class TrainingJob:
         return report
 
     def method_eval_options(self) -> dict[str, Any]:
-        """What a method changes in evaluation: SxS scores the visible answer and reports latency."""
+        """What a method changes in evaluation: SxS scores the visible answer and reports latency; plain
+        GRPO reports the same latency metrics for its chain of thought (the SxS study's CoT arm)."""
         from slime_ext.methods import SxS, build_method
 
+        if self.cfg.method == "grpo":
+            from slime_ext.sxs.metrics import cot_response_metrics
+
+            return {"response_metrics": lambda result: cot_response_metrics(self.tokenizer, result.output_ids)}
         if self.cfg.method not in ("sxs_sft", "sxs_rl"):
             return {}
         method: SxS = build_method(self.cfg, self.tokenizer)

@@ -385,7 +385,10 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> Threadi
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slime_ext.serve", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="HF checkpoint directory (with its tokenizer)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF checkpoint directory (with its tokenizer)")
+    src.add_argument("--solver", choices=["synthetic_math", "synthetic_math_answer"],
+                     help="serve an exact solver instead of a model (DA-GRPO's embedded 'cloud')")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--template", default="plain", help="chat rendering: plain (Question/Answer) or qwen_chat")
@@ -401,15 +404,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     from slime_ext.tokenizer import load_tokenizer
 
     torch.set_num_threads(args.threads)
-    try:
-        tokenizer = load_tokenizer(args.model)
-        engine = EmbeddedEngine.from_pretrained(args.model)
-    except (OSError, ValueError) as exc:
-        print(f"error: --model {args.model}: {exc}", file=sys.stderr)
-        return 2
-    state = ServerState(engine, tokenizer, args.name or args.model, args.template, args.max_tokens, args.max_batch)
+    if args.solver:
+        from slime_ext.engine.solver import SolverEngine
+
+        engine = SolverEngine(args.solver)
+        tokenizer = engine.tokenizer
+    else:
+        try:
+            tokenizer = load_tokenizer(args.model)
+            engine = EmbeddedEngine.from_pretrained(args.model)
+        except (OSError, ValueError) as exc:
+            print(f"error: --model {args.model}: {exc}", file=sys.stderr)
+            return 2
+    source = args.model or f"solver:{args.solver}"
+    state = ServerState(engine, tokenizer, args.name or source, args.template, args.max_tokens, args.max_batch)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
-    log.info("serving %s on http://%s:%d (OpenAI /v1/*, SGLang /generate)", args.model, args.host, server.server_address[1])
+    log.info("serving %s on http://%s:%d (OpenAI /v1/*, SGLang /generate)", source, args.host, server.server_address[1])
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from sglang_patches.dagrpo import HelpTriggerSampler
 from sglang_patches.sampler import RequestView, replay_annotations
 from slime_ext.algo import grouped_advantages
 from slime_ext.dagrpo.core import composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at
+from slime_ext.engine.solver import CharTokenizer
 
 TRIGGER = "I need external assistance."
 
@@ -81,16 +82,7 @@ def test_format_rule_and_reward():
     assert composed_reward(False, True) == 0.0
 
 
-class Tok:
-    """Character-level stand-in tokenizer: ids are code points."""
-
-    eos_token_id = 0
-
-    def __call__(self, text):
-        return {"input_ids": [ord(ch) for ch in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i)
+Tok = CharTokenizer  # character-level: ids are code points, 0 is the end of sequence
 
 
 def test_splice_masks_cloud_tokens_exactly():
@@ -163,7 +155,7 @@ def test_cloud_is_called_once_per_group_that_asked_and_never_otherwise(cloud_ser
     from tests.conftest import CONFIGS
 
     url, state, tok = cloud_server
-    cfg = load_config(CONFIGS / "dagrpo.yaml", ["dagrpo.lambda_init=0.5"]).config
+    cfg = load_config(CONFIGS / "dagrpo.yaml", ["dagrpo.lambda_init=0.5", "dagrpo.eta_lambda=0.05"]).config
     method = DAGRPO(cfg, tok, cloud=CloudHelper(OpenAIClient(url), max_tokens=6))
     asked_text = "Step 1: " + TRIGGER
     g1 = [_sample("a", "g1", asked_text, tok, True), _sample("b", "g1", asked_text, tok, True),
@@ -261,4 +253,72 @@ def test_local_only_baseline_needs_no_cloud_and_never_asks():
     m = method.finish([g], 0)
     assert m["dagrpo/cloud_rate"] == 0.0 and method.cloud.calls == 0
     with pytest.raises(ValueError, match="dagrpo.cloud_url"):
-        build_method(load_config(CONFIGS / "dagrpo.yaml", []).config, tok)
+        build_method(load_config(CONFIGS / "dagrpo.yaml", ["dagrpo.cloud_url=null"]).config, tok)
+
+
+def test_solver_cloud_over_http_answers_exactly_and_counts_calls():
+    """The embedded study's 'cloud': an exact solver behind the same OpenAI routes and client."""
+    from sglang_patches.sampling import SamplingParams
+    from slime_ext.dagrpo.cloud import CloudHelper
+    from slime_ext.engine.base import GenerateRequest
+    from slime_ext.engine.openai_client import OpenAIClient
+    from slime_ext.engine.solver import UNSOLVED, SolverEngine
+    from slime_ext.rewards.math_verifier import verify_math
+    from slime_ext.serve import ServerState, serve
+    from slime_ext.tasks.synthetic_math import generate_dataset
+
+    engine = SolverEngine("synthetic_math")
+    state = ServerState(engine, engine.tokenizer, "solver", max_tokens=8)
+    srv = serve(state)
+    try:
+        rows = generate_dataset(["L4"], 5, seed=1, split="eval")
+        cloud = CloudHelper(OpenAIClient(f"http://127.0.0.1:{srv.server_address[1]}"), max_tokens=8)
+        answers = cloud.answer([rows[0]["prompt"], None, rows[2]["prompt"], "no story here"])
+        assert answers[0] == rows[0]["solution"] and answers[2] == rows[2]["solution"]  # max_tokens not applied
+        assert answers[1] is None and answers[3] == UNSOLVED
+        assert verify_math(answers[0], rows[0]["label"]).score > 0
+        assert cloud.calls == 3 and cloud.failures == 0 and state.openai_requests == 3
+    finally:
+        srv.shutdown()
+        state.batcher.close()
+    (only_answer,) = SolverEngine("synthetic_math_answer").generate([GenerateRequest("a", list(map(ord, rows[0]["prompt"])),
+                                                                                      SamplingParams(), 0)])
+    assert engine.tokenizer.decode(only_answer.output_ids) == f"\\boxed{{{rows[0]['label']}}}"
+    with pytest.raises(ValueError, match="unknown solver 'chess'"):
+        SolverEngine("chess")
+
+
+def test_phase_steps_must_add_up_to_the_rl_steps():
+    from slime_ext.config import ConfigError, load_config
+    from tests.conftest import CONFIGS
+
+    with pytest.raises(ConfigError, match=r"train.steps \(30\) must equal the sum of dagrpo.phases\[\*\].steps \(20 \+ 20 = 40\)"):
+        load_config(CONFIGS / "dagrpo.yaml", ["train.steps=30"])
+
+
+def test_warm_start_is_shared_across_phase_orders_steps_targets_and_the_local_only_baseline(tmp_path):
+    """A study's arms over the same tasks reuse one SFT: the key and rows depend on the phases' data only."""
+    from slime_ext.config import load_config
+    from slime_ext.loop import TrainingJob
+    from tests.conftest import CONFIGS
+
+    class LenTok(CharTokenizer):
+        pad_token_id = 0
+
+        def __len__(self):
+            return 256
+
+    def job(*overrides):
+        cfg = load_config(CONFIGS / "dagrpo.yaml", [f"run.cache_dir={tmp_path}", "data.synthetic.n_train=30",
+                                                    "data.synthetic.n_eval=8", *overrides]).config
+        return TrainingJob(cfg, tmp_path, [], [], LenTok(), tmp_path / "tok")
+
+    base = job()
+    reverse = job("dagrpo.phases=[{name: hard, levels: [L4], steps: 30, tau: 0.4}, {name: easy, levels: [L1], steps: 10}]")
+    hard_only = job("train.steps=24", "dagrpo.phases=[{name: hard, levels: [L4], steps: 24}, {name: easy, levels: [L1], steps: 0}]")
+    assert base.warm_start_key() == reverse.warm_start_key() == hard_only.warm_start_key()
+    assert [r["id"] for r in base.sft_rows()] == [r["id"] for r in reverse.sft_rows()]
+    assert len(base.sft_rows()) == 60 and {r["level"] for r in base.sft_rows()} == {"L1", "L4"}
+    assert job("dagrpo.local_only=true").warm_start_key() == base.warm_start_key()
+    assert job("dagrpo.phases=[{name: a, levels: [L2], steps: 20}, {name: b, levels: [L4], steps: 20}]").warm_start_key() \
+        != base.warm_start_key()

@@ -242,3 +242,12 @@ def test_dagrpo_launcher_dry_run(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "method=dagrpo" in proc.stdout
+
+
+def test_dagrpo_launcher_refuses_to_start_without_a_cloud_endpoint(tmp_path):
+    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
+           "TMPDIR": str(tmp_path)}
+    env.pop("CLOUD_URL", None)
+    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-dagrpo.sh"), "--dry-run"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "set CLOUD_URL" in proc.stderr

@@ -201,3 +201,15 @@ def test_cli_writes_loadable_jsonl(tmp_path, capsys) -> None:
     assert report.n_rows_ok == 50 and report.n_skipped == 0
     assert loaded[0]["row_id"] == "L2-train-0" and loaded[0]["solution"] == rows[0]["solution"]
     assert "wrote 50 rows" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_solve_story_reproduces_the_reference_solution_inside_a_chat_prompt(level):
+    rows = generate_dataset([level], 200, seed=3, split="eval")
+    for row in rows:
+        assert sm.solve_story(f"Question: {row['prompt']}\nAnswer:") == row["solution"], row["id"]
+
+
+def test_solve_story_refuses_text_without_a_story():
+    assert sm.solve_story("What is the capital of France?") is None
+    assert sm.solve_story("Mia has 5 apples. How many apples does Mia have now?") is None  # no operation

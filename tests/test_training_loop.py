@@ -283,5 +283,5 @@ def test_method_config_errors_surface_before_sft(tmp_path):
 
     with pytest.raises(ValueError, match="dagrpo.cloud_url"):
         main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
-              *TINY, "run.stages=[data,tokenizer,sft,rl]"])
+              *TINY, "run.stages=[data,tokenizer,sft,rl]", "dagrpo.cloud_url=null"])
     assert not (tmp_path / "c" / "warmstart").exists()

@@ -337,3 +337,14 @@ class Config(Section):
     sxs: SxSConfig = Field(default_factory=SxSConfig)
     dagrpo: DAGRPOConfig = Field(default_factory=DAGRPOConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _check_phase_steps(self) -> "Config":
+        """DA-GRPO's phases run back to back: the RL steps must be exactly their steps."""
+        phases = self.dagrpo.phases
+        if self.method in ("dagrpo", "collab_grpo") and phases:
+            total = sum(p.steps for p in phases)
+            if total != self.train.steps:
+                raise ValueError(f"train.steps ({self.train.steps}) must equal the sum of dagrpo.phases[*].steps "
+                                 f"({' + '.join(str(p.steps) for p in phases)} = {total}); set both together")
+        return self

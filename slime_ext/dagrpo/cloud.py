@@ -13,6 +13,28 @@ from typing import Any, Optional, Sequence
 
 from slime_ext.engine.openai_client import CallFailed
 
+SOLVER_PREFIX = "solver:"
+_solver_servers: dict[str, str] = {}  # solver name -> URL of this process's server
+_solver_lock = threading.Lock()
+
+
+def resolve_cloud_url(url: str) -> str:
+    """`solver:NAME` starts (once per process) an in-process OpenAI-compatible server over an exact
+    solver (`slime_ext.engine.solver`) and returns its URL, so the embedded default needs no second
+    process; any other URL is returned as it is. Requests still go over HTTP either way."""
+    if not url.startswith(SOLVER_PREFIX):
+        return url
+    name = url[len(SOLVER_PREFIX):]
+    with _solver_lock:
+        if name not in _solver_servers:
+            from slime_ext.engine.solver import SolverEngine
+            from slime_ext.serve import ServerState, serve
+
+            engine = SolverEngine(name)
+            server = serve(ServerState(engine, engine.tokenizer, url))
+            _solver_servers[name] = f"http://127.0.0.1:{server.server_address[1]}"
+        return _solver_servers[name]
+
 
 class CloudHelper:
     def __init__(self, client: Any, max_tokens: int = 256, temperature: float = 0.0):

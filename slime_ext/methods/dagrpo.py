@@ -40,10 +40,11 @@ class DAGRPO(GRPO):
         if cloud is None:
             if not d.cloud_url:
                 raise ValueError("DA-GRPO needs dagrpo.cloud_url (an OpenAI-compatible endpoint, e.g. "
-                                 "python -m slime_ext.serve --model STRONGER_MODEL)")
+                                 "python -m slime_ext.serve --model STRONGER_MODEL, or solver:synthetic_math)")
+            from slime_ext.dagrpo.cloud import resolve_cloud_url
             from slime_ext.engine.openai_client import OpenAIClient
 
-            cloud = CloudHelper(OpenAIClient(d.cloud_url, timeout_s=d.cloud_timeout_s, max_retries=d.cloud_retries,
+            cloud = CloudHelper(OpenAIClient(resolve_cloud_url(d.cloud_url), timeout_s=d.cloud_timeout_s, max_retries=d.cloud_retries,
                                              max_concurrency=d.cloud_concurrency),
                                 max_tokens=config.rollout.max_response_len)
         self.cloud = cloud

@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ __all__ = [
     "HELDOUT_SPLITS",
     "generate_problem",
     "generate_dataset",
+    "solve_story",
     "write_jsonl",
     "main",
 ]
@@ -209,6 +211,48 @@ def generate_problem(rng: random.Random, level: MathLevel, idx: int, split: str 
         "num_steps": n_ops,
         "task": "math",
     }
+
+
+# --- exact solver ------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _story_patterns() -> tuple[re.Pattern, re.Pattern, dict[tuple[str, str], str]]:
+    """(start sentence, operation phrase, (text before, text after the operand) -> op)."""
+    names, objs = "|".join(n for n, _ in _PEOPLE), "|".join(_OBJECTS)
+    starts = [re.escape(t).replace(r"\{name\}", f"(?P<name{i}>{names})").replace(r"\{n\}", rf"(?P<n{i}>\d+)")
+              .replace(r"\{obj\}", f"(?:{objs})") for i, t in enumerate(_START_TEMPLATES)]
+    phrase_op = {tuple(ph.split("{b}")): op for op, phrases in _OP_PHRASES.items() for ph in phrases}
+    alternatives = sorted((re.escape(ph).replace(r"\{b\}", r"\d+") for phrases in _OP_PHRASES.values()
+                           for ph in phrases), key=len, reverse=True)
+    return re.compile("|".join(starts)), re.compile("|".join(alternatives)), phrase_op
+
+
+def solve_story(text: str) -> str | None:
+    """The reference solution (``Step k:`` lines, then ``\\boxed{N}``) of the last problem in ``text``.
+
+    The inverse of `generate_problem` on its closed vocabulary: an exact "cloud model" for DA-GRPO's
+    embedded study answers through it. None when no story is recognised.
+    """
+    start_re, phrase_re, phrase_op = _story_patterns()
+    starts = list(start_re.finditer(text))
+    if not starts:
+        return None
+    start = starts[-1]
+    found = {k[:-1]: v for k, v in start.groupdict().items() if v is not None}
+    name, value = found["name"], int(found["n"])
+    pron = dict(_PEOPLE)[name]
+    end = text.find("?", start.end())
+    steps = []
+    for k, m in enumerate(phrase_re.finditer(text, start.end(), end if end >= 0 else len(text))):
+        phrase = m.group(0)
+        b = re.search(r"\d+", phrase)
+        op = phrase_op[(phrase[: b.start()], phrase[b.end():])]
+        operand = int(b.group(0))
+        new_value = _SYMBOL_TO_FN[op](value, operand)
+        steps.append(f"Step {k + 1}: {name if k == 0 else _cap(pron)} {phrase}, so {value} {op} {operand} = {new_value}.")
+        value = new_value
+    if not steps:
+        return None
+    return "\n".join([*steps, f"\\boxed{{{value}}}"])
 
 
 def _resolve_levels(level_names: Sequence[str] | str) -> list[MathLevel]:
