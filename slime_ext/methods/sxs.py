@@ -18,7 +18,7 @@ from slime_ext.engine.base import GenerateResult
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo import GRPO
 from slime_ext.rewards import ReasonCounter
-from slime_ext.sxs.metrics import latency_metrics, runs
+from slime_ext.sxs.metrics import content_length, latency_metrics, runs
 from slime_ext.sxs.shaping import check_separation, shaping_targets, solve_shaping_qp
 
 TAG_TOKENS = ("<think>", "</think>", "<speak>", "</speak>")
@@ -60,8 +60,11 @@ class SxS(GRPO):
         return self.visible_text(result.output_ids, self.channels_of(result.annotations))
 
     def response_metrics(self, result: GenerateResult) -> dict[str, float]:
-        texts = [self.tokenizer.decode([t]) for t in result.output_ids]
-        return latency_metrics(self.channels_of(result.annotations), texts)
+        """Latency metrics over the content tokens (a final EOS dropped); tags carry no disclosed text."""
+        n = content_length(result.output_ids, self.tokenizer.eos_token_id)
+        tags = set(self.tags.values())
+        texts = ["" if t in tags else self.tokenizer.decode([t]) for t in result.output_ids[:n]]
+        return latency_metrics(self.channels_of(result.annotations)[:n], texts)
 
     # -- hooks ---------------------------------------------------------------------------------------
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
@@ -107,7 +110,8 @@ class SxS(GRPO):
                         s.weight, s.advantage = 0.0, 0.0
                         s.loss_mask = [0.0] * s.response_len
         samples = [s for g in groups for s in g]
-        lat = [latency_metrics(s.channel or []) for s in samples]
+        eos = self.tokenizer.eos_token_id
+        lat = [latency_metrics((s.channel or [])[: content_length(s.response_ids, eos)]) for s in samples]
         for key in LATENCY_KEYS:
             values = [m[key] for m in lat if m[key] == m[key]]
             metrics[f"sxs/{key}"] = mean(values) if values else float("nan")

@@ -8,17 +8,25 @@ open or close. For a response with channels c_1..c_T (THINK = 0, SPEAK = 1):
 - think blocks: number of maximal think runs;
 - lengths: total, reasoning (think tokens), response (speak tokens);
 - first disclosure: position of the first speak token whose text is not in a stoplist of
-  acknowledgements ("Sure", "Okay", ...), i.e. the first substantive content the user sees.
+  acknowledgements ("Sure", "Okay", "Let me work through it", ...), i.e. the first substantive content
+  the user sees.
+
+A final EOS token is not content: callers pass the response without it (`content_length`). For a plain
+chain of thought (the standard-CoT arm of the study), `cot_channels` gives the equivalent channels: a CoT
+discloses nothing before its final answer line, so everything before the line holding the last `\\boxed{`
+is one think block and that line (with whatever follows it) the only speak block.
 """
 
 from __future__ import annotations
 
 from statistics import mean
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 THINK, SPEAK = 0, 1
 ACKNOWLEDGEMENTS = frozenset({"sure", "okay", "ok", "alright", "all right", "right", "well", "so", "yes", "hmm",
-                              "let me see", "let me think", "good question", "great question", "of course"})
+                              "let me see", "let me think", "let me work through it", "let me work through this",
+                              "good question", "great question", "of course"})
+BOXED = "\\boxed{"
 
 
 def runs(channels: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -78,3 +86,36 @@ def latency_metrics(channels: Sequence[int], token_texts: Optional[Sequence[str]
         "response_len": float(len(speak_pos)),
         "first_disclosure": float(fd) if fd is not None else nan,
     }
+
+
+def content_length(output_ids: Sequence[int], eos_token_id: Optional[int]) -> int:
+    """Number of content tokens of a response: all of them but a final EOS."""
+    n = len(output_ids)
+    return n - 1 if n and eos_token_id is not None and output_ids[-1] == eos_token_id else n
+
+
+def cot_channels(token_texts: Sequence[str]) -> list[int]:
+    """Channels of a plain chain-of-thought response (see the module docstring): SPEAK from the first
+    token holding a character of the line with the last `\\boxed{` to the end, THINK before; all THINK
+    (nothing disclosed) when the response has no `\\boxed{`."""
+    text = "".join(token_texts)
+    at = text.rfind(BOXED)
+    if at < 0:
+        return [THINK] * len(token_texts)
+    line_start = text.rfind("\n", 0, at) + 1
+    out, end = [], 0
+    for t in token_texts:
+        end += len(t)
+        out.append(SPEAK if end > line_start else THINK)
+    return out
+
+
+def cot_latency_metrics(token_texts: Sequence[str]) -> dict[str, float]:
+    """`latency_metrics` of a plain chain-of-thought response (per-token texts, final EOS excluded)."""
+    return latency_metrics(cot_channels(token_texts), token_texts)
+
+
+def cot_response_metrics(tokenizer: Any, output_ids: Sequence[int]) -> dict[str, float]:
+    """`cot_latency_metrics` of generated token ids (a final EOS dropped, each token decoded alone)."""
+    ids = list(output_ids)[: content_length(output_ids, getattr(tokenizer, "eos_token_id", None))]
+    return cot_latency_metrics([tokenizer.decode([t]) for t in ids])

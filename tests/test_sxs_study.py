@@ -1,0 +1,242 @@
+"""SxS study: CoT-equivalent latency metrics by hand, SxS eval metrics without the EOS and tag texts, the
+GRPO eval hook, and the study's table from fake run directories in the real file formats."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from sglang_patches.sxs import SPEAK, THINK
+from slime_ext.config import load_config
+from slime_ext.config.schema import EvalConfig
+from slime_ext.engine.base import GenerateResult
+from slime_ext.evaluation import EvalReport, evaluate
+from slime_ext.sxs.metrics import (content_length, cot_channels, cot_latency_metrics, cot_response_metrics,
+                                   latency_metrics)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+# "Step 1: 2 + 3 = 5.\n\n\boxed{5}" as the embedded BPE splits it: 11 reasoning tokens, 6 on the answer line
+COT = ["Step", " ", "1", ":", " 2", " +", " 3", " =", " 5", ".\n", "\n", "\\", "box", "ed", "{", "5", "}"]
+
+
+def test_cot_latency_metrics_by_hand():
+    assert cot_channels(COT) == [THINK] * 11 + [SPEAK] * 6  # ".\n" and "\n" end before the answer line
+    m = cot_latency_metrics(COT)
+    assert m["ari"] == pytest.approx((12 + 13 + 14 + 15 + 16 + 17) / 6)
+    assert (m["abo"], m["airw"], m["think_blocks"]) == (12, 11, 1)
+    assert (m["total_len"], m["reasoning_len"], m["response_len"]) == (17, 11, 6)
+    assert m["first_disclosure"] == 13  # "\" alone shows nothing; "\box" does
+
+    # text after the answer line stays in the one speak block; an earlier \boxed line is reasoning
+    early = ["\\", "box", "ed", "{", "4", "}", "\n", "Step", " 2", "\n", "\\", "box", "ed", "{", "5", "}", "\n", "ok"]
+    assert cot_channels(early) == [THINK] * 10 + [SPEAK] * 8
+    e = cot_latency_metrics(early)
+    assert (e["think_blocks"], e["abo"], e["airw"], e["response_len"]) == (1, 11, 10, 8)
+    assert e["ari"] == pytest.approx(sum(range(11, 19)) / 8)
+
+    # the answer alone: no think block, no window; no \boxed at all: nothing disclosed
+    alone = cot_latency_metrics(["\\", "box", "ed", "{", "5", "}"])
+    assert (alone["think_blocks"], alone["abo"], alone["airw"], alone["first_disclosure"]) == (0, 1, 0, 2)
+    none = cot_latency_metrics(["Step", " 1", ":", " 7"])
+    assert none["think_blocks"] == 1 and none["response_len"] == 0 and none["reasoning_len"] == 4
+    assert math.isnan(none["ari"]) and math.isnan(none["abo"]) and math.isnan(none["first_disclosure"])
+
+
+class CharTokenizer:
+    """One token per character (id = ord), id 0 is EOS; ids 1-4 are the SxS tags."""
+
+    eos_token_id = 0
+    unk_token_id = None
+    TAGS = {"<think>": 1, "</think>": 2, "<speak>": 3, "</speak>": 4}
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def __len__(self) -> int:
+        return 256
+
+    def convert_tokens_to_ids(self, tokens):
+        return [self.TAGS[t] for t in tokens]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        names = {v: k for k, v in self.TAGS.items()}
+        out = []
+        for i in ids:
+            if i == 0 or i in names:
+                out.append("" if skip_special_tokens else ("<|endoftext|>" if i == 0 else names[i]))
+            else:
+                out.append(chr(i))
+        return "".join(out)
+
+
+def ids_of(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_content_length_and_cot_response_metrics_drop_the_eos():
+    tok = CharTokenizer()
+    ids = ids_of("ab\n\\boxed{5}") + [0]
+    assert content_length(ids, 0) == 12 and content_length(ids[:-1], 0) == 12 and content_length([], 0) == 0
+    m = cot_response_metrics(tok, ids)
+    # "a", "b", "\n" think; the 9 characters of "\boxed{5}" speak; the EOS is not counted
+    assert (m["total_len"], m["reasoning_len"], m["response_len"], m["think_blocks"]) == (12, 3, 9, 1)
+    assert (m["abo"], m["airw"], m["first_disclosure"]) == (4, 3, 5)
+    assert m["ari"] == pytest.approx(sum(range(4, 13)) / 9)
+
+
+def test_let_me_work_through_it_is_not_a_disclosure():
+    texts = ["a", "Let", " me", " work", " through", " it", ".", "\n\n", "After", " step"]
+    channels = [THINK] + [SPEAK] * 9
+    assert latency_metrics(channels, texts)["first_disclosure"] == 9
+
+
+def test_sxs_eval_metrics_skip_the_eos_and_the_tag_texts():
+    from slime_ext.methods import build_method
+
+    tok = CharTokenizer()
+    method = build_method(load_config(CONFIGS / "sxs_rl.yaml").config, tok)
+    ids = [1, ord("a"), 2, 3, *ids_of("Ok, 7"), 4, 0]
+    # the channel sampler's annotations: tags carry their block's channel, the EOS outside a block is THINK
+    channels = [THINK, THINK, THINK, SPEAK, SPEAK, SPEAK, SPEAK, SPEAK, SPEAK, SPEAK, THINK]
+    result = GenerateResult("r", ids, None, "stop", [{"channel": c} for c in channels], 0, 3)
+    m = method.response_metrics(result)
+    assert (m["think_blocks"], m["total_len"], m["reasoning_len"], m["response_len"]) == (1, 10, 3, 7)
+    assert (m["abo"], m["airw"]) == (4, 3) and m["ari"] == pytest.approx(sum(range(4, 11)) / 7)
+    assert m["first_disclosure"] == 9  # not the "<speak>" tag (4), not the "Ok," acknowledgement
+
+
+def test_grpo_eval_reports_cot_latency_metrics(tmp_path):
+    """The GRPO eval hook (`TrainingJob.method_eval_options`) through `evaluate`: `meta.response_metrics`
+    holds the means of the CoT metrics over the sampled responses (not the greedy one)."""
+    from slime_ext.loop import TrainingJob
+
+    tok = CharTokenizer()
+    cfg = load_config(CONFIGS / "grpo.yaml").config
+    job = TrainingJob(cfg, tmp_path, [], [], tok, tmp_path)
+    options = job.method_eval_options()
+    assert set(options) == {"response_metrics"}
+    texts = {"0": "s\n\\boxed{1}", "1": "st\n\\boxed{1}", "greedy": "\\boxed{1}"}
+
+    class Engine:
+        def generate(self, requests):
+            out = []
+            for r in requests:
+                ids = ids_of(texts[r.rid.split("-")[2]]) + [0]
+                out.append(GenerateResult(r.rid, ids, None, "stop", [{}] * len(ids), 0, len(r.input_ids)))
+            return out
+
+    report = evaluate(Engine(), tok, [{"prompt": "q", "label": "1"}], EvalConfig(n_prompts=1, n_samples=2, k=[1, 2]),
+                      progress=False, **options)
+    rm = report.meta["response_metrics"]
+    assert report.mean_at_k[2] == 1.0
+    # response 0: 2 think + 9 speak tokens, response 1: 3 think + 9 speak
+    assert (rm["reasoning_len"], rm["response_len"], rm["total_len"], rm["think_blocks"]) == (2.5, 9, 11.5, 1)
+    assert rm["abo"] == pytest.approx(3.5) and rm["airw"] == pytest.approx(2.5)
+    assert rm["ari"] == pytest.approx((7 + 8) / 2)  # speak positions 3..11 and 4..12
+    assert rm["first_disclosure"] == pytest.approx(4.5)
+
+
+# -- the study's table from fake run directories ------------------------------------------------------
+def load_study():
+    spec = importlib.util.spec_from_file_location("sxs_study", REPO / "scripts" / "sxs_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def eval_json(acc: float, greedy: float, latency: dict) -> dict:
+    """An eval json in the format `TrainingJob.evaluate` writes (EvalReport.to_dict)."""
+    return EvalReport(n_prompts=4, n_samples=4, temperature=1.0, mean_at_k={1: acc, 4: acc},
+                      pass_at_k={1: acc, 4: 1.0}, greedy=greedy, mean_score=acc, mean_score_stderr=0.1,
+                      mean_at_1_stderr=0.1, mean_response_len=50.0, greedy_mean_response_len=50.0,
+                      truncation_rate=0.25, greedy_truncation_rate=0.0, reasons={}, greedy_reasons={},
+                      meta={"seed": 0, "response_metrics": latency}).to_dict()
+
+
+def latency(ari: float, blocks: float, first=float("nan")) -> dict:
+    return {"ari": ari, "abo": ari - 1, "airw": 10.0, "think_blocks": blocks, "total_len": 60.0, "reasoning_len": 40.0,
+            "response_len": 20.0, "first_disclosure": first}
+
+
+def fake_run(root: Path, slug: str, seed: int, warm: str, evals: dict, metrics: list[dict] = ()) -> Path:
+    run = root / f"{slug}-seed{seed}" / f"{slug}-20260101-00000{seed}"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"stages": {"sft": {"warm_start": warm}}, "complete": True}))
+    for name, data in evals.items():
+        (run / name).write_text(json.dumps(data, indent=2))  # NaN written as the real eval does
+    if metrics:
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return run
+
+
+def make_study(root: Path, seeds=(0, 1), sxs_warm=lambda seed, slug: "/c/warmstart/sxs/hf") -> None:
+    for s in seeds:
+        fake_run(root, "cot", s, "/c/warmstart/cot/hf",
+                 {"eval_warm_start.json": eval_json(0.5 + s / 10, 0.6, latency(60.0 + s, 1.0, 58.0 + s)),
+                  "eval_final.json": eval_json(0.8, 0.9, latency(62.0, 1.0, 60.0))},
+                 [{"step": k, "reward/mean": 0.5 + k / 10} for k in range(3)])
+        fake_run(root, "sxs_sft", s, sxs_warm(s, "sxs_sft"),
+                 {"eval_sft.json": eval_json(0.4, 0.5, latency(45.0, 3.0 + s, 20.0))})
+        for slug, blocks in (("sxs_rl", 3.0), ("sxs_rl_shaping", 4.0)):
+            fake_run(root, slug, s, sxs_warm(s, slug),
+                     {"eval_warm_start.json": eval_json(0.4, 0.5, latency(45.0, 3.0)),
+                      "eval_final.json": eval_json(0.7 + s / 10, 0.75, latency(40.0 + 4 * s, blocks, 22.0))},
+                     [{"step": k, "reward/mean": 0.1, "reward/correct": 0.6 + k / 10, "sxs/think_blocks": blocks + k}
+                      for k in range(3)])
+
+
+def test_study_table_from_fake_runs(tmp_path):
+    study = load_study()
+    make_study(tmp_path / "runs")
+    assert study.main(["--report-only", "--seeds", "0", "1", "--runs", str(tmp_path / "runs"),
+                       "--out", str(tmp_path / "out")]) == 0
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    s = table["summary"]
+    assert list(s) == ["CoT SFT", "CoT SFT->RL", "SxS SFT", "SxS SFT->RL", "SxS SFT->RL +shaping"]
+    assert s["CoT SFT"]["mean@4"] == pytest.approx([0.55, statistics.stdev([0.5, 0.6]), 2])
+    assert s["CoT SFT"]["ARI"] == pytest.approx([60.5, statistics.stdev([60.0, 61.0]), 2])
+    assert s["CoT SFT"]["first_disclosure"] == pytest.approx([58.5, statistics.stdev([58.0, 59.0]), 2])
+    assert s["CoT SFT->RL"]["greedy"] == pytest.approx([0.9, 0.0, 2])
+    assert s["CoT SFT->RL"]["ABO"] == pytest.approx([61.0, 0.0, 2])
+    assert s["SxS SFT"]["think_blocks"] == pytest.approx([3.5, statistics.stdev([3.0, 4.0]), 2])
+    assert "first_disclosure" in s["SxS SFT"] and s["SxS SFT"]["pass@4"] == pytest.approx([1.0, 0.0, 2])
+    assert s["SxS SFT->RL"]["mean@4"] == pytest.approx([0.75, statistics.stdev([0.7, 0.8]), 2])
+    assert s["SxS SFT->RL"]["ARI"] == pytest.approx([42.0, statistics.stdev([40.0, 44.0]), 2])
+    assert s["SxS SFT->RL +shaping"]["think_blocks"] == pytest.approx([4.0, 0.0, 2])
+    for arm in s:
+        assert s[arm]["truncated"] == pytest.approx([0.25, 0.0, 2]) and s[arm]["AIRW"][0] == 10.0
+        assert s[arm]["total_len"][0] == 60.0 and s[arm]["reasoning_len"][0] == 40.0
+        assert s[arm]["response_len"][0] == 20.0
+    assert table["runs"]["CoT SFT"] == table["runs"]["CoT SFT->RL"] and len(table["runs"]["SxS SFT"]) == 2
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| SxS SFT->RL | 0.750 ± 0.071 |" in md and "not run" not in md
+    assert json.loads((tmp_path / "out" / "sxs_warm_starts.json").read_text()) == ["/c/warmstart/sxs/hf"] * 2
+    assert (tmp_path / "out" / "block_count.png").stat().st_size > 0
+
+
+def test_study_nan_latency_is_left_out_and_missing_runs_are_named(tmp_path):
+    study = load_study()
+    make_study(tmp_path / "runs", seeds=(0,))
+    # the SxS SFT->RL eval of seed 0 disclosed nothing (NaN first disclosure): that cell is left out
+    assert study.main(["--report-only", "--seeds", "0", "1", "--runs", str(tmp_path / "runs"),
+                       "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
+    assert "first_disclosure" not in study.row_of(next((tmp_path / "runs" / "sxs_rl-seed0").iterdir()),
+                                                  "eval_warm_start.json")
+    assert s["SxS SFT->RL"]["first_disclosure"] == pytest.approx([22.0, 0.0, 1])
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "not run: cot seed 1, sxs_sft seed 1, sxs_rl seed 1, sxs_rl_shaping seed 1" in md
+
+
+def test_study_refuses_sxs_runs_from_different_warm_starts(tmp_path):
+    study = load_study()
+    make_study(tmp_path / "runs", seeds=(0,), sxs_warm=lambda seed, slug: f"/c/warmstart/{slug}/hf")
+    with pytest.raises(RuntimeError, match="do not share one SFT warm start"):
+        study.main(["--report-only", "--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
