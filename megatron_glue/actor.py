@@ -81,7 +81,7 @@ class TrainerSettings:
             recompute=t.parallel.recompute, seed=cfg.run.seed,
             eps_clip_low=clip_low, eps_clip_high=clip_high, kl_coef=kl_coef,
             kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg,
-            junior_weight=cfg.tandem.junior_weight if cfg.method == "tandem" else None,
+            junior_weight=cfg.tandem.junior_weight if cfg.method in ("tandem", "duet_tandem") else None,
         )
 
 

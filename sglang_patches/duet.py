@@ -108,3 +108,14 @@ def gate_outcome(annotations: list[dict[str, Any]]) -> tuple[bool, float, Option
         if "duet_marker" in note:
             marker = int(note["duet_marker"])
     return did_abort, 0.0 if did_abort else propensity, marker
+
+
+def gate_drawn_at(annotations: list[dict[str, Any]]) -> Optional[int]:
+    """Response length (k2 + grace) at which the gate drew its abort coin, None when it never drew
+    (the rollout reached its marker or ended before). An aborted rollout ends one token later (the
+    forced EOS); an eps-kept one runs on, and its tokens past `gate_drawn_at + 1` are the only ones the
+    budget does not cover."""
+    for i, note in enumerate(annotations):
+        if "did_abort" in note:
+            return i + 1
+    return None

@@ -288,7 +288,7 @@ class TrainingJob:
         """Tandem's frozen junior: `tandem.junior_path`, else a copy of the senior's start (self-paired).
         A different junior must share the senior's vocabulary exactly."""
         path = self.cfg.tandem.junior_path
-        if not path or self.cfg.method not in ("tandem", "tandem_klreg"):
+        if not path or self.cfg.method not in ("tandem", "tandem_klreg", "duet_tandem"):
             return warm_dir
         junior = Path(path)
         if not (junior / "config.json").exists():
@@ -308,7 +308,7 @@ class TrainingJob:
         engine_handle = ray.remote(EmbeddedEngineActor).options(
             num_cpus=0.01, max_concurrency=2,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
-        ).remote(str(warm_dir), cfg.rollout.threads, str(junior) if cfg.method == "tandem" else None)
+        ).remote(str(warm_dir), cfg.rollout.threads, str(junior) if cfg.method in ("tandem", "duet_tandem") else None)
         engine = RemoteEngine(engine_handle)
         group = TrainGroup(world_size(cfg), cfg.cluster.gpus_per_node, threads=cfg.train.threads)
         settings = TrainerSettings.from_config(cfg)

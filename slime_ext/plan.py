@@ -338,7 +338,7 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
     return RolloutLayout(
         engine=config.rollout.engine, num_engines=s.num_engines if sglang else 1,
         tp_size=s.tp_size if sglang else 1, engine_gpus=_engine_gpus(config), colocate=config.cluster.colocate,
-        router=bool(sglang and s.router), models_per_engine=2 if config.method == "tandem" else 1,
+        router=bool(sglang and s.router), models_per_engine=2 if config.method in ("tandem", "duet_tandem") else 1,
         server_command=_engine_command(config, warnings),
     )
 

@@ -41,6 +41,18 @@ def test_method_files_compose_base_model_and_cluster():
     assert collab.method == "collab_grpo" and [p.name for p in collab.dagrpo.phases] == ["easy", "hard"]
 
 
+def test_duet_tandem_takes_each_section_from_its_method_file():
+    """duet_tandem.yaml extends [tandem.yaml, duet.yaml]: base.yaml comes in twice, so a base key that
+    tandem.yaml changed would be reset by duet.yaml's copy of base; this pins the composition."""
+    both = load_config(CONFIGS / "duet_tandem.yaml").config
+    tandem, duet = load_config(CONFIGS / "tandem.yaml").config, load_config(CONFIGS / "duet.yaml").config
+    assert both.method == "duet_tandem" and both.run.name == "duet_tandem"
+    assert both.tandem == tandem.tandem and both.data == tandem.data  # paragraph steps, junior, eval axes
+    assert both.duet == duet.duet and both.duet.budget_fraction == 0.5
+    for section in ("model", "rollout", "train", "grpo", "reward", "cluster", "eval"):
+        assert getattr(both, section) == getattr(tandem, section) == getattr(duet, section), section
+
+
 def test_cluster_fragment_for_qwen3_30b_validates(tmp_path):
     path = write(
         tmp_path,

@@ -1,12 +1,23 @@
-"""DUET and DAPO method hooks on hand-made rollouts (no engine): plans, masks, weights, controller state."""
+"""DUET and DAPO method hooks on hand-made rollouts: plans, masks, weights, controller state; and DUET's
+token budget over many steps of scripted rollouts through the rollout manager and the real gate."""
 
 from __future__ import annotations
 
-import pytest
+import math
+import random
+import re
+from statistics import mean, stdev
 
+import pytest
+import torch
+
+from sglang_patches.sampler import RequestView, SamplerChain
+from sglang_patches.sampling import StopChecker
 from slime_ext.config import load_config
 from slime_ext.data import Sample
+from slime_ext.engine.base import GenerateResult
 from slime_ext.methods import build_method
+from slime_ext.rollout.manager import RolloutManager
 from tests.conftest import CONFIGS
 
 
@@ -29,6 +40,8 @@ def test_duet_plan_spends_the_budget_and_carries_the_gate():
     assert len(set(n)) == 1 and sum(n) * 50 <= 0.5 * 8 * 6 * 50 and sum(n) * 50 >= 0.5 * 8 * 6 * 50 - 6 * 50
     (spec,) = plans[0].sampler_specs
     assert spec["kind"] == "duet_gate" and (spec["k1"], spec["k2"]) == (30, 70) and spec["task"] == "math"
+    qa = build_method(_cfg("duet.yaml", "reward.type=multiple_choice")).plan(prompts, 0)[0].sampler_specs[0]
+    assert qa["task"] == "qa"  # the QA marker for multiple-choice rewards
 
 
 def test_duet_finish_masks_aborted_rollouts_after_the_shared_baseline():
@@ -53,6 +66,133 @@ def test_duet_finish_masks_aborted_rollouts_after_the_shared_baseline():
     clone = build_method(cfg)
     clone.load_state_dict(state)
     assert clone.state_dict() == state
+
+
+# -- the token budget over real steps -------------------------------------------------------------
+EOS, BOX, OPEN, ANSWER, CLOSE, X = 1, 5, 6, 9, 7, 8
+TEXT = {BOX: "\\boxed", OPEN: "{", ANSWER: "7", CLOSE: "}", X: "x", EOS: ""}
+P_MARKER = (0.95, 0.7, 0.4, 0.1)  # per prompt (cycled): how often the policy writes a boxed answer
+
+
+def _decode(ids, skip_special_tokens: bool = False) -> str:
+    return "".join(TEXT[int(t)] for t in ids)
+
+
+class _Tokenizer:
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [3, 100 + int(re.search(r"q(\d+)", text).group(1))]}
+
+    decode = staticmethod(_decode)
+
+
+def _natural_rollout(prompt: int, seed: int) -> list[int]:
+    """What the policy writes for `prompt` without a gate (a function of the request seed): with
+    P_MARKER[prompt % 4] a boxed answer completing at token 40..230 then 0..40 tokens of tail, else no
+    answer and EOS at 150..600 (past L_max = 256 for most)."""
+    rng = random.Random(seed)
+    if rng.random() < P_MARKER[prompt % 4]:
+        tau = rng.randint(40, 230)
+        return [X] * (tau - 4) + [BOX, OPEN, ANSWER, CLOSE] + [X] * rng.randint(0, 40) + [EOS]
+    return [X] * (rng.randint(150, 600) - 1) + [EOS]
+
+
+class _ScriptedEngine:
+    """The embedded engine's per-token protocol (`EmbeddedEngine._decide`) with a scripted policy: each
+    request's SamplerChain (here the real DUET gate) adjusts, a forced token or finish wins, every
+    emitted token (a forced EOS included) is annotated by `on_token`, then the stop checks run."""
+
+    def generate(self, requests):
+        results = []
+        logits = torch.zeros(16)  # uniform: high entropy, so trims happen at tau + G at the latest
+        for req in requests:
+            stream = _natural_rollout(req.input_ids[1] - 100, req.seed)
+            chain = SamplerChain.from_specs(req.sampler_specs, req.seed)
+            stop = StopChecker(req.sampling, EOS, _decode)
+            ids, notes, reason = [], [], None
+            while reason is None:
+                view = RequestView(req.rid, req.seed, req.input_ids, ids, EOS, _decode)
+                action = chain.adjust(logits, None, view)
+                token = action.force_token if action.force_token is not None else stream[len(ids)]
+                notes.append(chain.on_token(token, view))
+                ids.append(token)
+                reason = "sampler" if action.finish else stop.check(ids)
+            results.append(GenerateResult(req.rid, ids, [-0.5] * len(ids), reason, notes, 0, len(req.input_ids)))
+        return results
+
+
+def _duet_steps(eps_abort: float, steps: int = 30) -> tuple:
+    cfg = _cfg("duet.yaml", "rollout.max_response_len=256", "rollout.n_samples_per_prompt=8",
+               "rollout.prompts_per_step=24", "duet.budget_fraction=0.5", "duet.grace=16", "duet.refit_every=1000",
+               f"duet.eps_abort={eps_abort}")
+    rows = [{"prompt": f"q{i}", "label": "7", "row_id": i} for i in range(24)]
+    manager = RolloutManager(cfg, rows, _Tokenizer(), _ScriptedEngine())
+    out = []
+    for step in range(steps):
+        groups, metrics = manager.rollout(step)
+        manager.update({}, step)
+        out.append(([s for g in groups for s in g], metrics))
+    return cfg, out
+
+
+WARMUP = 5  # step 0 plans with the cold default L_q = L_max / 2; L_q is a running mean from then on
+
+
+def _check_caps_and_accounting(cfg, steps) -> None:
+    """The deterministic part, every step and every rollout."""
+    G, L_max = cfg.duet.grace, cfg.rollout.max_response_len
+    for samples, m in steps:
+        k2 = m["duet/k2"]
+        assert m["duet/planned_tokens"] <= m["duet/budget_tokens"]  # sum_q n_q L_q <= B
+        for s in samples:
+            n, meta = s.response_len, s.metadata
+            if meta["did_abort"]:
+                assert n in (k2 + G, k2 + G + 1)  # forced EOS after the draw (or a natural EOS on it)
+            if meta["eps_kept"]:
+                assert n <= L_max and meta["budgeted_len"] == min(n, k2 + G + 1)
+            else:
+                assert n <= min(L_max, k2 + 2 * G + 1) and meta["budgeted_len"] == n
+        generated = sum(s.response_len for s in samples)
+        assert m["duet/generated_tokens"] == m["rollout/generated_tokens"] == generated
+        assert m["duet/budgeted_tokens"] + m["duet/eps_kept_excess_tokens"] == generated
+
+
+def _ratio(steps, key: str) -> list[float]:
+    return [m[key] / m["duet/budget_tokens"] for _, m in steps[WARMUP:]]
+
+
+def test_tokens_per_step_stay_within_the_budget_except_eps_kept_rollouts():
+    """What the implementation guarantees each step (B = duet/budget_tokens, L_q its running mean of
+    budgeted lengths, K2 / G the gate's, L_max the response cap):
+      (1) planned = sum_q n_q L_q <= B                                           (the allocator)
+      (2) every rollout that is not eps-kept has len <= min(L_max, K2 + 2G + 1); aborted: K2 + G + 1
+      (3) budgeted tokens = generated - eps-kept rollouts' tokens past K2 + G + 1, and
+          E[budgeted | plan] = sum_q n_q E[budgeted len_q] ~= planned <= B
+    (3) is a statement in expectation (lengths are random): over steps after the warm-up,
+    mean(budgeted / B) <= 1 + 3 standard errors (measured 0.989 +- 0.006). Before L_q counted aborted
+    rollouts (it averaged kept ones only) this setup spent 1.13 B per step on average."""
+    cfg, steps = _duet_steps(eps_abort=0.05)
+    _check_caps_and_accounting(cfg, steps)
+    ratio = _ratio(steps, "duet/budgeted_tokens")
+    m, se = mean(ratio), stdev(ratio) / math.sqrt(len(ratio))
+    assert m <= 1 + 3 * se, (m, se, ratio)
+    assert m >= 0.95  # and the budget is spent, not just respected
+    samples = [s for step, _ in steps for s in step]
+    assert sum(s.metadata["did_abort"] for s in samples) > 500 and sum(s.metadata["eps_kept"] for s in samples) > 20
+    generated = _ratio(steps, "duet/generated_tokens")
+    assert mean(generated) - m < 0.03  # the eps-kept excess is small at eps = 0.05
+
+
+def test_keeping_every_gated_rollout_breaks_the_budget():
+    """The same setup with eps_abort = 1: the gate keeps every marker-less rollout (all eps-kept, weight
+    1), so the budgeted part still fits B but the generated tokens exceed B in every step: the bound
+    above needs its eps-kept exception and is not vacuous."""
+    cfg, steps = _duet_steps(eps_abort=1.0)
+    _check_caps_and_accounting(cfg, steps)
+    ratio = _ratio(steps, "duet/budgeted_tokens")
+    assert mean(ratio) <= 1 + 3 * stdev(ratio) / math.sqrt(len(ratio))
+    generated = _ratio(steps, "duet/generated_tokens")
+    assert min(generated) > 1.0 and mean(generated) > 1.08, generated
+    assert all(not s.metadata["did_abort"] for step, _ in steps for s in step)
 
 
 def test_dapo_drops_uninformative_groups_and_penalises_overlong():

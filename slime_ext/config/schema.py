@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MethodName = Literal[
-    "grpo", "tandem", "tandem_klreg", "duet", "dapo", "sxs_sft", "sxs_rl", "dagrpo", "collab_grpo"
+    "grpo", "tandem", "tandem_klreg", "duet", "duet_tandem", "dapo", "sxs_sft", "sxs_rl", "dagrpo", "collab_grpo"
 ]
 
 

@@ -8,6 +8,19 @@ finish: rewards for all rollouts; the GRPO group baseline includes aborted ones;
         get advantage 0, an all-zero mask and weight 0; kept ones weight 1 / (s_pre_q * p_keep) with
         s_pre from the counts actually rolled out; the controller state is updated (sigma_q from kept
         rollouts, L_q, the K window).
+
+The budget. B bounds the planned cost sum_q n_q L_q (the allocator returns the side within B). For the
+realised tokens to match it, L_q must be what a rollout of q costs under the gate, so L_q is the running
+mean over ALL of q's rollouts (aborted ones included: they cost k2 + G + 1 tokens each) of their
+budgeted length: the response length, except that an eps-kept rollout counts only up to the gate's
+draw plus one token (what its abort would have cost). That is Proposition 1's "realised expected length
+under the abort policy". (A mean over kept rollouts only, as METHODS.md words it, leaves the aborted
+rollouts' tokens out of the cost: 1.13-1.16 B spent per step in tests/test_duet_method.py's setup.)
+Guarantees per step:
+  planned  = sum_q n_q L_q <= B                                           (always)
+  len_i   <= min(L_max, k2 + 2G + 1) for every rollout that is not eps-kept (the gate's caps)
+  E[budgeted tokens | plan] = sum_q n_q E[budgeted length of q]  ~= planned <= B  (L_q calibrated)
+and generated = budgeted + the eps-kept rollouts' excess (logged as duet/eps_kept_excess_tokens).
 """
 
 from __future__ import annotations
@@ -17,7 +30,7 @@ import time
 from statistics import mean
 from typing import Any, Optional
 
-from sglang_patches.duet import gate_outcome
+from sglang_patches.duet import gate_drawn_at, gate_outcome
 from slime_ext.algo.duet_allocation import bisect_allocation, knapsack_allocation, stratification_factors
 from slime_ext.algo.duet_stats import LengthWindow, PromptStats, unbiasing_weight, within_step_sigma
 from slime_ext.config.schema import Config
@@ -25,7 +38,12 @@ from slime_ext.data import Sample
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo import GRPO
 
-MARKER_TASK = {"math": "math", "code": "code", "mc": "qa"}
+MARKER_TASK = {"math": "math", "code": "code", "multiple_choice": "qa"}  # reward.type -> the gate's marker
+# The allocator needs s_q > 0. The frozen floor (5th percentile of sigma_q after the first epoch) is 0
+# when over 5% of prompts only had zero-variance groups (all right or all wrong); METHODS.md's
+# n_q = clip(round(0 / sqrt(lambda L_q)), n_min, n_max) = n_min for them, which this tiny s reproduces
+# (unless the budget lets every other prompt saturate at n_max).
+MIN_SIGNAL = 1e-9
 
 
 def prompt_key(row: dict) -> str:
@@ -59,7 +77,7 @@ class Duet(GRPO):
         if self.data_epoch >= 1:
             self.stats.end_epoch()
         keys = [prompt_key(p) for p in prompts]
-        s = [self.stats.s(k) for k in keys]
+        s = [max(self.stats.s(k), MIN_SIGNAL) for k in keys]
         lengths = [self.stats.L(k) for k in keys]
         budget = self.budget(lengths)
         if d.allocator == "knapsack":
@@ -71,14 +89,19 @@ class Duet(GRPO):
         spec = {"kind": "duet_gate", "k1": self.window.k1, "k2": self.window.k2, "grace": d.grace, "poll": d.poll,
                 "window": d.marker_window, "eps_abort": d.eps_abort, "task": self.task, "trim_entropy": d.trim_entropy}
         self._step_info = {"budget": budget, "keys": keys, "n": alloc.n, "k1": self.window.k1, "k2": self.window.k2,
-                           "lam": alloc.lam, "saturated": alloc.saturated, "plan_s": time.perf_counter() - t0}
+                           "lam": alloc.lam, "saturated": alloc.saturated, "planned": alloc.cost,
+                           "plan_s": time.perf_counter() - t0}
         return [PromptPlan(n, self.sampling, [dict(spec)]) for n in alloc.n]
 
     def finish(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
         samples = [s for g in groups for s in g]
         for s in samples:
-            did_abort, propensity, marker = gate_outcome(s.metadata.get("annotations") or [])
-            s.metadata.update(did_abort=did_abort, keep_propensity=propensity, marker_at=marker)
+            notes = s.metadata.get("annotations") or []
+            did_abort, propensity, marker = gate_outcome(notes)
+            drawn = gate_drawn_at(notes)
+            eps_kept = drawn is not None and not did_abort
+            s.metadata.update(did_abort=did_abort, keep_propensity=propensity, marker_at=marker, eps_kept=eps_kept,
+                              budgeted_len=min(s.response_len, drawn + 1) if eps_kept else s.response_len)
         metrics = super().finish(groups, step)  # rewards and the group baseline over ALL rollouts
         t0 = time.perf_counter()
         d = self.config.duet
@@ -96,16 +119,20 @@ class Duet(GRPO):
                 kept.append(s)
                 if s.metadata.get("finish_reason") == "stop":
                     natural.append(s.response_len)
-            sigma = within_step_sigma([s.advantage for s in kept], [sum(s.logprobs or [0.0]) for s in kept])
-            self.stats.observe(keys[q], sigma, [s.response_len for s in kept])
+            sigma = within_step_sigma([s.advantage for s in kept], [self.trained_logprob_sum(s) for s in kept])
+            self.stats.observe(keys[q], sigma, [s.metadata["budgeted_len"] for s in group])
         self.window.add(natural)
         info = self._step_info
         generated = sum(s.response_len for s in samples)
+        budgeted = sum(s.metadata["budgeted_len"] for s in samples)
         weights = [s.weight for s in samples if not s.metadata["did_abort"]]
         metrics.update({
             "duet/lambda": info.get("lam", float("nan")), "duet/k1": info.get("k1", 0), "duet/k2": info.get("k2", 0),
             "duet/budget_tokens": info.get("budget", float("nan")), "duet/generated_tokens": generated,
             "duet/tokens_over_budget": generated / info["budget"] if info.get("budget") else float("nan"),
+            "duet/planned_tokens": info.get("planned", float("nan")), "duet/budgeted_tokens": budgeted,
+            "duet/eps_kept_excess_tokens": generated - budgeted,
+            "duet/eps_kept_rate": mean(s.metadata["eps_kept"] for s in samples),
             "duet/abort_rate": mean(s.metadata["did_abort"] for s in samples),
             "duet/marker_rate": mean(s.metadata["marker_at"] is not None for s in samples),
             "duet/mean_is_weight": mean(weights) if weights else 0.0,
@@ -115,6 +142,10 @@ class Duet(GRPO):
             "time/controller": info.get("plan_s", 0.0) + time.perf_counter() - t0,
         })
         return metrics
+
+    def trained_logprob_sum(self, sample: Sample) -> float:
+        """sum_l log pi(y_l) over the tokens the loss trains (sigma_q's A x sum log pi); all of them here."""
+        return sum(sample.logprobs or [0.0])
 
     def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
         refit = self.window.end_step()
