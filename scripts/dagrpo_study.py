@@ -11,7 +11,7 @@ routes (`dagrpo.cloud_url=solver:synthetic_math_answer`, far stronger than the l
   hierarchical reward (collab_grpo) and DA-GRPO: during-task and post-switch accuracy, forgetting,
   local-only / joint accuracy and cloud rate after the last phase, random router and router classifier
   at DA-GRPO's own cloud rate.
-- Control: DA-GRPO on the hard phase alone from lambda_0 in {0, 1, 2} (cloud rate vs tau; settled =
+- Control: DA-GRPO on the hard phase alone from lambda_0 in {0, 0.5, 1} (cloud rate vs tau; settled =
   the mean rate over the last quarter is within 0.05 of tau), and one run whose tau drops mid-phase.
 Finished runs are skipped, so an interrupted study resumes. Writes `table1.md`, `control.md`,
 `study.json` and `cloud_rate.png` / `lambda.png` to `--out`.
@@ -51,7 +51,7 @@ def plan(phase_steps: int, control_steps: int) -> dict[str, tuple[str, list[str]
             runs[f"{order} | {method}"] = (config, [f"dagrpo.phases={spec}", f"train.steps={2 * phase_steps}"])
     # control runs train the hard phase only; the easy phase (0 steps) keeps the shared warm start and
     # is still evaluated
-    for lam in (0.0, 1.0, 2.0):
+    for lam in (0.0, 0.5, 1.0):
         spec = phases((HARD, control_steps, f", tau: {TAU}"), (EASY, 0, ""))
         runs[f"control | lambda0={lam:g}"] = ("dagrpo.yaml", [f"dagrpo.phases={spec}", f"train.steps={control_steps}",
                                                               f"dagrpo.lambda_init={lam}"])
