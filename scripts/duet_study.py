@@ -2,7 +2,8 @@
 
     python scripts/duet_study.py [--seeds 0 1] [--runs runs/duet_study] [--out results/duet_study] [k=v ...]
 
-Every arm starts from the default job's SFT warm start (`sft.seed=0`; same cache key as
+Every arm draws RL prompts from one recurring pool of 256 training prompts (`rollout.prompt_pool`) and
+starts from the default job's SFT warm start (`sft.seed=0`; same cache key as
 `configs/grpo.yaml`) and differs only in the method and `run.seed`. Finished runs are skipped, so an
 interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target accuracy, speed-ups
@@ -31,6 +32,12 @@ ARMS = {
 }
 
 
+# Every arm draws RL prompts from the same recurring pool (an epoch every 4 steps at 64 prompts per
+# step), which DUET's per-prompt statistics need; with the full 20k-prompt set no prompt recurs within a
+# short run and DUET's allocation stays uniform (n_q = 8 for every prompt at 100%).
+COMMON = ["rollout.prompt_pool=256"]
+
+
 def row_of(run: Path, target: float) -> dict[str, float]:
     final = json.loads((run / "eval_final.json").read_text())
     metrics = read_metrics(run)
@@ -48,24 +55,45 @@ def row_of(run: Path, target: float) -> dict[str, float]:
     }
 
 
-def plots(out: Path, duet_runs: dict[str, Path]) -> None:
+def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("duet/lambda", "lambda"), ("duet/k1", "K1"), ("duet/k2", "K2"), ("duet/n_max", "n_q max"),
+    panels = [("duet/lambda", "lambda"), ("duet/k1", "K1"), ("duet/k2", "K2"), (None, "n_q fan-out (min / mean / max)"),
               ("duet/abort_rate", "abort rate"), ("duet/marker_rate", "marker rate")]
-    fig, axes = plt.subplots(2, 3, figsize=(11, 6))
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
     for ax, (key, label) in zip(axes.flat, panels):
         for name, run in duet_runs.items():
             m = read_metrics(run)
-            ax.plot([x["step"] for x in m], [x.get(key, float("nan")) for x in m], label=name)
+            steps = [x["step"] for x in m]
+            if key is None:  # the allocation's spread of rollouts per prompt
+                line, = ax.plot(steps, [x["duet/n_mean"] for x in m], label=name)
+                ax.fill_between(steps, [x["duet/n_min"] for x in m], [x["duet/n_max"] for x in m],
+                                color=line.get_color(), alpha=0.15)
+            else:
+                ax.plot(steps, [x.get(key, float("nan")) for x in m], label=name)
         ax.set_title(label)
         ax.set_xlabel("RL step")
     axes.flat[0].legend()
     fig.tight_layout()
     fig.savefig(out / "duet_controller.png", dpi=120)
+    plt.close(fig)
+
+    # what each arm spends and what it gets for it
+    fig, (ax_tok, ax_rew) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, run in all_runs.items():
+        m = read_metrics(run)
+        tokens = [x["rollout/generated_tokens"] for x in m]
+        cumulative = [sum(tokens[: i + 1]) / 1e6 for i in range(len(tokens))]
+        ax_tok.plot([x["step"] for x in m], tokens, label=name)
+        ax_rew.plot(cumulative, [x["reward/mean"] for x in m], label=name)
+    ax_tok.set(title="generated tokens per step", xlabel="RL step")
+    ax_rew.set(title="training reward vs tokens generated", xlabel="cumulative generated tokens (M)")
+    ax_tok.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "duet_tokens.png", dpi=120)
     plt.close(fig)
 
 
@@ -84,7 +112,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for arm, (config, extra) in ARMS.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
-            run = run_one(config, seed, args.runs / f"{slug}-seed{seed}", [*args.overrides, *extra])  # the arm wins
+            run = run_one(config, seed, args.runs / f"{slug}-seed{seed}", [*COMMON, *args.overrides, *extra])  # the arm wins
             rows[arm].append(row_of(run, args.target))
             runs[arm].append(str(run))
             first.setdefault(arm, run)
@@ -96,7 +124,7 @@ def main(argv=None) -> int:
     print(write_table(args.out, "DUET study", summary, runs, args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
                        "step_speedup", "steps_to_target", "seconds_to_target"]))
-    plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")})
+    plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")}, first)
     print(f"[study] wrote {args.out}")
     return 0
 

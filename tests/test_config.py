@@ -49,8 +49,10 @@ def test_duet_tandem_takes_each_section_from_its_method_file():
     assert both.method == "duet_tandem" and both.run.name == "duet_tandem"
     assert both.tandem == tandem.tandem and both.data == tandem.data  # paragraph steps, junior, eval axes
     assert both.duet == duet.duet and both.duet.budget_fraction == 0.5
-    for section in ("model", "rollout", "train", "grpo", "reward", "cluster", "eval"):
+    for section in ("model", "train", "grpo", "reward", "cluster", "eval"):
         assert getattr(both, section) == getattr(tandem, section) == getattr(duet, section), section
+    assert both.rollout == duet.rollout and both.rollout.prompt_pool == 512  # DUET's recurring prompt pool
+    assert both.rollout.model_copy(update={"prompt_pool": None}) == tandem.rollout
 
 
 def test_cluster_fragment_for_qwen3_30b_validates(tmp_path):

@@ -215,3 +215,32 @@ def test_dapo_uses_its_own_clip_range():
     st = TrainerSettings.from_config(_cfg("dapo.yaml"))
     assert (st.eps_clip_low, st.eps_clip_high) == (0.20, 0.28)
     assert TrainerSettings.from_config(_cfg("grpo.yaml")).eps_clip_high == 0.2
+
+
+def test_prompt_pool_limits_rl_to_the_first_prompts_so_they_recur():
+    """`rollout.prompt_pool`: RL draws only the first N training prompts, epoch after epoch (DUET's
+    per-prompt statistics then see every prompt again); a pool larger than the data is all of it."""
+    cfg = _cfg("duet.yaml", "rollout.max_response_len=64", "rollout.prompts_per_step=6", "rollout.prompt_pool=12",
+               "duet.grace=16")
+    rows = [{"prompt": f"q{i}", "label": "7", "row_id": i} for i in range(40)]
+    manager = RolloutManager(cfg, rows, _Tokenizer(), _ScriptedEngine())
+    seen = []
+    for step in range(4):
+        groups, _ = manager.rollout(step)
+        manager.update({}, step)
+        seen.append({g[0].metadata["row_id"] for g in groups})
+    drawn = [p for step in seen for p in step]
+    assert len(drawn) == 24 and set(drawn) == set(range(12))  # two epochs of the 12-prompt pool
+    assert seen[0] | seen[1] == set(range(12)) == seen[2] | seen[3]
+    assert len(RolloutManager(_cfg("duet.yaml", "rollout.prompt_pool=41"), rows, _Tokenizer(), _ScriptedEngine()).data.rows) == 40
+
+
+def test_dapo_overlong_buffer_must_leave_a_penalty_free_zone():
+    from slime_ext.config import ConfigError
+    from slime_ext.methods.dapo import overlong_penalty
+
+    with pytest.raises(ConfigError, match=r"dapo.overlong_buffer \(512\) must be smaller than rollout.max_response_len \(160\)"):
+        _cfg("dapo.yaml", "dapo.overlong_buffer=512")
+    cfg = _cfg("dapo.yaml")
+    assert overlong_penalty(128, 160, cfg.dapo.overlong_buffer, 1.0) == 0.0  # the default's safe zone
+    assert overlong_penalty(144, 160, cfg.dapo.overlong_buffer, 1.0) == pytest.approx(-0.5)

@@ -107,7 +107,7 @@ def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
     for m in read_metrics(duet_dir):
         assert m["duet/rollouts"] >= 4 and 0.0 <= m["duet/abort_rate"] <= 1.0
         assert m["duet/budget_tokens"] > 0 and m["time/controller"] < m["time/step"]
-    assert main([str(CONFIGS / "dapo.yaml"), f"run.output_dir={tmp_path / 'dapo'}", *common]) == 0
+    assert main([str(CONFIGS / "dapo.yaml"), f"run.output_dir={tmp_path / 'dapo'}", *common, "dapo.overlong_buffer=8"]) == 0
     (dapo_dir,) = (tmp_path / "dapo").iterdir()
     assert all(m["dapo/drawn_groups"] == 6 for m in read_metrics(dapo_dir))  # 1.5 x 4 prompts
 

@@ -129,6 +129,9 @@ class RolloutConfig(Section):
     max_response_len: int = Field(160, ge=1)
     stop: list[str] = Field(default_factory=list)
     threads: int = Field(1, ge=1)  # torch threads of the embedded engine (DESIGN: one per process on 2 cores)
+    # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
+    # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
+    prompt_pool: Optional[int] = Field(None, ge=1)
 
 
 class SGLangConfig(Section):
@@ -339,12 +342,17 @@ class Config(Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @model_validator(mode="after")
-    def _check_phase_steps(self) -> "Config":
-        """DA-GRPO's phases run back to back: the RL steps must be exactly their steps."""
+    def _check_method_lengths(self) -> "Config":
+        """DA-GRPO's phases run back to back: the RL steps must be exactly their steps. DAPO's overlong
+        buffer must leave a penalty-free zone."""
         phases = self.dagrpo.phases
         if self.method in ("dagrpo", "collab_grpo") and phases:
             total = sum(p.steps for p in phases)
             if total != self.train.steps:
                 raise ValueError(f"train.steps ({self.train.steps}) must equal the sum of dagrpo.phases[*].steps "
                                  f"({' + '.join(str(p.steps) for p in phases)} = {total}); set both together")
+        if self.method == "dapo" and self.dapo.overlong_buffer >= self.rollout.max_response_len:
+            raise ValueError(f"dapo.overlong_buffer ({self.dapo.overlong_buffer}) must be smaller than "
+                             f"rollout.max_response_len ({self.rollout.max_response_len}): the soft penalty "
+                             "would reach into every response")
         return self

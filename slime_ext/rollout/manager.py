@@ -41,7 +41,7 @@ class RolloutManager:
         self.tokenizer = tokenizer
         self.engine = engine
         self.method = method or build_method(config, tokenizer)
-        self.data = DataSource(train_rows, config.run.seed, config.data.shuffle)
+        self.data = DataSource(train_rows[: config.rollout.prompt_pool], config.run.seed, config.data.shuffle)
         self.template = get_template(config.data.template)
         self.phase_sources: dict[str, DataSource] = {}  # continual methods: one data order per phase
         self._pending_phase_states: dict[str, Any] = {}
