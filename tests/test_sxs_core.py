@@ -79,11 +79,16 @@ def test_shaping_qp_is_exact_and_separates():
         check_separation(r, correct, eps=0.5)
         assert r.mean() == pytest.approx(s.mean(), abs=1e-9)
         assert np.allclose(r, _kkt_brute_force(s, correct, 0.5), atol=1e-7)
-    # targets as METHODS.md states them: correct ones by shorter longest-think, incorrect at -S_min
-    s = shaping_targets([10, 50, 90, 40], [True, True, True, False])
-    assert s[:3] == pytest.approx([math.sqrt(1.5), 0.0, -math.sqrt(1.5)]) and s[3] == pytest.approx(math.sqrt(1.5))
+    # eq. 14: correct ones by shorter longest-think (z-scores), incorrect at -S_min (S_min = 3)
+    s = shaping_targets([10, 50, 90, 40], [True, True, True, False], s_min=3.0)
+    assert s == pytest.approx([math.sqrt(1.5), 0.0, -math.sqrt(1.5), -3.0])
     r = solve_shaping_qp(s, [True, True, True, False])
-    assert r[0] >= r[1] >= r[2] > r[3] and r.mean() == pytest.approx(s.mean())
+    # by hand: mean(R) = mean(S) = -0.75, correct >= -0.25, incorrect <= -1.25; the shift t solves
+    # (sqrt(1.5) + t) - 0.25 - 0.25 + (-3 + t) = -3, so t = (0.5 - sqrt(1.5)) / 2 and two correct are clamped
+    t = (0.5 - math.sqrt(1.5)) / 2
+    assert r == pytest.approx([math.sqrt(1.5) + t, -0.25, -0.25, -3.0 + t])
+    with pytest.raises(ValueError, match="S_min must be > 0"):
+        shaping_targets([1, 2], [True, False], s_min=0.0)
     with pytest.raises(ValueError, match="mixed group"):
         solve_shaping_qp([1.0, 2.0], [True, True])
     with pytest.raises(AssertionError, match="violate"):

@@ -275,6 +275,7 @@ class SxSConfig(Section):
     enforce_tags: bool = True
     qp_shaping: bool = False
     qp_eps: float = Field(0.5, gt=0)
+    s_min: float = Field(3.0, gt=0)  # shaping target of incorrect rollouts: -s_min (paper eq. 14)
     drop_uniform_groups: bool = True
     judge_url: Optional[str] = None
     judge_concurrency: int = Field(8, ge=1)

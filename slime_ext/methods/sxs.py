@@ -91,7 +91,7 @@ class SxS(GRPO):
                 reasons.add(result)
             correct = [s.rewards.get("correct", 0.0) > 0 for s in group]
             if c.qp_shaping and any(correct) and not all(correct):
-                targets = shaping_targets([longest_think(s.channel or []) for s in group], correct)
+                targets = shaping_targets([longest_think(s.channel or []) for s in group], correct, self.config.sxs.s_min)
                 shaped = solve_shaping_qp(targets, correct, c.qp_eps)
                 check_separation(shaped, correct, c.qp_eps)  # verified on every group it is applied to
                 for s, r in zip(group, shaped):

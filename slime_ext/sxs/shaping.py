@@ -1,8 +1,9 @@
 """SxS optional reward shaping (paper appendix C), solved exactly.
 
 For a group: l_i = longest think block of rollout i; targets S_i = -(l_i - mu) / sigma over the correct
-rollouts (mu, sigma of their l), and -S_min for the incorrect ones (S_min the smallest correct target),
-as METHODS.md states it. Then
+rollouts (mu, sigma of their l), and -S_min for the incorrect ones: the paper's eq. 14, S_min > 0 a fixed
+worst-case score (`sxs.s_min`, default 3: below any correct rollout's z-score in groups of up to 10,
+whose |z| <= sqrt(G - 1)). Then
 
     min_R sum_i (R_i - S_i)^2   s.t.  R_i >= mean(R) + eps (correct),  R_i <= mean(R) - eps (incorrect).
 
@@ -19,14 +20,16 @@ from typing import Sequence
 import numpy as np
 
 
-def shaping_targets(longest_think: Sequence[float], correct: Sequence[bool]) -> np.ndarray:
+def shaping_targets(longest_think: Sequence[float], correct: Sequence[bool], s_min: float = 3.0) -> np.ndarray:
+    if s_min <= 0:
+        raise ValueError(f"S_min must be > 0 (a worst-case score), got {s_min}")
     l = np.asarray(longest_think, dtype=np.float64)
     c = np.asarray(correct, dtype=bool)
     s = np.zeros_like(l)
     if c.any():
         mu, sigma = l[c].mean(), l[c].std()
         s[c] = -(l[c] - mu) / (sigma if sigma > 0 else 1.0)
-        s[~c] = -s[c].min()
+        s[~c] = -float(s_min)
     return s
 
 
