@@ -41,17 +41,18 @@ def phases(*specs: tuple[str, int, str]) -> str:
     return "[" + ", ".join(f"{head}, steps: {steps}{extra}}}" for head, steps, extra in specs) + "]"
 
 
-def plan(phase_steps: int, control_steps: int) -> dict[str, tuple[str, list[str]]]:
+def plan(phase_steps: int, control_steps: int, lambda_starts: tuple[float, ...] = (0.0, 0.5, 1.0),
+         controls_only: bool = False) -> dict[str, tuple[str, list[str]]]:
     """Run name -> (config, overrides)."""
     runs: dict[str, tuple[str, list[str]]] = {}
     orders = {"easy->hard": (EASY, HARD), "hard->easy": (HARD, EASY)}
-    for order, (first, second) in orders.items():
+    for order, (first, second) in ({} if controls_only else orders).items():
         spec = phases((first, phase_steps, f", tau: {TAU}"), (second, phase_steps, f", tau: {TAU}"))
         for method, config in METHODS.items():
             runs[f"{order} | {method}"] = (config, [f"dagrpo.phases={spec}", f"train.steps={2 * phase_steps}"])
     # control runs train the hard phase only; the easy phase (0 steps) keeps the shared warm start and
     # is still evaluated
-    for lam in (0.0, 0.5, 1.0):
+    for lam in lambda_starts:
         spec = phases((HARD, control_steps, f", tau: {TAU}"), (EASY, 0, ""))
         runs[f"control | lambda0={lam:g}"] = ("dagrpo.yaml", [f"dagrpo.phases={spec}", f"train.steps={control_steps}",
                                                               f"dagrpo.lambda_init={lam}"])
@@ -133,6 +134,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase-steps", type=int, default=10, help="RL steps per phase in the two-phase runs")
     ap.add_argument("--control-steps", type=int, default=24, help="RL steps of the hard-phase control runs")
+    ap.add_argument("--lambda-starts", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    ap.add_argument("--controls-only", action="store_true", help="only the hard-phase control runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "dagrpo_study")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "dagrpo_study")
@@ -141,7 +144,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     command = "python scripts/dagrpo_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
     done: dict[str, Path] = {}
-    for name, (config, extra) in plan(args.phase_steps, args.control_steps).items():
+    for name, (config, extra) in plan(args.phase_steps, args.control_steps, tuple(args.lambda_starts),
+                                      args.controls_only).items():
         parent = args.runs / slug(name)
         run = finished_run(parent) if args.report_only else \
             run_one(config, args.seed, parent, ["dagrpo.cloud_url=solver:synthetic_math_answer", *args.overrides, *extra])
