@@ -151,7 +151,8 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
         phases = "[{name: easy, levels: [L1], steps: 1, tau: 0.2}, {name: hard, levels: [L3], steps: 1, tau: 0.2}]"
         rc = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
                    *TINY, "sft.steps=3", "train.steps=2", "eval.n_prompts=4", f"dagrpo.phases={phases}",
-                   f"dagrpo.cloud_url=http://127.0.0.1:{srv.server_address[1]}", "dagrpo.lambda_init=0.5"])
+                   f"dagrpo.cloud_url=http://127.0.0.1:{srv.server_address[1]}", "dagrpo.lambda_init=0.5",
+                   "dagrpo.eta_lambda=0.05"])
     finally:
         srv.shutdown()
         state.batcher.close()
