@@ -148,20 +148,17 @@ class TrainingJob:
         if c.method not in ("dagrpo", "collab_grpo") or not c.dagrpo.phases:
             return self.train_rows
         from slime_ext.dagrpo.core import with_trigger_examples
-        from slime_ext.methods import build_method
+        from slime_ext.methods.dagrpo import load_phase_rows
 
-        method = build_method(c, self.tokenizer)
         first_phase_of: dict[str, int] = {}
         for k, source in enumerate(self.phase_data_sources()):
             first_phase_of.setdefault(source, k)
-        rows = [r for source in sorted(first_phase_of) for r in method.phase_rows(first_phase_of[source])[0]]
+        rows = [r for source in sorted(first_phase_of) for r in load_phase_rows(c, first_phase_of[source])[0]]
         return with_trigger_examples(rows, c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction, self.sft_seed)
 
     def phase_data_sources(self) -> list[str]:
         """One canonical string per DA-GRPO phase naming the data it trains on."""
         return [json.dumps([p.levels, p.train_path, p.eval_path]) for p in self.cfg.dagrpo.phases]
-
-
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from slime_ext.engine.base import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.tasks.synthetic_math import solve_story
 
+
 def _final_answer_only(text: str) -> Optional[str]:
     solution = solve_story(text)
     return solution.rsplit("\n", 1)[-1] if solution else None

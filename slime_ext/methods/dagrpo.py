@@ -23,6 +23,21 @@ from slime_ext.methods.grpo import GRPO
 from slime_ext.rewards import ReasonCounter
 
 
+def load_phase_rows(config: Config, index: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) rows of DA-GRPO phase `index`: its JSONL files, or synthetic math at its levels."""
+    from slime_ext.tasks.prepare import prepare_data
+
+    phase = config.dagrpo.phases[index]
+    data_cfg = config.data.model_copy(deep=True)
+    if phase.train_path:
+        data_cfg.source, data_cfg.train_path, data_cfg.eval_path = "jsonl", phase.train_path, phase.eval_path
+    else:
+        data_cfg.synthetic.train_levels = list(phase.levels)
+        data_cfg.synthetic.eval_levels = list(phase.levels)
+    prepared = prepare_data(data_cfg, config.run.cache_dir)
+    return prepared.train, prepared.eval
+
+
 class DAGRPO(GRPO):
     name = "dagrpo"
 
@@ -63,21 +78,11 @@ class DAGRPO(GRPO):
         return self.phase.name if self.phase is not None else None
 
     def phase_rows(self, index: int) -> tuple[list[dict], list[dict]]:
-        """(train, held-out) rows of phase `index`: its JSONL files, or synthetic math at its levels."""
+        """(train, held-out) rows of phase `index` (cached per method)."""
         cache = getattr(self, "_phase_rows", {})
         self._phase_rows = cache
         if index not in cache:
-            from slime_ext.tasks.prepare import prepare_data
-
-            phase = self.config.dagrpo.phases[index]
-            data_cfg = self.config.data.model_copy(deep=True)
-            if phase.train_path:
-                data_cfg.source, data_cfg.train_path, data_cfg.eval_path = "jsonl", phase.train_path, phase.eval_path
-            else:
-                data_cfg.synthetic.train_levels = list(phase.levels)
-                data_cfg.synthetic.eval_levels = list(phase.levels)
-            prepared = prepare_data(data_cfg, self.config.run.cache_dir)
-            cache[index] = (prepared.train, prepared.eval)
+            cache[index] = load_phase_rows(self.config, index)
         return cache[index]
 
     def phase_train_rows(self, name: str) -> list[dict]:
@@ -112,23 +117,23 @@ class DAGRPO(GRPO):
         out = {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
                "cloud_rate": mean(asked), "n": float(len(rows))}
         if baselines and rows and not self.config.dagrpo.local_only:
-            out.update(self._router_baselines(rows, results, asked, mean(asked), seed))
+            out.update(self._router_baselines(rows, correct, asked, completions, seed))
         return out
 
-    def _router_baselines(self, rows: list[dict], results: list, asked: list[bool], rate: float,
-                          seed: int) -> dict[str, float]:
+    def _router_baselines(self, rows: list[dict], correct: list[float], asked: list[bool],
+                          completions: list[Optional[str]], seed: int) -> dict[str, float]:
         """Random router and a router classifier at DA-GRPO's own cloud rate, on the same prompts: the
         local answer where kept (a prompt where the model asked counts as a local failure), the cloud's
-        where routed. The classifier is cross-fitted (two folds) on the prompts' features."""
+        where routed. The classifier is cross-fitted (two folds) on the prompts' features. Reuses the
+        evaluation's scores and cloud answers; only prompts that did not ask go to the cloud here."""
         import numpy as np
 
         from slime_ext.dagrpo.routers import (LogisticRouter, prompt_features, random_route, route_by_score,
                                               routed_scores)
 
-        local = np.array([0.0 if a else float(self.verify(self.tokenizer.decode(r.output_ids, skip_special_tokens=True),
-                                                          row["label"]).score > 0)
-                          for row, r, a in zip(rows, results, asked)])
-        cloud_texts = self.cloud.answer([row["prompt"] for row in rows])
+        local = np.array([0.0 if a else ok for ok, a in zip(correct, asked)])
+        missing = self.cloud.answer([None if a else row["prompt"] for row, a in zip(rows, asked)])
+        cloud_texts = [c if a else m for c, m, a in zip(completions, missing, asked)]
         cloud = np.array([float(t is not None and self.verify(t, row["label"]).score > 0) for row, t in zip(rows, cloud_texts)])
         feats = np.stack([prompt_features(row["prompt"]) for row in rows])
         scores = np.zeros(len(rows))
@@ -139,6 +144,7 @@ class DAGRPO(GRPO):
                 scores[test] = 0.5  # nothing to learn from one class
                 continue
             scores[test] = LogisticRouter().fit(feats[train], 1 - local[train]).predict_proba(feats[test])
+        rate = mean(asked)
         rnd = routed_scores(local, cloud, random_route(len(rows), rate, seed))
         clf = routed_scores(local, cloud, route_by_score(scores, rate))
         return {"random_router_joint_accuracy": rnd["joint_accuracy"], "router_clf_joint_accuracy": clf["joint_accuracy"],
