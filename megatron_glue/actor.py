@@ -28,7 +28,7 @@ from megatron_glue import cpu_compat
 from megatron_glue.logprobs import vocab_parallel_logprobs
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from slime_ext.algo import grpo_per_token_loss, loss_coefficients
-from slime_ext.data import Author, RolloutBatch, Sample, build_batch
+from slime_ext.data import RolloutBatch, Sample, author_weights, build_batch
 
 LossKind = Literal["grpo", "sft"]
 PER_TOKEN_INPUTS = ("tokens", "position_ids", "loss_mask", "old_logprobs")
@@ -117,7 +117,7 @@ def author_weighted_masks(samples: Sequence[Sample], junior_weight: Optional[flo
     if lacking:
         raise ValueError(f"author-masked training (tandem) needs `author` on every sample; missing on "
                          f"{lacking[:5]} ({len(lacking)} of {len(samples)})")
-    by_author = {int(Author.POLICY): 1.0, int(Author.PARTNER): float(junior_weight), int(Author.EXTERNAL): 0.0}
+    by_author = author_weights(junior_weight)
     return [[m * by_author[a] for m, a in zip(x.loss_mask, x.author)] for x in samples]
 
 

@@ -27,6 +27,12 @@ class Author(IntEnum):
     EXTERNAL = 2  # text spliced in from outside (DA-GRPO cloud completion)
 
 
+def author_weights(junior_weight: float) -> dict[int, float]:
+    """Training weight of a token by its author (tandem): senior 1, junior `junior_weight`, spliced
+    external text 0."""
+    return {int(Author.POLICY): 1.0, int(Author.PARTNER): float(junior_weight), int(Author.EXTERNAL): 0.0}
+
+
 class Channel(IntEnum):
     """SxS stream channel of a token."""
 

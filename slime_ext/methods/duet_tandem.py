@@ -18,7 +18,7 @@ decode every token, so a rollout costs its full length in the budget whoever wro
 
 from __future__ import annotations
 
-from slime_ext.data import Author, Sample
+from slime_ext.data import Sample, author_weights
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.duet import Duet
 from slime_ext.methods.tandem import Tandem
@@ -40,6 +40,5 @@ class DuetTandem(Tandem, Duet):
     def trained_logprob_sum(self, sample: Sample) -> float:
         if sample.author is None or sample.logprobs is None:
             return 0.0
-        by_author = {int(Author.POLICY): 1.0, int(Author.PARTNER): float(self.config.tandem.junior_weight),
-                     int(Author.EXTERNAL): 0.0}
+        by_author = author_weights(self.config.tandem.junior_weight)
         return sum(lp * by_author[int(a)] for lp, a in zip(sample.logprobs, sample.author))
