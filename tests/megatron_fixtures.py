@@ -19,6 +19,15 @@ def tiny_moe_config(vocab_size: int = 64, **kw: Any) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(**base)
 
 
+def tiny_tandem_model(seed: int) -> Any:
+    """A tiny random MoE causal LM whose logits vary enough (init range 0.5) for tandem samplers to see
+    different senior and junior choices; seed 0 and seed 1 make a senior/junior pair."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_moe_config(initializer_range=0.5)).eval()
+
+
 def tiny_dense_config(vocab_size: int = 64, **kw: Any) -> Qwen3Config:
     base = dict(
         vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from sglang_patches.duet import gate_outcome
 from sglang_patches.sampler import replay_annotations
@@ -18,7 +17,7 @@ from slime_ext.engine.base import GenerateRequest
 from slime_ext.engine.embedded import EmbeddedEngine
 from slime_ext.methods import DuetTandem, build_method
 from tests.conftest import CONFIGS
-from tests.megatron_fixtures import tiny_moe_config
+from tests.megatron_fixtures import tiny_tandem_model
 
 EOS, BOXED = 1, 20  # token 20 decodes to a whole "\boxed{7}": the math marker
 BOUNDARY = list(range(10, 40))
@@ -46,15 +45,10 @@ class Tokenizer:
         return {("\u0120" if i in BOUNDARY else "") + f"t{i}": i for i in range(64)}
 
 
-def make_model(seed: int):
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_moe_config(initializer_range=0.5)).eval()
-
-
 @pytest.fixture(scope="module")
 def pair():
     torch.set_num_threads(1)
-    return make_model(0), make_model(1)
+    return tiny_tandem_model(0), tiny_tandem_model(1)
 
 
 def _cfg(*overrides):

@@ -178,12 +178,20 @@ def test_param_split_dense_model():
     assert param_split(hf).total == parameter_counts(hf)["total"]
 
 
-def test_dry_run_script(tmp_path):
+def _launcher(tmp_path: Path, script: str, *args: str, timeout: int = 300, **env_vars: str):
+    """Run a cluster launcher in tmp_path with the test venv, no setup, a checkpoint path that does not
+    exist and none of the caller's launcher variables; `env_vars` are added."""
     env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
            "TMPDIR": str(tmp_path)}
-    env.pop("DRY_RUN", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B.sh"), "--dry-run"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    for leaked in ("DRY_RUN", "METHOD_CONFIG", "CLOUD_URL", "JUNIOR_CKPT"):
+        env.pop(leaked, None)
+    env.update(env_vars)
+    return subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_dry_run_script(tmp_path):
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for needle in ("TP=4", "EP=8", "8 GPUs", "--tp-size 8", "memory trainer per GPU", "does not exist"):
@@ -202,52 +210,29 @@ def test_dry_run_script_rejects_bad_layout(tmp_path):
 
 
 def test_tandem_launcher_dry_run_plans_the_pair(tmp_path):
-    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
-           "TMPDIR": str(tmp_path), "JUNIOR_CKPT": "/ckpt/junior"}
-    env.pop("DRY_RUN", None)
-    env.pop("METHOD_CONFIG", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-tandem.sh"), "--dry-run"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B-tandem.sh", "--dry-run", JUNIOR_CKPT="/ckpt/junior")
     assert proc.returncode == 0, proc.stderr
     assert "method=tandem" in proc.stdout and "2 model(s) per engine" in proc.stdout
 
 
 def test_duet_launcher_dry_run(tmp_path):
-    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
-           "TMPDIR": str(tmp_path)}
-    env.pop("DRY_RUN", None)
-    env.pop("METHOD_CONFIG", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-duet.sh"), "--dry-run", "duet.budget_fraction=0.25"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B-duet.sh", "--dry-run", "duet.budget_fraction=0.25")
     assert proc.returncode == 0, proc.stderr
     assert "method=duet" in proc.stdout
 
 
 def test_sxs_launcher_dry_run_runs_both_stages(tmp_path):
-    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
-           "TMPDIR": str(tmp_path)}
-    env.pop("DRY_RUN", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-sxs.sh"), "--dry-run"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B-sxs.sh", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "method=sxs_sft" in proc.stdout and "method=sxs_rl" in proc.stdout
 
 
 def test_dagrpo_launcher_dry_run(tmp_path):
-    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
-           "TMPDIR": str(tmp_path), "CLOUD_URL": "http://cloud:30000"}
-    env.pop("DRY_RUN", None)
-    env.pop("METHOD_CONFIG", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-dagrpo.sh"), "--dry-run"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B-dagrpo.sh", "--dry-run", CLOUD_URL="http://cloud:30000")
     assert proc.returncode == 0, proc.stderr
     assert "method=dagrpo" in proc.stdout
 
 
 def test_dagrpo_launcher_refuses_to_start_without_a_cloud_endpoint(tmp_path):
-    env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
-           "TMPDIR": str(tmp_path)}
-    env.pop("CLOUD_URL", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts/run-qwen3-30B-A3B-dagrpo.sh"), "--dry-run"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B-dagrpo.sh", "--dry-run", timeout=60)
     assert proc.returncode == 2 and "set CLOUD_URL" in proc.stderr

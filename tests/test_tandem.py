@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from sglang_patches.sampler import RequestView, build_sampler
 from sglang_patches.sampling import SamplingParams
@@ -16,26 +15,21 @@ from sglang_patches.tandem import (JUNIOR, SENIOR, TandemSampler, author_runs, b
 from slime_ext.data import Author, Sample
 from slime_ext.engine.base import GenerateRequest
 from slime_ext.engine.embedded import EmbeddedEngine
-from tests.megatron_fixtures import tiny_moe_config
+from tests.megatron_fixtures import tiny_moe_config, tiny_tandem_model
 
 EOS = 1
 BOUNDARY = list(range(10, 40))  # a third of the tiny vocabulary is "word-initial"
 
 
-def make_model(seed: int):
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_moe_config(initializer_range=0.5)).eval()
-
-
 @pytest.fixture(scope="module")
 def senior():
     torch.set_num_threads(1)
-    return make_model(0)
+    return tiny_tandem_model(0)
 
 
 @pytest.fixture(scope="module")
 def junior():
-    return make_model(1)
+    return tiny_tandem_model(1)
 
 
 def spec(p: float = 0.5, kappa: int = 4) -> dict:
@@ -185,7 +179,7 @@ def test_senior_share_of_draws_and_tokens_is_near_p(senior):
 
 
 def test_weight_updates_never_touch_the_junior(senior, junior):
-    engine = EmbeddedEngine(make_model(0), EOS, partner=make_model(1))
+    engine = EmbeddedEngine(tiny_tandem_model(0), EOS, partner=tiny_tandem_model(1))
     before = {k: v.clone() for k, v in engine.partner.state_dict().items()}
     new = {k: v + 0.01 for k, v in engine.model.state_dict().items()}
     engine.update_weights_from_tensor(new.items())

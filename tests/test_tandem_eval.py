@@ -6,24 +6,18 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from slime_ext.engine.embedded import EmbeddedEngine
 from slime_ext.tandem_eval import legibility, team_rollouts, token_drift
-from tests.megatron_fixtures import tiny_moe_config
+from tests.megatron_fixtures import tiny_tandem_model
 
 EOS = 1
-
-
-def make_model(seed: int):
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_moe_config(initializer_range=0.5)).eval()
 
 
 @pytest.fixture(scope="module")
 def models():
     torch.set_num_threads(1)
-    return make_model(0), make_model(1)
+    return tiny_tandem_model(0), tiny_tandem_model(1)
 
 
 @pytest.fixture(scope="module")
