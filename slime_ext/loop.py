@@ -130,8 +130,11 @@ class TrainingJob:
         c = self.cfg
         # DA-GRPO's SFT rows depend on the phases' data only (not their order, steps, tau or local_only),
         # so every arm of a study over the same tasks shares one warm start
-        dagrpo_data = (sorted(self.phase_data_sources()), c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction) \
-            if c.method in ("dagrpo", "collab_grpo") else None
+        dagrpo_data = None
+        if c.method in ("dagrpo", "collab_grpo"):
+            from slime_ext.methods.dagrpo import phase_data_sources
+
+            dagrpo_data = (phase_data_sources(c), c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction)
         parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), dagrpo_data,
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
                  c.rollout.max_response_len]
@@ -148,17 +151,10 @@ class TrainingJob:
         if c.method not in ("dagrpo", "collab_grpo") or not c.dagrpo.phases:
             return self.train_rows
         from slime_ext.dagrpo.core import with_trigger_examples
-        from slime_ext.methods.dagrpo import load_phase_rows
+        from slime_ext.methods.dagrpo import load_source_rows, phase_data_sources
 
-        first_phase_of: dict[str, int] = {}
-        for k, source in enumerate(self.phase_data_sources()):
-            first_phase_of.setdefault(source, k)
-        rows = [r for source in sorted(first_phase_of) for r in load_phase_rows(c, first_phase_of[source])[0]]
+        rows = [r for source in phase_data_sources(c) for r in load_source_rows(c, source)[0]]
         return with_trigger_examples(rows, c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction, self.sft_seed)
-
-    def phase_data_sources(self) -> list[str]:
-        """One canonical string per DA-GRPO phase naming the data it trains on."""
-        return [json.dumps([p.levels, p.train_path, p.eval_path]) for p in self.cfg.dagrpo.phases]
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()

@@ -320,5 +320,14 @@ def test_warm_start_is_shared_across_phase_orders_steps_targets_and_the_local_on
     assert [r["id"] for r in base.sft_rows()] == [r["id"] for r in reverse.sft_rows()]
     assert len(base.sft_rows()) == 60 and {r["level"] for r in base.sft_rows()} == {"L1", "L4"}
     assert job("dagrpo.local_only=true").warm_start_key() == base.warm_start_key()
+    # a phase mixing both levels adds no data of its own: its rows are drawn from the same per-level streams
+    mixed = job("train.steps=40", "dagrpo.phases=[{name: mixed, levels: [L1, L4], steps: 40, tau: 0.5}]")
+    assert mixed.warm_start_key() == base.warm_start_key()
+    assert [r["id"] for r in mixed.sft_rows()] == [r["id"] for r in base.sft_rows()]
+    from slime_ext.methods.dagrpo import load_phase_rows
+
+    mixed_train = load_phase_rows(mixed.cfg, 0)[0]
+    assert {r["level"] for r in mixed_train} == {"L1", "L4"}
+    assert {r["id"] for r in mixed_train} <= {r["id"] for r in base.sft_rows()}
     assert job("dagrpo.phases=[{name: a, levels: [L2], steps: 20}, {name: b, levels: [L4], steps: 20}]").warm_start_key() \
         != base.warm_start_key()

@@ -10,6 +10,7 @@ update: lambda <- max(0, lambda + eta (C_hat - tau_t)); lambda is saved with che
 
 from __future__ import annotations
 
+import json
 from statistics import mean
 from typing import Any, Optional
 
@@ -25,17 +26,49 @@ from slime_ext.rewards import ReasonCounter
 
 def load_phase_rows(config: Config, index: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) rows of DA-GRPO phase `index`: its JSONL files, or synthetic math at its levels."""
+    phase = config.dagrpo.phases[index]
+    return _load_rows(config, list(phase.levels), phase.train_path, phase.eval_path)
+
+
+def phase_data_sources(config: Config) -> list[str]:
+    """The distinct data sources of the phases, sorted: one per synthetic level, one per JSONL pair. A phase
+    that mixes levels adds no source of its own, so it shares the warm start of the phases that use its
+    levels one at a time (a mixed level set is round-robin over the same per-level streams)."""
+    sources = set()
+    for p in config.dagrpo.phases:
+        if p.train_path:
+            sources.add(json.dumps([p.levels, p.train_path, p.eval_path]))
+        else:
+            sources.update(json.dumps([[level], None, None]) for level in p.levels)
+    return sorted(sources)
+
+
+def load_source_rows(config: Config, source: str) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) rows of one entry of `phase_data_sources`."""
+    levels, train_path, eval_path = json.loads(source)
+    return _load_rows(config, levels, train_path, eval_path)
+
+
+def _load_rows(config: Config, levels: list[str], train_path: Optional[str],
+               eval_path: Optional[str]) -> tuple[list[dict], list[dict]]:
     from slime_ext.tasks.prepare import prepare_data
 
-    phase = config.dagrpo.phases[index]
     data_cfg = config.data.model_copy(deep=True)
-    if phase.train_path:
-        data_cfg.source, data_cfg.train_path, data_cfg.eval_path = "jsonl", phase.train_path, phase.eval_path
+    if train_path:
+        data_cfg.source, data_cfg.train_path, data_cfg.eval_path = "jsonl", train_path, eval_path
     else:
-        data_cfg.synthetic.train_levels = list(phase.levels)
-        data_cfg.synthetic.eval_levels = list(phase.levels)
+        data_cfg.synthetic.train_levels = list(levels)
+        data_cfg.synthetic.eval_levels = list(levels)
     prepared = prepare_data(data_cfg, config.run.cache_dir)
     return prepared.train, prepared.eval
+
+
+def _rate_by_level(levels: list[Optional[str]], asked: list[bool], prefix: str) -> dict[str, float]:
+    """The cloud rate per task level when a phase mixes levels: whether the policy learned *where* to ask."""
+    names = sorted({lvl for lvl in levels if lvl is not None})
+    if len(names) < 2:
+        return {}
+    return {f"{prefix}{name}": mean(float(a) for lvl, a in zip(levels, asked) if lvl == name) for name in names}
 
 
 class DAGRPO(GRPO):
@@ -116,6 +149,7 @@ class DAGRPO(GRPO):
                 local.append(ok)
         out = {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
                "cloud_rate": mean(asked), "n": float(len(rows))}
+        out.update(_rate_by_level([r.get("level") for r in rows], asked, "cloud_rate/"))
         if baselines and rows and not self.config.dagrpo.local_only:
             out.update(self._router_baselines(rows, correct, asked, completions, seed))
         return out
@@ -214,6 +248,8 @@ class DAGRPO(GRPO):
             "dagrpo/phase": float(self.phase_index),
             "response_len/mean": mean(s.response_len for s in samples),
         }
+        metrics.update(_rate_by_level([s.metadata.get("level") for s in samples], [bool(s.cost) for s in samples],
+                                      "dagrpo/cloud_rate/"))
         for reason, count in reasons.as_dict().items():
             metrics[f"verifier/{reason}"] = count / len(samples)
         self._last_rate = rate

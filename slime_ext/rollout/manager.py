@@ -110,7 +110,7 @@ class RolloutManager:
             status=STATUS_BY_FINISH.get(res.finish_reason, SampleStatus.FAILED),
             label=row["label"],
             response_text=text,
-            metadata={"row_id": row.get("row_id"), "question": row.get("prompt"), "finish_reason": res.finish_reason,
+            metadata={"row_id": row.get("row_id"), "question": row.get("prompt"), "level": row.get("level"), "finish_reason": res.finish_reason,
                       "cached_tokens": res.cached_tokens, "annotations": res.annotations},
         )
 
