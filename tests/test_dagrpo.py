@@ -138,13 +138,13 @@ def cloud_server(tmp_path_factory):
     state.batcher.close()
 
 
-def _sample(sid, group, text, tok, asked):
+def _sample(sid, group, text, tok, asked, level=None):
     from slime_ext.data import Sample
 
     ids = tok(text)["input_ids"] + [tok.eos_token_id]
     notes = [{}] * (len(ids) - 1) + [{"asked_for_help": True} if asked else {}]
     return Sample(sid, [3, 4], ids, group_id=group, label="3", response_text=text, logprobs=[-0.1] * len(ids),
-                  metadata={"annotations": notes, "question": f"question of {group}"})
+                  metadata={"annotations": notes, "question": f"question of {group}", "level": level})
 
 
 def test_cloud_is_called_once_per_group_that_asked_and_never_otherwise(cloud_server):
@@ -197,6 +197,28 @@ def test_a_failing_endpoint_counts_unanswered_requests_and_keeps_the_samples(clo
     assert m["dagrpo/cloud_failures"] == 1 and dead.failures == 1
     assert len(g) == 2 and g[0].reward == 0.0 and g[0].cost == 1.0 and g[0].metadata["cloud_answered"] is False
     assert g[0].loss_mask == [1.0] * len(tok(asked_text)["input_ids"])
+
+
+def test_cloud_rate_is_reported_per_level_when_a_phase_mixes_levels(cloud_server):
+    """Whether the policy learned where to ask: the batch rate split by the prompts' task level."""
+    from slime_ext.config import load_config
+    from slime_ext.dagrpo.cloud import CloudHelper
+    from slime_ext.methods.dagrpo import DAGRPO
+    from tests.conftest import CONFIGS
+
+    from slime_ext.engine.openai_client import OpenAIClient
+
+    url, _, tok = cloud_server
+    method = DAGRPO(load_config(CONFIGS / "dagrpo.yaml", []).config, tok, cloud=CloudHelper(OpenAIClient(url), max_tokens=6))
+    asked, kept = "Step 1: " + TRIGGER, "Step 1: 1 + 2 = 3.\n\\boxed{3}"
+    easy = [_sample("a", "e", kept, tok, False, "L1"), _sample("b", "e", asked, tok, True, "L1"),
+            _sample("c", "e", kept, tok, False, "L1")]
+    hard = [_sample("d", "h", asked, tok, True, "L4"), _sample("e", "h", asked, tok, True, "L4")]
+    m = method.finish([easy, hard], 0)
+    assert m["dagrpo/cloud_rate"] == pytest.approx(3 / 5)
+    assert m["dagrpo/cloud_rate/L1"] == pytest.approx(1 / 3) and m["dagrpo/cloud_rate/L4"] == 1.0
+    one_level = method.finish([[_sample("f", "x", asked, tok, True, "L4"), _sample("g", "x", kept, tok, False, "L4")]], 1)
+    assert not any(k.startswith("dagrpo/cloud_rate/") for k in one_level)
 
 
 def test_warm_start_rows_include_trigger_examples():
