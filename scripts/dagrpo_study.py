@@ -132,12 +132,16 @@ def control(run: Path, steps: int) -> dict[str, float]:
     """Settled = the mean training cloud rate over the last quarter is within 0.05 of tau; after a tau
     change, `steps to follow` = steps from the change until the rate's 4-step mean comes within 0.05 of the
     new tau and stays there to the end (nan: never)."""
+    import yaml
+
     m = read_metrics(run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
     window = max(1, steps // 4)
     tail = m[-window:]
     rates = [x["dagrpo/cloud_rate"] for x in m]
     rate, tau = mean(x["dagrpo/cloud_rate"] for x in tail), mean(x["dagrpo/tau"] for x in tail)
-    out = {"lambda_0": m[0]["dagrpo/lambda"], "final lambda": m[-1]["dagrpo/lambda_next"],
+    out = {"eta": cfg["dagrpo"]["eta_lambda"], "lr": cfg["train"]["lr"], "kl": cfg["grpo"]["kl_coef"],
+           "lambda_0": m[0]["dagrpo/lambda"], "final lambda": m[-1]["dagrpo/lambda_next"],
            "cloud rate (last quarter)": rate, "rate std (last quarter)": pstdev(rates[-window:]),
            "tau (last quarter)": tau, "abs(rate - tau)": abs(rate - tau)}
     for key in sorted({k for x in tail for k in x if k.startswith("dagrpo/cloud_rate/")}):
@@ -158,7 +162,7 @@ def markdown(rows: dict[str, dict[str, float]]) -> str:
     keys = list(dict.fromkeys(k for r in rows.values() for k in r))
     lines = ["| run | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
     for name, r in rows.items():
-        lines.append(f"| {name.replace('|', '/')} | " + " | ".join("-" if k not in r else f"{r[k]:.3f}" for k in keys) + " |")
+        lines.append(f"| {name.replace('|', '/')} | " + " | ".join("-" if k not in r else f"{r[k]:.3g}" if k in ("lr", "eta", "kl") else f"{r[k]:.3f}" for k in keys) + " |")
     return "\n".join(lines)
 
 
@@ -226,15 +230,16 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     design = CONTROLS[args.control_phase]
     suffix = "" if args.control_phase == "hard" else f"_{args.control_phase}"
-    meta = (f"command: `{command}`  \nseed: {args.seed}; date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}; "
+    what = "tabulated from finished runs by" if args.report_only else "command"
+    meta = (f"{what}: `{command}`  \nseed: {args.seed}; date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}; "
             f"machine: {os.uname().nodename}, {os.cpu_count()} CPUs  \nphases: easy = L1 (step limit 3), hard = L4 "
             f"(step limit 6), tau {TAU}; cloud: exact solver (final answer) over HTTP")
     if table1:
         (args.out / "table1.md").write_text(f"# DA-GRPO continual phases (Table 1 shape)\n\n{meta}\n\n{markdown(table1)}\n")
     (args.out / f"control{suffix}.md").write_text(
         f"# DA-GRPO cloud-rate control ({design.describe}, tau {design.tau:g})\n\n{meta}  \n"
-        "eta_lambda: configs/dagrpo.yaml's unless the command overrides it; settled = mean training rate over the "
-        f"last quarter within 0.05 of tau\n\n{markdown(ctrl)}\n")
+        "eta, lr, kl: each run's dagrpo.eta_lambda, train.lr and grpo.kl_coef (its config.yaml); settled = mean "
+        f"training rate over the last quarter within 0.05 of tau\n\n{markdown(ctrl)}\n")
     (args.out / f"study{suffix}.json").write_text(json.dumps({"table1": table1, "control": ctrl,
                                                               "runs": {k: str(v) for k, v in done.items()}}, indent=2) + "\n")
     print(markdown(table1), "\n", markdown(ctrl), sep="\n")
