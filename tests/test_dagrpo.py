@@ -217,8 +217,28 @@ def test_cloud_rate_is_reported_per_level_when_a_phase_mixes_levels(cloud_server
     m = method.finish([easy, hard], 0)
     assert m["dagrpo/cloud_rate"] == pytest.approx(3 / 5)
     assert m["dagrpo/cloud_rate/L1"] == pytest.approx(1 / 3) and m["dagrpo/cloud_rate/L4"] == 1.0
+    assert m["dagrpo/groups_split_on_asking"] == 0.5  # the hard group all asked: no cost advantage there
     one_level = method.finish([[_sample("f", "x", asked, tok, True, "L4"), _sample("g", "x", kept, tok, False, "L4")]], 1)
     assert not any(k.startswith("dagrpo/cloud_rate/") for k in one_level)
+
+
+def test_the_log_says_when_no_group_is_split_on_asking(cloud_server, caplog):
+    """Asking always (or never) leaves every group's cost advantage at zero: the run log names it once."""
+    from slime_ext.config import load_config
+    from slime_ext.dagrpo.cloud import CloudHelper
+    from slime_ext.engine.openai_client import OpenAIClient
+    from slime_ext.methods.dagrpo import DAGRPO, STUCK_STEPS
+    from tests.conftest import CONFIGS
+
+    url, _, tok = cloud_server
+    method = DAGRPO(load_config(CONFIGS / "dagrpo.yaml", []).config, tok, cloud=CloudHelper(OpenAIClient(url), max_tokens=6))
+    asked = "Step 1: " + TRIGGER
+    with caplog.at_level("WARNING", logger="slime_ext.methods.dagrpo"):
+        for step in range(STUCK_STEPS + 2):
+            m = method.finish([[_sample(f"{step}{i}", f"g{step}", asked, tok, True) for i in range(2)]], step)
+            assert m["dagrpo/groups_split_on_asking"] == 0.0
+    warnings = [r for r in caplog.records if "no prompt group was split on asking" in r.getMessage()]
+    assert len(warnings) == 1 and f"step {STUCK_STEPS - 1}:" in warnings[0].getMessage()
 
 
 def test_warm_start_rows_include_trigger_examples():

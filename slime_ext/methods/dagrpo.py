@@ -11,6 +11,7 @@ update: lambda <- max(0, lambda + eta (C_hat - tau_t)); lambda is saved with che
 from __future__ import annotations
 
 import json
+import logging
 from statistics import mean
 from typing import Any, Optional
 
@@ -22,6 +23,9 @@ from slime_ext.data import Sample, SampleStatus
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo import GRPO
 from slime_ext.rewards import ReasonCounter
+
+log = logging.getLogger(__name__)
+STUCK_STEPS = 3  # steps without a group split on asking before the run log says so
 
 
 def load_phase_rows(config: Config, index: int) -> tuple[list[dict], list[dict]]:
@@ -243,6 +247,9 @@ class DAGRPO(GRPO):
             "reward/format": mean(s.rewards.get("format", 0) for s in samples),
             "dagrpo/lambda": self.lam, "dagrpo/tau": self.tau(), "dagrpo/cloud_rate": rate,
             "dagrpo/cloud_calls_per_group": self._step["calls"] / max(self._step["groups"], 1),
+            # groups where some asked and some did not: the only ones whose cost advantage is non-zero (at
+            # 0 the dual variable has no lever left on the policy: asking always or never is absorbing)
+            "dagrpo/groups_split_on_asking": mean(float(0 < sum(s.cost for s in g) < len(g)) for g in groups),
             "dagrpo/cloud_failures": float(self._step["failures"]),
             "dagrpo/local_only_accuracy": mean([s.rewards.get("correct", 0) for s in samples if not s.cost] or [float("nan")]),
             "dagrpo/phase": float(self.phase_index),
@@ -253,6 +260,12 @@ class DAGRPO(GRPO):
         for reason, count in reasons.as_dict().items():
             metrics[f"verifier/{reason}"] = count / len(samples)
         self._last_rate = rate
+        self._unsplit_steps = 0 if metrics["dagrpo/groups_split_on_asking"] > 0 else getattr(self, "_unsplit_steps", 0) + 1
+        if self._unsplit_steps == STUCK_STEPS and not self.config.dagrpo.local_only:
+            log.warning("DA-GRPO step %d: for %d steps no prompt group was split on asking (cloud rate %.2f), so "
+                        "the cost advantage is zero and lambda (%.2f) cannot move the policy; a KL anchor "
+                        "(grpo.kl_coef) or a slower dual (dagrpo.eta_lambda) avoids this (README, DA-GRPO study)",
+                        step, STUCK_STEPS, rate, self.lam)
         return metrics
 
     def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
