@@ -41,16 +41,17 @@ def main(argv=None) -> int:
     from slime_ext.tasks.templates import get_template
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("checkpoints", nargs="+", type=Path)
+    ap.add_argument("items", nargs="+", metavar="CHECKPOINT_OR_K=V", help="checkpoint dirs, then config overrides")
     ap.add_argument("--levels", nargs="+", default=["L1", "L4"])
     ap.add_argument("--n", type=int, default=48, help="held-out prompts per level")
-    ap.add_argument("overrides", nargs="*", default=[])
     args = ap.parse_args(argv)
-    cfg = load_config(REPO / "configs" / "dagrpo.yaml", args.overrides).config
+    checkpoints = [Path(x) for x in args.items if Path(x).is_dir()]  # run dirs may contain "="
+    overrides = [x for x in args.items if not Path(x).is_dir()]
+    cfg = load_config(REPO / "configs" / "dagrpo.yaml", overrides).config
     template = get_template(cfg.data.template)
     torch.set_num_threads(1)
-    for path in args.checkpoints:
-        if not (path / "config.json").is_file():
+    for path in checkpoints:
+        if not (path / "config.json").is_file():  # a directory, but not a checkpoint
             raise SystemExit(f"{path}: not a Hugging Face checkpoint directory (no config.json); pass a run's hf/ "
                              "directory or a warm start's")
         tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
