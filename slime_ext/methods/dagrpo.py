@@ -261,7 +261,7 @@ class DAGRPO(GRPO):
             metrics[f"verifier/{reason}"] = count / len(samples)
         self._last_rate = rate
         self._unsplit_steps = 0 if metrics["dagrpo/groups_split_on_asking"] > 0 else getattr(self, "_unsplit_steps", 0) + 1
-        if self._unsplit_steps == STUCK_STEPS and not self.config.dagrpo.local_only:
+        if self._unsplit_steps == STUCK_STEPS and self.name == "dagrpo" and not self.config.dagrpo.local_only:
             log.warning("DA-GRPO step %d: for %d steps no prompt group was split on asking (cloud rate %.2f), so "
                         "the cost advantage is zero and lambda (%.2f) cannot move the policy; a KL anchor "
                         "(grpo.kl_coef) or a slower dual (dagrpo.eta_lambda) avoids this (README, DA-GRPO study)",
