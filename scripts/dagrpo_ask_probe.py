@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from slime_ext.config.loader import load_config
-    from slime_ext.methods.dagrpo import _load_rows
+    from slime_ext.methods.dagrpo import load_rows
     from slime_ext.tasks.templates import get_template
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,16 +50,16 @@ def main(argv=None) -> int:
     cfg = load_config(REPO / "configs" / "dagrpo.yaml", overrides).config
     template = get_template(cfg.data.template)
     torch.set_num_threads(1)
+    held_out = {level: load_rows(cfg, [level])[1][: args.n] for level in args.levels}  # once, for every checkpoint
     for path in checkpoints:
         if not (path / "config.json").is_file():  # a directory, but not a checkpoint
             raise SystemExit(f"{path}: not a Hugging Face checkpoint directory (no config.json); pass a run's hf/ "
                              "directory or a warm start's")
         tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
         row = {"checkpoint": str(path)}
-        for level in args.levels:
-            held_out = _load_rows(cfg, [level], None, None)[1][: args.n]
-            p = trigger_probabilities(model, tok, [r["prompt"] for r in held_out],
-                                      [r["solution"].split("\n")[0] for r in held_out], cfg.dagrpo.trigger, template)
+        for level, rows in held_out.items():
+            p = trigger_probabilities(model, tok, [r["prompt"] for r in rows],
+                                      [r["solution"].split("\n")[0] for r in rows], cfg.dagrpo.trigger, template)
             q = p.quantile(torch.tensor([0.1, 0.5, 0.9])).tolist()
             row[level] = {"mean": round(p.mean().item(), 3), "p10": round(q[0], 3), "median": round(q[1], 3),
                           "p90": round(q[2], 3)}

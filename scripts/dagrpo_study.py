@@ -139,7 +139,7 @@ def control(run: Path, steps: int) -> dict[str, float]:
     window = max(1, steps // 4)
     tail = m[-window:]
     rates = [x["dagrpo/cloud_rate"] for x in m]
-    rate, tau = mean(x["dagrpo/cloud_rate"] for x in tail), mean(x["dagrpo/tau"] for x in tail)
+    rate, tau = mean(rates[-window:]), mean(x["dagrpo/tau"] for x in tail)
     out = {"eta": cfg["dagrpo"]["eta_lambda"], "lr": cfg["train"]["lr"], "kl": cfg["grpo"]["kl_coef"],
            "lambda_0": m[0]["dagrpo/lambda"], "final lambda": m[-1]["dagrpo/lambda_next"],
            "cloud rate (last quarter)": rate, "rate std (last quarter)": pstdev(rates[-window:]),

@@ -31,7 +31,7 @@ STUCK_STEPS = 3  # steps without a group split on asking before the run log says
 def load_phase_rows(config: Config, index: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) rows of DA-GRPO phase `index`: its JSONL files, or synthetic math at its levels."""
     phase = config.dagrpo.phases[index]
-    return _load_rows(config, list(phase.levels), phase.train_path, phase.eval_path)
+    return load_rows(config, list(phase.levels), phase.train_path, phase.eval_path)
 
 
 def phase_data_sources(config: Config) -> list[str]:
@@ -50,11 +50,12 @@ def phase_data_sources(config: Config) -> list[str]:
 def load_source_rows(config: Config, source: str) -> tuple[list[dict], list[dict]]:
     """(train, held-out) rows of one entry of `phase_data_sources`."""
     levels, train_path, eval_path = json.loads(source)
-    return _load_rows(config, levels, train_path, eval_path)
+    return load_rows(config, levels, train_path, eval_path)
 
 
-def _load_rows(config: Config, levels: list[str], train_path: Optional[str],
-               eval_path: Optional[str]) -> tuple[list[dict], list[dict]]:
+def load_rows(config: Config, levels: list[str], train_path: Optional[str] = None,
+              eval_path: Optional[str] = None) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) rows of JSONL files, or of synthetic math at `levels`, under the config's data settings."""
     from slime_ext.tasks.prepare import prepare_data
 
     data_cfg = config.data.model_copy(deep=True)
@@ -86,6 +87,7 @@ class DAGRPO(GRPO):
         self.tokenizer = tokenizer
         self.lam = float(d.lambda_init)
         self.phase_index, self.step_in_phase = 0, 0
+        self._unsplit_steps = 0  # consecutive steps with no group split on asking (for the run log)
         self.spec = {"kind": "dagrpo_trigger", "trigger": d.trigger}
         if cloud is None and d.local_only:
             cloud = CloudHelper(None)  # never called: nothing asks
@@ -260,7 +262,7 @@ class DAGRPO(GRPO):
         for reason, count in reasons.as_dict().items():
             metrics[f"verifier/{reason}"] = count / len(samples)
         self._last_rate = rate
-        self._unsplit_steps = 0 if metrics["dagrpo/groups_split_on_asking"] > 0 else getattr(self, "_unsplit_steps", 0) + 1
+        self._unsplit_steps = 0 if metrics["dagrpo/groups_split_on_asking"] > 0 else self._unsplit_steps + 1
         if self._unsplit_steps == STUCK_STEPS and self.name == "dagrpo" and not self.config.dagrpo.local_only:
             log.warning("DA-GRPO step %d: for %d steps no prompt group was split on asking (cloud rate %.2f), so "
                         "the cost advantage is zero and lambda (%.2f) cannot move the policy; a KL anchor "
