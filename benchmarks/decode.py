@@ -33,7 +33,7 @@ def build_model(vocab: int, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     from megatron_glue.hf_config import hf_config_from_model_config
-    from slime_ext.config.schema import ModelConfig
+    from slime_ext.config.sections import ModelConfig
 
     torch.manual_seed(seed)
     hf = hf_config_from_model_config(ModelConfig(vocab_size=vocab, max_position_embeddings=1024))
@@ -51,8 +51,8 @@ def ragged_lengths(batch: int, new_tokens: int, seed: int = 1) -> list[int]:
 
 
 def run_embedded(model, batch_prompts, new_tokens: int, lengths: list[int] | None = None) -> float:
-    from sglang_patches.sampling import SamplingParams
-    from slime_ext.engine.base import GenerateRequest
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
     from slime_ext.engine.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(model, eos_token_id=-1)

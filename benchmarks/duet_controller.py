@@ -28,8 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv=None) -> int:
     from slime_ext.config import load_config
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.methods import PromptPlan, build_method
-    from slime_ext.rollout.manager import RolloutManager
+    from slime_ext.methods.base import PromptPlan
+    from slime_ext.methods.registry import build_method
+    from slime_ext.orchestration.rollout_manager import RolloutManager
+    from slime_ext.methods.registry import data_transform
     from slime_ext.tasks.prepare import prepare_data
     from slime_ext.tokenizer import load_tokenizer
 
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     over = [f"rollout.prompts_per_step={args.prompts}", "duet.budget_fraction=0.5"]
     duet_cfg = load_config(repo / "configs" / "duet.yaml", over).config
     grpo_cfg = load_config(repo / "configs" / "grpo.yaml", over).config
-    data = prepare_data(duet_cfg.data, duet_cfg.run.cache_dir)
+    data = prepare_data(duet_cfg.data, duet_cfg.run.cache_dir, data_transform(duet_cfg))
     tok = load_tokenizer(args.model)
     engine = EmbeddedEngine.from_pretrained(args.model)
     timings: dict[str, list[float]] = {"rollout_with_gate": [], "rollout_without_gate": [], "controller": []}

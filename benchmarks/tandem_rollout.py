@@ -27,8 +27,8 @@ from benchmarks.decode import build_model, prompts  # noqa: E402
 
 
 def run(engine, batch_prompts, new_tokens: int, tandem: bool, vocab: int) -> float:
-    from sglang_patches.sampling import SamplingParams
-    from slime_ext.engine.base import GenerateRequest
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
 
     specs = [{"kind": "tandem", "p_senior": 0.5, "kappa": 32, "boundary_ids": list(range(2, vocab, 3))}] if tandem else []
     reqs = [GenerateRequest(f"r{i}", p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens), seed=i,

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-from megatron_glue.actor import MegatronTrainer
+from megatron_glue.trainer import MegatronTrainer
 
 LATEST = "latest"
 

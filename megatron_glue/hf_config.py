@@ -6,14 +6,14 @@ from typing import Any, Optional
 
 from transformers import AutoConfig, Qwen3Config, Qwen3MoeConfig
 
-from slime_ext.config.schema import ModelConfig
+
 
 
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def hf_config_from_model_config(model: ModelConfig, tokenizer_vocab: Optional[int] = None) -> Any:
+def hf_config_from_model_config(model: Any, tokenizer_vocab: Optional[int] = None) -> Any:
     """An HF Qwen3 / Qwen3-MoE config. With `model.hf_path` the checkpoint's config.json wins; otherwise
     the vocabulary is `model.vocab_size` or the tokenizer's size rounded up to a multiple of 64 (so the
     embedding splits evenly across tensor-parallel ranks, as Qwen3's 151936 does)."""

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
-from megatron_glue.actor import MegatronTrainer
+from megatron_glue.trainer import MegatronTrainer
 from megatron_glue.convert import expert_full_name, megatron_param_to_hf, rank_parameters, tp_join
 
 Bucket = list[tuple[str, torch.Tensor]]

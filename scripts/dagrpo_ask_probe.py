@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from slime_ext.config.loader import load_config
-    from slime_ext.methods.dagrpo import load_rows
+    from slime_ext.methods.dagrpo.method import load_rows
     from slime_ext.tasks.templates import get_template
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -36,7 +36,7 @@ from statistics import mean, pstdev
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.study import finished_run, read_metrics, run_one  # noqa: E402
+from slime_ext.tools.study import finished_run, read_metrics, run_one  # noqa: E402
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}

@@ -20,7 +20,7 @@ from statistics import mean
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.study import read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import read_metrics, run_one, summarise, write_table  # noqa: E402
 
 ARMS = {
     "GRPO full": ("grpo.yaml", []),

@@ -4,7 +4,7 @@
 #
 # Same environment variables and roles as scripts/run-qwen3-30B-A3B.sh. STAGES=sft, rl or "sft rl"
 # (default). For real data, build the interleaved JSONL first with
-#   python -m slime_ext.sxs_data --input triples.jsonl --oracle judge --judge-url http://<sglang>:30000 --out sxs.jsonl
+#   python -m slime_ext.methods.sxs.build_data --input triples.jsonl --oracle judge --judge-url http://<sglang>:30000 --out sxs.jsonl
 # and pass data.source=jsonl data.train_path=sxs.jsonl (answers in the 'solution' field). The RL stage
 # reuses the SFT warm start from the cache (same content hash) and keeps it as its KL reference.
 set -euo pipefail

@@ -118,7 +118,7 @@ check_and_plan() {
   local config="$1"
   log "validating $config ${OVERRIDES[*]-}"
   "$PY" -m slime_ext.config --check "$config" ${OVERRIDES[@]+"${OVERRIDES[@]}"} > /dev/null
-  "$PY" -m slime_ext.plan "$config" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+  "$PY" -m slime_ext.orchestration.plan "$config" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 }
 
 if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
@@ -133,7 +133,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   compose_config "$TMP_DIR/config.yaml"
   log "dry run (node $NODE_RANK of $NNODES): nothing is started"
   check_and_plan "$TMP_DIR/config.yaml"
-  log "dry run OK; a real run would start Ray, convert $HF_CKPT -> $MCORE_CKPT if needed, and run slime_ext.main"
+  log "dry run OK; a real run would start Ray, convert $HF_CKPT -> $MCORE_CKPT if needed, and run slime_ext.orchestration.driver"
   exit 0
 fi
 
@@ -187,4 +187,4 @@ fi
 
 export MCORE_CKPT
 log "starting the job: config $CONFIG"
-exec "$PY" -m slime_ext.main "$CONFIG" cluster.ray_address=auto ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+exec "$PY" -m slime_ext.orchestration.driver "$CONFIG" cluster.ray_address=auto ${OVERRIDES[@]+"${OVERRIDES[@]}"}

@@ -5,4 +5,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "${VENV:-$ROOT/.venv}/bin/python" -m slime_ext.main "$@"
+exec "${VENV:-$ROOT/.venv}/bin/python" -m slime_ext.orchestration.driver "$@"

@@ -15,7 +15,7 @@ Both arms start from the same base (the tiny model, random init, the same SFT se
 arm's embedded tokenizer is trained on its own SFT text.
 
 Columns (`--out`/table.md, table.json; mean ± std over seeds): held-out mean@4 / pass@4 / greedy, the
-truncation rate, and the latency metrics of `slime_ext.sxs.metrics` averaged over the sampled eval
+truncation rate, and the latency metrics of `slime_ext.methods.sxs.metrics` averaged over the sampled eval
 responses (`meta.response_metrics` of the eval json): ARI, ABO, AIRW, think blocks, total / reasoning /
 response lengths, first substantive disclosure, all in tokens of the response without its EOS. For the
 CoT rows the same metrics treat the `Step` reasoning as one think block and the final `\\boxed{}` line
@@ -34,7 +34,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {

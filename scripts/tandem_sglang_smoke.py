@@ -37,13 +37,13 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sglang_patches.sampler import replay_annotations
-    from sglang_patches.sampling import SamplingParams
+    from sglang_patches.request_sampler import replay_annotations
+    from sglang_patches.decoding import SamplingParams
     from sglang_patches.tandem import boundary_ids_from_vocab
     from sglang_patches.tandem_model import write_tandem_checkpoint
-    from slime_ext.engine.base import GenerateRequest
+    from slime_ext.data.generation import GenerateRequest
     from slime_ext.engine.sglang_client import SGLangEngineClient
-    from slime_ext.engine.sglang_server import SGLangServer, build_server_command
+    from slime_ext.engine.sglang_launcher import SGLangServer, build_server_command
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("senior")

@@ -22,13 +22,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 
 
 def row_of(run: Path) -> dict[str, float]:
-    from slime_ext.tandem_eval import axes_row
+    from slime_ext.methods.tandem.eval_axes import axes_row
 
     solo = json.loads((run / "eval_final.json").read_text())
     row = {"solo_mean@4": solo["mean@4"], "solo_pass@4": solo["pass@4"], "solo_greedy": solo["greedy"]}
@@ -45,7 +45,7 @@ def plots(out: Path, first_runs: dict[str, Path]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from slime_ext.tandem_eval import survival_plot
+    from slime_ext.methods.tandem.eval_axes import survival_plot
 
     drift = {m: json.loads((r / "tandem_axes.json").read_text())["drift"] for m, r in first_runs.items()}
     survival_plot(drift, out / "drift_survival.png")
@@ -89,9 +89,9 @@ def main(argv=None) -> int:
     warm_hf = Path(json.loads((first["TRL"] / "tandem_axes.json").read_text())["junior"])
     warm_out = args.runs / "warm_start_eval.json"
     if not warm_out.with_name("warm_start_eval_tandem_axes.json").exists():
-        subprocess.run([sys.executable, "-m", "slime_ext.eval", str(warm_hf), "--config", str(first["TRL"] / "config.yaml"),
+        subprocess.run([sys.executable, "-m", "slime_ext.tools.eval_checkpoint", str(warm_hf), "--config", str(first["TRL"] / "config.yaml"),
                         "--no-progress", "--out", str(warm_out), "--tandem-junior", str(warm_hf)], cwd=REPO, check=True)
-    from slime_ext.tandem_eval import axes_row
+    from slime_ext.methods.tandem.eval_axes import axes_row
 
     warm = json.loads(warm_out.read_text())
     warm_row = {"solo_mean@4": warm["mean@4"], "solo_pass@4": warm["pass@4"], "solo_greedy": warm["greedy"]}

@@ -2,7 +2,7 @@
 
 When the decoded response ends with the trigger (`I need external assistance.` by default), the local
 response ends there: the token is annotated `asked_for_help` and the next step forces EOS. The
-composition with the cloud's completion happens after generation (`slime_ext.dagrpo.splice`).
+composition with the cloud's completion happens after generation (`slime_ext.methods.dagrpo.splice`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from sglang_patches.sampler import RequestView, Sampler, StepAction, register_sampler
+from sglang_patches.request_sampler import RequestView, Sampler, StepAction, register_sampler
 
 DEFAULT_TRIGGER = "I need external assistance."
 

@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from sglang_patches.sampler import CoinStream, RequestView, Sampler, StepAction, register_sampler
+from sglang_patches.boxed_answer import find_last_boxed
+from sglang_patches.request_sampler import CoinStream, RequestView, Sampler, StepAction, register_sampler
 
 _QA_ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 _QA_THEREFORE = re.compile(r"Therefore,?\s+the answer is\s+\S+", re.IGNORECASE)
@@ -30,8 +31,6 @@ _QA_THEREFORE = re.compile(r"Therefore,?\s+the answer is\s+\S+", re.IGNORECASE)
 
 def math_marker(text: str) -> bool:
     """A closed `\\boxed{...}` (the verifier's own extractor: nested and escaped braces handled)."""
-    from slime_ext.rewards.boxed import find_last_boxed
-
     return find_last_boxed(text)[0] is not None
 
 

@@ -67,7 +67,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without sglang
         "on CPU machines run scripts/install_sglang_cpu.sh."
     ) from exc
 
-from sglang_patches.sampler import SAMPLER_REGISTRY, RequestView, SamplerChain
+from sglang_patches.request_sampler import SAMPLER_REGISTRY, RequestView, SamplerChain
 from sglang_patches.tandem_model import split_logits
 
 # custom_params keys
@@ -105,7 +105,7 @@ def sampler_modules(specs: Sequence[dict[str, Any]]) -> list[str]:
     mods = []
     for spec in specs:
         cls = SAMPLER_REGISTRY.get(spec.get("kind"))
-        if cls is not None and cls.__module__ not in ("__main__", "sglang_patches.sampler") and cls.__module__ not in mods:
+        if cls is not None and cls.__module__ not in ("__main__", "sglang_patches.request_sampler") and cls.__module__ not in mods:
             mods.append(cls.__module__)
     return mods
 

@@ -1,4 +1,4 @@
-"""SxS channel tracking (METHODS.md section 3), as a per-request sampler.
+"""SxS channel tracking (docs/methods/sxs.md), as a per-request sampler.
 
 Annotates every token with its channel: tokens inside `<think>...</think>` (tags included) are THINK,
 inside `<speak>...</speak>` SPEAK; tokens outside any block count as THINK (private unless a speak block
@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from sglang_patches.sampler import RequestView, Sampler, StepAction, register_sampler
+from sglang_patches.request_sampler import RequestView, Sampler, StepAction, register_sampler
 
 THINK, SPEAK = 0, 1
 
@@ -59,5 +59,18 @@ class SxSChannelSampler(Sampler):
 
 def visible_token_ids(output_ids: list[int], channels: list[int], tags: dict[str, int]) -> list[int]:
     """The user-visible projection: speak-channel tokens without the tags themselves."""
-    tag_ids = set(tags.values())
-    return [tok for tok, ch in zip(output_ids, channels) if ch == SPEAK and tok not in tag_ids]
+    tag_set = set(tags.values())
+    return [tok for tok, ch in zip(output_ids, channels) if ch == SPEAK and tok not in tag_set]
+
+
+TAG_TOKENS = ("<think>", "</think>", "<speak>", "</speak>")
+
+
+def tag_ids(tokenizer: Any) -> dict[str, int]:
+    """The four tag tokens' ids (a tokenizer without them cannot run SxS)."""
+    ids = tokenizer.convert_tokens_to_ids(list(TAG_TOKENS))
+    unk = getattr(tokenizer, "unk_token_id", None)
+    missing = [t for t, i in zip(TAG_TOKENS, ids) if i is None or (unk is not None and i == unk)]
+    if missing:
+        raise ValueError(f"SxS needs the tag tokens {missing} in the tokenizer's vocabulary")
+    return dict(zip(("think_open", "think_close", "speak_open", "speak_close"), (int(i) for i in ids)))

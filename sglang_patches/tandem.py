@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from sglang_patches.sampler import CoinStream, RequestView, Sampler, StepAction, register_sampler
+from sglang_patches.request_sampler import CoinStream, RequestView, Sampler, StepAction, register_sampler
 
 SENIOR = 1
 JUNIOR = 0

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from sglang_patches.sampling import FINISH_LENGTH, SamplingParams
+from sglang_patches.decoding import FINISH_LENGTH, SamplingParams
 from slime_ext.algo.passk import mean_at_k, pass_at_k_over_prompts
-from slime_ext.engine.base import FINISH_FAILED, GenerateRequest, GenerateResult
+from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult
 from slime_ext.rewards import ReasonCounter, VerifyResult, get_verifier
 from slime_ext.tasks.templates import get_template
 
@@ -42,7 +42,7 @@ GREEDY = "greedy"
 
 def sample_seed(seed: int, row: int, sample: int | str) -> int:
     """Seed of sample `sample` (an index, or "greedy") of row `row`: a 63-bit hash of the triple."""
-    digest = hashlib.sha256(f"slime_ext.eval:{seed}:{row}:{sample}".encode()).digest()
+    digest = hashlib.sha256(f"slime_ext.tools.eval_checkpoint:{seed}:{row}:{sample}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -88,7 +88,7 @@ class EvalReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EvalReport":
-        """Inverse of `to_dict` (e.g. an `eval.json` written by `python -m slime_ext.eval`)."""
+        """Inverse of `to_dict` (e.g. an `eval.json` written by `python -m slime_ext.tools.eval_checkpoint`)."""
         mean = {int(k.split("@", 1)[1]): float(v) for k, v in data.items() if k.startswith("mean@") and k[5:].isdigit()}
         passk = {int(k.split("@", 1)[1]): float(v) for k, v in data.items() if k.startswith("pass@") and k[5:].isdigit()}
         return cls(

@@ -24,14 +24,17 @@ from typing import Any, Optional
 import ray
 from tqdm import tqdm
 
-from megatron_glue.actor import TrainerSettings
 from megatron_glue.hf_config import hf_config_from_model_config
 from megatron_glue.model_provider import ParallelSizes
+from megatron_glue.trainer import TrainerSettings
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample
-from slime_ext.engine.actor import EmbeddedEngineActor, RemoteEngine
-from slime_ext.rollout.data_source import DataSource
-from slime_ext.rollout.manager import RemoteRolloutManager, RolloutManager
+from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
+from slime_ext.orchestration.data_source import DataSource
+from slime_ext.orchestration.local_endpoints import build_run_method
+from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
+from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
+from slime_ext.orchestration.trainer_settings import trainer_settings
 from slime_ext.tasks.templates import get_template
 from slime_ext.train_group import TrainGroup
 
@@ -49,11 +52,6 @@ def init_ray(config: Config) -> None:
         # address="local": always a fresh single-machine instance, never another job's cluster
         ray.init(address="local", num_cpus=max(2, config.rollout.threads + config.train.threads),
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
-
-
-def world_size(config: Config) -> int:
-    p = config.train.parallel
-    return p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.data_parallel_size
 
 
 def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, prefix: str) -> list[Sample]:
@@ -124,18 +122,15 @@ class TrainingJob:
         self.hf_config = hf_config_from_model_config(config.model, len(tokenizer))
         self.sizes = ParallelSizes.from_config(config.train.parallel)
         self.peak_gib = 0.0
+        # The driver's copy of the method: what the loop asks of it (warm start, loss, models, evaluation).
+        # The rollout manager builds its own, which holds the controllers' state.
+        self.method = build_run_method(config, tokenizer)
+        self.actors = actor_groups(config)
 
     # -- SFT warm start ---------------------------------------------------------------------------
     def warm_start_key(self) -> str:
         c = self.cfg
-        # DA-GRPO's SFT rows depend on the phases' data only (not their order, steps, tau or local_only),
-        # so every arm of a study over the same tasks shares one warm start
-        dagrpo_data = None
-        if c.method in ("dagrpo", "collab_grpo"):
-            from slime_ext.methods.dagrpo import phase_data_sources
-
-            dagrpo_data = (phase_data_sources(c), c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction)
-        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), dagrpo_data,
+        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), self.method.warm_start_key(),
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
                  c.rollout.max_response_len]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -145,16 +140,8 @@ class TrainingJob:
         return self.cfg.sft.seed if self.cfg.sft.seed is not None else self.cfg.run.seed
 
     def sft_rows(self) -> list[dict]:
-        """The warm start's rows: the training data; for DA-GRPO every phase's data, with some solutions
-        ending in the help trigger."""
-        c = self.cfg
-        if c.method not in ("dagrpo", "collab_grpo") or not c.dagrpo.phases:
-            return self.train_rows
-        from slime_ext.dagrpo.core import with_trigger_examples
-        from slime_ext.methods.dagrpo import load_source_rows, phase_data_sources
-
-        rows = [r for source in phase_data_sources(c) for r in load_source_rows(c, source)[0]]
-        return with_trigger_examples(rows, c.dagrpo.trigger, c.dagrpo.sft_trigger_fraction, self.sft_seed)
+        """The warm start's rows: the training data, or what the method trains its warm start on."""
+        return self.method.warm_start_rows(self.train_rows, self.sft_seed)
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()
@@ -174,9 +161,8 @@ class TrainingJob:
         s = self.cfg.sft
         out.mkdir(parents=True, exist_ok=True)
         init_ray(self.cfg)
-        group = TrainGroup(world_size(self.cfg), self.cfg.cluster.gpus_per_node,
-                           threads=self.cfg.train.threads + self.cfg.rollout.threads)
-        settings = TrainerSettings.from_config(self.cfg, total_steps=s.steps, lr=s.lr)
+        group = self.train_group(threads=self.cfg.train.threads + self.cfg.rollout.threads)
+        settings = trainer_settings(self.cfg, self.method.loss_spec(), total_steps=s.steps, lr=s.lr)
         settings.lr_warmup_steps = s.warmup_steps
         settings.seed = self.sft_seed
         settings.lr_decay_style = "cosine"
@@ -226,23 +212,9 @@ class TrainingJob:
         rows = self.eval_rows[: self.cfg.eval.n_prompts]
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
-                          seed=self.cfg.run.seed, progress=True, **self.method_eval_options())
+                          seed=self.cfg.run.seed, progress=True, **self.method.eval_options())
         cached.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         return report
-
-    def method_eval_options(self) -> dict[str, Any]:
-        """What a method changes in evaluation: SxS scores the visible answer and reports latency; plain
-        GRPO reports the same latency metrics for its chain of thought (the SxS study's CoT arm)."""
-        from slime_ext.methods import SxS, build_method
-
-        if self.cfg.method == "grpo":
-            from slime_ext.sxs.metrics import cot_response_metrics
-
-            return {"response_metrics": lambda result: cot_response_metrics(self.tokenizer, result.output_ids)}
-        if self.cfg.method not in ("sxs_sft", "sxs_rl"):
-            return {}
-        method: SxS = build_method(self.cfg, self.tokenizer)
-        return {"sampler_specs": [method.spec], "project": method.project, "response_metrics": method.response_metrics}
 
     def evaluate_checkpoint(self, hf_dir: Path, name: str) -> Any:
         """Evaluate an HF checkpoint in this process (SFT-only runs have no engine actor)."""
@@ -250,67 +222,31 @@ class TrainingJob:
 
         return self.evaluate(EmbeddedEngine.from_pretrained(str(hf_dir)), name)
 
-    def evaluate_tandem_axes(self, senior_dir: Path, junior_dir: Path) -> dict:
-        """Handoff robustness, drift and legibility of the trained model against the junior."""
-        from slime_ext.tandem_eval import survival_plot, tandem_axes
-
-        axes = tandem_axes(str(senior_dir), str(junior_dir), self.tokenizer, self.eval_rows, self.cfg,
-                           n_prompts=self.cfg.tandem.eval_prompts, progress=lambda m: log.info("tandem axes: %s", m))
-        (self.run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
-        (self.run_dir / "plots").mkdir(exist_ok=True)
-        survival_plot({self.cfg.method: axes["drift"]}, self.run_dir / "plots" / "drift_survival.png")
-        return axes
-
-    def evaluate_phases(self, engine: Any, ended: int) -> dict:
-        """DA-GRPO continual evaluation after phase `ended`: every phase's held-out set (greedy local answers,
-        the cloud for prompts that ask); then the continual table from all evaluations so far."""
-        from slime_ext.methods import build_method
-
-        method = build_method(self.cfg, self.tokenizer)
-        out = {}
-        for k, phase in enumerate(self.cfg.dagrpo.phases):
-            rows = method.phase_rows(k)[1][: self.cfg.eval.n_prompts]
-            out[phase.name] = method.evaluate_rows(engine, rows, self.cfg.data.template, seed=self.cfg.run.seed)
-            log.info("after phase %d, held-out %s: %s", ended, phase.name, out[phase.name])
-        (self.run_dir / f"eval_after_phase_{ended}.json").write_text(json.dumps(out, indent=2) + "\n")
-        write_continual_table(self.run_dir, [p.name for p in self.cfg.dagrpo.phases])
-        return out
-
     # -- RL ---------------------------------------------------------------------------------------
-    def junior_dir(self, warm_dir: Path) -> Path:
-        """Tandem's frozen junior: `tandem.junior_path`, else a copy of the senior's start (self-paired).
-        A different junior must share the senior's vocabulary exactly."""
-        path = self.cfg.tandem.junior_path
-        if not path or self.cfg.method not in ("tandem", "tandem_klreg", "duet_tandem"):
-            return warm_dir
-        junior = Path(path)
-        if not (junior / "config.json").exists():
-            raise FileNotFoundError(f"tandem.junior_path={path}: no HF checkpoint there (config.json missing)")
-        from sglang_patches.tandem import check_same_vocabulary
-        from slime_ext.tokenizer import load_tokenizer
-
-        check_same_vocabulary(self.tokenizer.get_vocab(), load_tokenizer(str(junior)).get_vocab())
-        return junior
+    def train_group(self, threads: int) -> TrainGroup:
+        """The trainer's rank actors, placed as `slime_ext.orchestration.placement` says."""
+        return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads)
 
     def run_rl(self, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
         cfg = self.cfg
         init_ray(cfg)
         ckpt_dir = self.run_dir / "checkpoints"
         metrics_path = self.run_dir / "metrics.jsonl"
-        junior = self.junior_dir(warm_dir)
+        partner = self.method.partner_dir(warm_dir) if self.method.needs_partner else None
         engine_handle = ray.remote(EmbeddedEngineActor).options(
-            num_cpus=0.01, max_concurrency=2,
+            **ray_options(self.actors["engine"]), max_concurrency=2,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
-        ).remote(str(warm_dir), cfg.rollout.threads, str(junior) if cfg.method in ("tandem", "duet_tandem") else None)
+        ).remote(str(warm_dir), cfg.rollout.threads, str(partner) if partner else None)
         engine = RemoteEngine(engine_handle)
-        group = TrainGroup(world_size(cfg), cfg.cluster.gpus_per_node, threads=cfg.train.threads)
-        settings = TrainerSettings.from_config(cfg)
+        group = self.train_group(threads=cfg.train.threads)
+        settings = trainer_settings(cfg, self.method.loss_spec())
         self.kl_active = settings.kl_coef > 0
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, warm_dir)
         if self.kl_active:
-            # The KL reference is the starting checkpoint, or Tandem's junior for the KL-Reg baseline.
-            if junior != warm_dir and cfg.method == "tandem_klreg":
-                group.call("load_hf", str(junior))
+            # The KL reference is the starting checkpoint unless the method names another (Tandem's KL-Reg: the junior).
+            reference = self.method.kl_reference_dir(warm_dir)
+            if reference is not None:
+                group.call("load_hf", str(reference))
                 group.call("snapshot_reference")
                 group.call("load_hf", str(warm_dir))
             else:
@@ -318,7 +254,7 @@ class TrainingJob:
         manager_actor = None
         if cfg.rollout.manager == "actor":
             manager_actor = ray.remote(RolloutManager).options(
-                num_cpus=0.01, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+                **ray_options(self.actors["manager"]), runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
             ).remote(cfg, self.train_rows, self.tokenizer, engine)
             manager = RemoteRolloutManager(manager_actor)
         else:
@@ -339,7 +275,7 @@ class TrainingJob:
             from slime_ext.evaluation import EvalReport
 
             reports["warm start (SFT)"] = EvalReport.from_dict(json.loads(warm_eval.read_text()))
-        bar = tqdm(range(start, cfg.train.steps), desc=f"{cfg.method} RL", unit="step", file=sys.stderr,
+        bar = tqdm(range(start, cfg.train.steps), desc=f"{self.method.name} RL", unit="step", file=sys.stderr,
                    initial=start, total=cfg.train.steps)
         try:
             for step in bar:
@@ -352,8 +288,7 @@ class TrainingJob:
                         f"({saved}) is intact: resume with `bash scripts/run.sh resume={self.run_dir}`"
                     ) from exc
                 _append_jsonl(metrics_path, row)
-                if row.get("dagrpo/phase_end"):
-                    self.evaluate_phases(engine, int(row.get("dagrpo/phase", 0)))
+                self.method.evaluate_after_step(row, engine, self.run_dir)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")
                 if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.train.steps:
@@ -365,9 +300,11 @@ class TrainingJob:
             save_hf_checkpoint(final_hf, self.hf_config, dict(group.export_hf()))
             self.tokenizer.save_pretrained(final_hf)
             if with_eval:
-                reports[cfg.method.upper()] = self.evaluate(engine, "final")
-            if with_eval and cfg.tandem.eval_axes:
-                self.evaluate_tandem_axes(final_hf, junior)
+                reports[self.method.name.upper()] = self.evaluate(engine, "final")
+            if with_eval:
+                from slime_ext.engine.embedded import EmbeddedEngine
+
+                self.method.final_evaluations(final_hf, warm_dir, self.run_dir, self.eval_rows, EmbeddedEngine.from_pretrained)
         finally:
             group.shutdown()
             ray.kill(engine_handle)
@@ -394,27 +331,3 @@ class TrainingJob:
                     "perf/tokens_per_s": tokens / (t2 - t_start), "memory/peak_rss_gib": self.peak_gib})
         return row
 
-
-def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
-    """during-task accuracy (phase k's set right after phase k), post-switch accuracy (after phase k+1),
-    forgetting (during - post) / during, local-only and joint accuracy and cloud rate after the last phase."""
-    evals = {k: json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
-             for k in range(len(phases)) if (run_dir / f"eval_after_phase_{k}.json").exists()}
-    if not evals:
-        return None
-    last = evals[max(evals)]
-    lines = ["| phase | during-task acc | post-switch acc | forgetting | local-only acc (last) | joint acc (last) "
-             "| cloud rate (last) | random router (last) | router classifier (last) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for k, name in enumerate(phases):
-        during = evals.get(k, {}).get(name, {}).get("joint_accuracy")
-        post = evals.get(k + 1, {}).get(name, {}).get("joint_accuracy")
-        forget = (during - post) / during if during and post is not None else None
-        cell = lambda v: "-" if v is None or v != v else f"{v:.3f}"  # noqa: E731
-        row = last.get(name, {})
-        lines.append(f"| {name} | {cell(during)} | {cell(post)} | {cell(forget)} | {cell(row.get('local_only_accuracy'))} "
-                     f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} "
-                     f"| {cell(row.get('random_router_joint_accuracy'))} | {cell(row.get('router_clf_joint_accuracy'))} |")
-    path = run_dir / "continual_table.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path

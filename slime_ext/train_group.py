@@ -15,8 +15,9 @@ from typing import Any, Optional
 import ray
 import torch
 
-from megatron_glue.actor import MegatronTrainer, TrainerSettings
+from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 from megatron_glue.model_provider import ParallelSizes
+from slime_ext.orchestration.placement import ActorGroup, Placement, ray_options
 
 
 class TrainWorker:
@@ -96,22 +97,22 @@ class TrainWorker:
 class TrainGroup:
     """Driver-side handle: creates the rank actors and calls them in lockstep."""
 
-    def __init__(self, world: int, gpus_per_node: int, threads: int, master_addr: str = "127.0.0.1"):
+    def __init__(self, actors: ActorGroup, placement: Placement, threads: int, master_addr: str = "127.0.0.1"):
+        """One rank actor per `actors.count`, each in its bundle of one placement group (`placement`)."""
         from megatron_glue.parallel import free_port
 
-        self.world = world
+        self.world = world = actors.count
         port = free_port()
-        use_gpu = gpus_per_node > 0
-        bundles = [{"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 0.01} for _ in range(world)]
-        self.placement = ray.util.placement_group(bundles, strategy="PACK")
+        self.placement = ray.util.placement_group([dict(placement.bundle) for _ in range(placement.num_bundles)],
+                                                  strategy=placement.strategy)
         ray.get(self.placement.ready())
         actor_cls = ray.remote(TrainWorker)
         env = {"env_vars": {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}}
         self.workers = [
             actor_cls.options(
-                num_cpus=0.01 if not use_gpu else 1, num_gpus=1 if use_gpu else 0,
+                **ray_options(actors),
                 scheduling_strategy=ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
-                    placement_group=self.placement, placement_group_bundle_index=rank),
+                    placement_group=self.placement, placement_group_bundle_index=actors.bundles[rank][0]),
                 runtime_env=env,
             ).remote(rank, world, master_addr, port, threads)
             for rank in range(world)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from sglang_patches.dagrpo import HelpTriggerSampler
-from sglang_patches.sampler import RequestView, replay_annotations
+from sglang_patches.request_sampler import RequestView, replay_annotations
 from slime_ext.algo import grouped_advantages
-from slime_ext.dagrpo.core import composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at
+from slime_ext.methods.dagrpo.core import composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at
 from slime_ext.engine.solver import CharTokenizer
 
 TRIGGER = "I need external assistance."
@@ -123,7 +123,7 @@ def cloud_server(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.serve import ServerState, serve
+    from slime_ext.tools.serve import ServerState, serve
     from slime_ext.tokenizer import load_tokenizer, train_tokenizer
     from tests.megatron_fixtures import tiny_moe_config
 
@@ -149,9 +149,9 @@ def _sample(sid, group, text, tok, asked, level=None):
 
 def test_cloud_is_called_once_per_group_that_asked_and_never_otherwise(cloud_server):
     from slime_ext.config import load_config
-    from slime_ext.dagrpo.cloud import CloudHelper
-    from slime_ext.engine.openai_client import OpenAIClient
-    from slime_ext.methods.dagrpo import DAGRPO
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.clients.openai_client import OpenAIClient
+    from slime_ext.methods.dagrpo.method import DAGRPO
     from tests.conftest import CONFIGS
 
     url, state, tok = cloud_server
@@ -182,9 +182,9 @@ def test_cloud_is_called_once_per_group_that_asked_and_never_otherwise(cloud_ser
 
 def test_a_failing_endpoint_counts_unanswered_requests_and_keeps_the_samples(cloud_server):
     from slime_ext.config import load_config
-    from slime_ext.dagrpo.cloud import CloudHelper
-    from slime_ext.engine.openai_client import OpenAIClient
-    from slime_ext.methods.dagrpo import DAGRPO
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.clients.openai_client import OpenAIClient
+    from slime_ext.methods.dagrpo.method import DAGRPO
     from tests.conftest import CONFIGS
 
     _, _, tok = cloud_server
@@ -202,11 +202,11 @@ def test_a_failing_endpoint_counts_unanswered_requests_and_keeps_the_samples(clo
 def test_cloud_rate_is_reported_per_level_when_a_phase_mixes_levels(cloud_server):
     """Whether the policy learned where to ask: the batch rate split by the prompts' task level."""
     from slime_ext.config import load_config
-    from slime_ext.dagrpo.cloud import CloudHelper
-    from slime_ext.methods.dagrpo import DAGRPO
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.methods.dagrpo.method import DAGRPO
     from tests.conftest import CONFIGS
 
-    from slime_ext.engine.openai_client import OpenAIClient
+    from slime_ext.clients.openai_client import OpenAIClient
 
     url, _, tok = cloud_server
     method = DAGRPO(load_config(CONFIGS / "dagrpo.yaml", []).config, tok, cloud=CloudHelper(OpenAIClient(url), max_tokens=6))
@@ -225,15 +225,15 @@ def test_cloud_rate_is_reported_per_level_when_a_phase_mixes_levels(cloud_server
 def test_the_log_says_when_no_group_is_split_on_asking(cloud_server, caplog):
     """Asking always (or never) leaves every group's cost advantage at zero: the run log names it once."""
     from slime_ext.config import load_config
-    from slime_ext.dagrpo.cloud import CloudHelper
-    from slime_ext.engine.openai_client import OpenAIClient
-    from slime_ext.methods.dagrpo import DAGRPO, STUCK_STEPS
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.clients.openai_client import OpenAIClient
+    from slime_ext.methods.dagrpo.method import DAGRPO, STUCK_STEPS
     from tests.conftest import CONFIGS
 
     url, _, tok = cloud_server
     method = DAGRPO(load_config(CONFIGS / "dagrpo.yaml", []).config, tok, cloud=CloudHelper(OpenAIClient(url), max_tokens=6))
     asked = "Step 1: " + TRIGGER
-    with caplog.at_level("WARNING", logger="slime_ext.methods.dagrpo"):
+    with caplog.at_level("WARNING", logger="slime_ext.methods.dagrpo.method"):
         for step in range(STUCK_STEPS + 2):
             m = method.finish([[_sample(f"{step}{i}", f"g{step}", asked, tok, True) for i in range(2)]], step)
             assert m["dagrpo/groups_split_on_asking"] == 0.0
@@ -242,7 +242,7 @@ def test_the_log_says_when_no_group_is_split_on_asking(cloud_server, caplog):
 
 
 def test_warm_start_rows_include_trigger_examples():
-    from slime_ext.dagrpo.core import with_trigger_examples
+    from slime_ext.methods.dagrpo.core import with_trigger_examples
 
     rows = [{"id": i, "prompt": f"q{i}", "label": "1", "solution": "Step 1: a = 1.\nStep 2: b = 1.\n\\boxed{1}"}
             for i in range(400)]
@@ -255,7 +255,7 @@ def test_warm_start_rows_include_trigger_examples():
 
 
 def test_router_baselines():
-    from slime_ext.dagrpo.routers import (LogisticRouter, prompt_features, random_route, route_by_score,
+    from slime_ext.methods.dagrpo.routers import (LogisticRouter, prompt_features, random_route, route_by_score,
                                           routed_scores)
 
     rng = np.random.default_rng(0)
@@ -284,7 +284,7 @@ def test_router_baselines():
 
 def test_local_only_baseline_needs_no_cloud_and_never_asks():
     from slime_ext.config import load_config
-    from slime_ext.methods import build_method
+    from slime_ext.methods.registry import build_method
     from tests.conftest import CONFIGS
 
     tok = Tok()
@@ -300,13 +300,13 @@ def test_local_only_baseline_needs_no_cloud_and_never_asks():
 
 def test_solver_cloud_over_http_answers_exactly_and_counts_calls():
     """The embedded study's 'cloud': an exact solver behind the same OpenAI routes and client."""
-    from sglang_patches.sampling import SamplingParams
-    from slime_ext.dagrpo.cloud import CloudHelper
-    from slime_ext.engine.base import GenerateRequest
-    from slime_ext.engine.openai_client import OpenAIClient
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.data.generation import GenerateRequest
+    from slime_ext.clients.openai_client import OpenAIClient
     from slime_ext.engine.solver import UNSOLVED, SolverEngine
     from slime_ext.rewards.math_verifier import verify_math
-    from slime_ext.serve import ServerState, serve
+    from slime_ext.tools.serve import ServerState, serve
     from slime_ext.tasks.synthetic_math import generate_dataset
 
     engine = SolverEngine("synthetic_math")
@@ -366,7 +366,7 @@ def test_warm_start_is_shared_across_phase_orders_steps_targets_and_the_local_on
     mixed = job("train.steps=40", "dagrpo.phases=[{name: mixed, levels: [L1, L4], steps: 40, tau: 0.5}]")
     assert mixed.warm_start_key() == base.warm_start_key()
     assert [r["id"] for r in mixed.sft_rows()] == [r["id"] for r in base.sft_rows()]
-    from slime_ext.methods.dagrpo import load_phase_rows
+    from slime_ext.methods.dagrpo.method import load_phase_rows
 
     mixed_train = load_phase_rows(mixed.cfg, 0)[0]
     assert {r["level"] for r in mixed_train} == {"L1", "L4"}

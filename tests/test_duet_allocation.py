@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from slime_ext.algo.duet_allocation import (BudgetError, bisect_allocation, closed_form, knapsack_allocation,
+from slime_ext.methods.duet.allocation import (BudgetError, bisect_allocation, closed_form, knapsack_allocation,
                                             objective, stratification_factors)
 
 

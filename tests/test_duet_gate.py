@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sglang_patches.duet import DuetGateSampler, code_marker, gate_outcome, math_marker, qa_marker
-from sglang_patches.sampler import RequestView, build_sampler, replay_annotations
-from slime_ext.algo.duet_stats import LengthWindow, PromptStats, unbiasing_weight, within_step_sigma
+from sglang_patches.request_sampler import RequestView, build_sampler, replay_annotations
+from slime_ext.methods.duet.stats import LengthWindow, PromptStats, unbiasing_weight, within_step_sigma
 
 EOS = 1
 BOX, OPEN, CLOSE, X = 5, 6, 7, 8  # toy vocabulary: "\boxed", "{", "}", "x"
@@ -156,7 +156,7 @@ def test_importance_weights_make_the_gradient_unbiased():
         g[y] += 1.0
         return g
 
-    from slime_ext.algo.duet_allocation import stratification_factors
+    from slime_ext.methods.duet.allocation import stratification_factors
 
     s_pre = stratification_factors(counts)  # [0.5, 1.0]: clip(n / mean n, eps_pre, 1)
     # the natural-rollout estimator with the same allocation and stratification (no gate), exactly

@@ -11,13 +11,13 @@ from statistics import mean, stdev
 import pytest
 import torch
 
-from sglang_patches.sampler import RequestView, SamplerChain
-from sglang_patches.sampling import StopChecker
+from sglang_patches.request_sampler import RequestView, SamplerChain
+from sglang_patches.decoding import StopChecker
 from slime_ext.config import load_config
 from slime_ext.data import Sample
-from slime_ext.engine.base import GenerateResult
-from slime_ext.methods import build_method
-from slime_ext.rollout.manager import RolloutManager
+from slime_ext.data.generation import GenerateResult
+from slime_ext.methods.registry import build_method
+from slime_ext.orchestration.rollout_manager import RolloutManager
 from tests.conftest import CONFIGS
 
 
@@ -210,11 +210,12 @@ def test_dapo_drops_uninformative_groups_and_penalises_overlong():
 
 
 def test_dapo_uses_its_own_clip_range():
-    from megatron_glue.actor import TrainerSettings
+    from slime_ext.orchestration.trainer_settings import trainer_settings
 
-    st = TrainerSettings.from_config(_cfg("dapo.yaml"))
+    dapo, grpo = _cfg("dapo.yaml"), _cfg("grpo.yaml")
+    st = trainer_settings(dapo, build_method(dapo).loss_spec())
     assert (st.eps_clip_low, st.eps_clip_high) == (0.20, 0.28)
-    assert TrainerSettings.from_config(_cfg("grpo.yaml")).eps_clip_high == 0.2
+    assert trainer_settings(grpo, build_method(grpo).loss_spec()).eps_clip_high == 0.2
 
 
 def test_prompt_pool_limits_rl_to_the_first_prompts_so_they_recur():
@@ -237,7 +238,7 @@ def test_prompt_pool_limits_rl_to_the_first_prompts_so_they_recur():
 
 def test_dapo_overlong_buffer_must_leave_a_penalty_free_zone():
     from slime_ext.config import ConfigError
-    from slime_ext.methods.dapo import overlong_penalty
+    from slime_ext.methods.dapo.method import overlong_penalty
 
     with pytest.raises(ConfigError, match=r"dapo.overlong_buffer \(512\) must be smaller than rollout.max_response_len \(160\)"):
         _cfg("dapo.yaml", "dapo.overlong_buffer=512")

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from sglang_patches.duet import gate_outcome
-from sglang_patches.sampler import replay_annotations
-from sglang_patches.sampling import SamplingParams
+from sglang_patches.request_sampler import replay_annotations
+from sglang_patches.decoding import SamplingParams
 from slime_ext.config import load_config
 from slime_ext.data import Sample
-from slime_ext.engine.base import GenerateRequest
+from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine.embedded import EmbeddedEngine
-from slime_ext.methods import DuetTandem, build_method
+from slime_ext.methods.duet_tandem.method import DuetTandem
+from slime_ext.methods.registry import build_method
 from tests.conftest import CONFIGS
 from tests.megatron_fixtures import tiny_tandem_model
 
@@ -104,9 +105,9 @@ def _sample(sid, group, text, authors, logprobs, notes, finish="stop"):
 
 
 def test_duet_tandem_masks_weights_and_per_token_loss():
-    """Hand-made rollouts of two prompts through DuetTandem.finish and the trainer's own mask and loss
-    functions: per-token gradient = -w * A * [senior] * [not aborted] / (kept senior tokens)."""
-    from megatron_glue.actor import TrainerSettings, author_weighted_masks
+    """Hand-made rollouts of two prompts through DuetTandem.finish (which folds the author weights into the
+    masks) and the trainer's loss functions: per-token gradient = -w * A * [senior] * [not aborted] / (kept
+    senior tokens)."""
     from slime_ext.algo.losses import grpo_per_token_loss, loss_coefficients
 
     cfg = _cfg()
@@ -129,12 +130,11 @@ def test_duet_tandem_masks_weights_and_per_token_loss():
     # s_pre from counts 3 and 2 (mean 2.5): 1 and 0.8; b was eps-kept with propensity 0.25; c aborted
     w = [1.0, 4.0, 0.0, 1.25, 1.25]
     assert [s.weight for s in samples] == pytest.approx(w)
-    settings = TrainerSettings.from_config(cfg)
-    assert settings.junior_weight == 0.0  # the trainer applies the tandem author mask to duet_tandem
-    from slime_ext.plan import build_plan
+    loss = method.loss_spec()
+    from slime_ext.orchestration.plan import build_plan
 
     assert build_plan(cfg).rollout.models_per_engine == 2  # engines hold the junior too
-    masks = author_weighted_masks(samples, settings.junior_weight)
+    masks = [s.loss_mask for s in samples]  # junior_weight 0: the method trains the senior's tokens only
     senior_only = [[1, 0, 1, 1, 0], [1, 1, 0, 1, 1], [0, 0, 0, 0, 0], [1, 1, 0, 1], [0, 1, 1, 1]]
     assert masks == senior_only
     # the loss as the trainer computes it (ratio 1): d loss / d logprob per token
@@ -149,7 +149,7 @@ def test_duet_tandem_masks_weights_and_per_token_loss():
     adv = torch.tensor([s.advantage for s in samples])[:, None].expand(-1, T)
     weights = torch.tensor([s.weight for s in samples])[:, None].expand(-1, T)
     per_token, _ = grpo_per_token_loss(lp, old, adv, weights)
-    coef, denom = loss_coefficients(mask, settings.loss_agg)
+    coef, denom = loss_coefficients(mask, loss.loss_agg)
     ((per_token * coef).sum() / denom).backward()
     n_kept_senior = 3 + 4 + 0 + 3 + 3
     expected = [[-wi * s.advantage * m / n_kept_senior for m in row] + [0.0] * (T - len(row))
@@ -163,8 +163,7 @@ def test_duet_tandem_masks_weights_and_per_token_loss():
 def test_duet_tandem_rollout_step_end_to_end(pair):
     """One step through the rollout manager on the real engine (senior + junior): every sample carries
     its authors and DUET's outcome; the trainer mask is senior-only and empty for aborted rollouts."""
-    from megatron_glue.actor import TrainerSettings, author_weighted_masks
-    from slime_ext.rollout.manager import RolloutManager
+    from slime_ext.orchestration.rollout_manager import RolloutManager
 
     senior, junior = pair
     cfg = _cfg("rollout.max_response_len=40", "rollout.n_samples_per_prompt=4", "rollout.prompts_per_step=6",
@@ -176,7 +175,7 @@ def test_duet_tandem_rollout_step_end_to_end(pair):
     samples = [s for g in groups for s in g]
     k2 = metrics["duet/k2"]
     assert k2 == 28 and metrics["duet/planned_tokens"] <= metrics["duet/budget_tokens"]
-    masks = author_weighted_masks(samples, TrainerSettings.from_config(cfg).junior_weight)
+    masks = [s.loss_mask for s in samples]  # author weights folded in by the method
     aborted = [s for s in samples if s.metadata["did_abort"]]
     assert aborted and len(aborted) < len(samples)
     for s, m in zip(samples, masks):

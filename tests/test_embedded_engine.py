@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sglang_patches.sampler import RequestView, Sampler, StepAction, register_sampler
-from sglang_patches.sampling import SamplingParams
-from slime_ext.engine.base import GenerateRequest
+from sglang_patches.request_sampler import RequestView, Sampler, StepAction, register_sampler
+from sglang_patches.decoding import SamplingParams
+from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine.embedded import EmbeddedEngine
 from tests.megatron_fixtures import tiny_dense_config, tiny_moe_config
 
@@ -219,7 +219,8 @@ def test_request_errors(model):
 
 
 def test_engine_runs_inside_a_ray_actor(model, tmp_path):
-    ray = pytest.importorskip("ray")
+    import ray
+
     model.save_pretrained(tmp_path / "m")
     from slime_ext.tokenizer import train_tokenizer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_ext.config.schema import EvalConfig
-from slime_ext.engine.base import GenerateResult
+from slime_ext.config.sections import EvalConfig
+from slime_ext.data.generation import GenerateResult
 from slime_ext.evaluation import EvalReport, compare_table, evaluate, sample_seed
 
 EOS = 0
@@ -206,7 +206,7 @@ def cli_overrides(tmp_path: Path) -> list[str]:
 
 
 def test_cli_on_tiny_checkpoint_writes_eval_json(tiny_checkpoint, tmp_path, capsys):
-    from slime_ext.eval import main
+    from slime_ext.tools.eval_checkpoint import main
 
     out = tmp_path / "out"
     rc = main([str(tiny_checkpoint), "--no-progress", "--out", str(out), *cli_overrides(tmp_path)])
@@ -238,7 +238,7 @@ def test_cli_on_tiny_checkpoint_writes_eval_json(tiny_checkpoint, tmp_path, caps
     t = time.time()
     os.utime(old / "config.json", (t - 100, t - 100))
     os.utime(new / "config.json", (t, t))
-    from slime_ext.eval import find_checkpoint
+    from slime_ext.tools.eval_checkpoint import find_checkpoint
 
     assert find_checkpoint(run) == (new, run)
     os.utime(old / "config.json", (t + 100, t + 100))
@@ -250,7 +250,7 @@ def test_cli_on_tiny_checkpoint_writes_eval_json(tiny_checkpoint, tmp_path, caps
 
 
 def test_cli_rejects_non_checkpoints(tmp_path, capsys):
-    from slime_ext.eval import find_checkpoint, main
+    from slime_ext.tools.eval_checkpoint import find_checkpoint, main
 
     empty = tmp_path / "empty"
     empty.mkdir()

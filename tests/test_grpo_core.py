@@ -12,7 +12,7 @@ from slime_ext.algo import (
     entropy_from_logits,
     group_advantages,
     grouped_advantages,
-    grpo_policy_loss,
+    grpo_per_token_loss,
     kl_penalty,
     mean_at_k,
     pass_at_k,
@@ -120,12 +120,6 @@ def test_aggregation_token_vs_sample_mean():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     assert aggregate(values, mask, "token_mean").item() == pytest.approx(2.5)
     assert aggregate(values, mask, "sample_mean").item() == pytest.approx(3.0)
-    # packed layout: same two sequences in one row, mapped by seq_index
-    packed_v = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0]])
-    packed_m = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
-    seq_index = torch.tensor([[0, 0, 0, 1, -1]])
-    assert aggregate(packed_v, packed_m, "sample_mean", seq_index).item() == pytest.approx(3.0)
-    assert aggregate(packed_v, packed_m, "token_mean").item() == pytest.approx(2.5)
     # fractional mask (e.g. junior tokens at weight 0.5) weighs tokens
     assert aggregate(torch.tensor([[2.0, 4.0]]), torch.tensor([[1.0, 0.5]]), "token_mean").item() == pytest.approx(
         4.0 / 1.5
@@ -141,7 +135,13 @@ def test_all_masked_gives_zero_not_nan():
         out.backward()
 
 
-def test_grpo_policy_loss_hand_value_with_weights_kl_entropy():
+def _batch_loss(logp, old, adv, mask, **kw):
+    """The trainer's reduction: per-token GRPO loss, token-mean over the mask (metrics likewise)."""
+    per_token, parts = grpo_per_token_loss(logp, old, adv, **kw)
+    return aggregate(per_token, mask), {name: float(aggregate(v, mask)) for name, v in parts.items()}
+
+
+def test_grpo_loss_hand_value_with_weights_kl_entropy():
     # two samples, ratio 1 (on-policy): pg per token = -A * weight
     logp = torch.zeros(2, 2)
     adv = torch.tensor([[1.0, 1.0], [-2.0, -2.0]])
@@ -149,7 +149,7 @@ def test_grpo_policy_loss_hand_value_with_weights_kl_entropy():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     ref = torch.full((2, 2), math.log(0.5))  # k1 = log 2 per token
     ent = torch.tensor([[1.0, 1.0], [4.0, 4.0]])
-    loss, metrics = grpo_policy_loss(
+    loss, metrics = _batch_loss(
         logp, logp, adv, mask, weights=weights, ref_logprobs=ref, entropy=ent,
         kl_coef=0.1, kl_estimator="k1", entropy_coef=0.01,
     )
@@ -161,7 +161,7 @@ def test_grpo_policy_loss_hand_value_with_weights_kl_entropy():
     assert metrics["entropy"] == pytest.approx(ent_mean)
     assert metrics["clip_frac"] == 0.0
     with pytest.raises(ValueError, match="reference logprobs"):
-        grpo_policy_loss(logp, logp, adv, mask, kl_coef=0.1)
+        _batch_loss(logp, logp, adv, mask, kl_coef=0.1)
 
 
 def test_grpo_gradient_direction_raises_good_tokens():
@@ -170,7 +170,7 @@ def test_grpo_gradient_direction_raises_good_tokens():
     targets = torch.tensor([[1, 3]])
     logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
     adv = torch.tensor([[1.0, -1.0]])
-    loss, _ = grpo_policy_loss(logp, logp.detach(), adv, torch.ones(1, 2))
+    loss, _ = _batch_loss(logp, logp.detach(), adv, torch.ones(1, 2))
     loss.backward()
     new_logits = logits.detach() - 1.0 * logits.grad
     new_logp = torch.log_softmax(new_logits, -1).gather(-1, targets[..., None])[..., 0]

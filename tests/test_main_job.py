@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_ext.config.schema import DataConfig
-from slime_ext.main import main
+from slime_ext.config.sections import DataConfig
+from slime_ext.orchestration.driver import main
 from slime_ext.tasks.dataset import DatasetError
 from slime_ext.tasks.prepare import prepare_data
 from tests.conftest import CONFIGS

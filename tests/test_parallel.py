@@ -41,7 +41,7 @@ def _hf_weights(config):
 
 
 def _worker(rank, config, hf_sd, sizes, steps):
-    from megatron_glue.actor import MegatronTrainer, TrainerSettings
+    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
     from megatron_glue.convert import hf_to_megatron, shard_megatron_state
     from megatron_glue.parallel import init_model_parallel
     from megatron.core import parallel_state as mpu

@@ -1,4 +1,4 @@
-"""The cluster plan (`slime_ext.plan`) and the Qwen3-30B-A3B launcher's dry run.
+"""The cluster plan (`slime_ext.orchestration.plan`) and the Qwen3-30B-A3B launcher's dry run.
 
 Why: a multi-node launch fails late and expensively on a layout or memory mistake; these checks run the
 same arithmetic on a CPU machine, and hand-check the numbers against the stated split rules.
@@ -16,7 +16,7 @@ import pytest
 
 from megatron_glue.hf_config import hf_config_from_model_config, parameter_counts
 from slime_ext.config import load_config
-from slime_ext.plan import GIB, PlanError, build_plan, format_plan, main, param_split
+from slime_ext.orchestration.plan import GIB, PlanError, build_plan, format_plan, main, param_split
 from tests.conftest import CONFIGS, REPO
 
 MISSING_CKPT = "/nonexistent/Qwen3-30B-A3B"

@@ -57,17 +57,16 @@ def test_defaults_and_round_trip():
     assert Author.POLICY == 1 and Author.PARTNER == 0
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_every_annotation_stays_on_its_token(layout):
+def test_every_annotation_stays_on_its_token():
     samples = [make_sample(i, p, r) for i, (p, r) in enumerate([(3, 5), (7, 1), (2, 9), (4, 4)])]
     groups = [samples[:2], samples[2:]]
-    batch = build_batch(groups, pad_id=0, layout=layout, pad_to_multiple_of=4)
+    batch = build_batch(groups, pad_id=0, pad_to_multiple_of=4)
     assert batch.tokens.shape[-1] % 4 == 0
     for name, attr in [("author", "author"), ("channel", "channel"), ("old_logprobs", "logprobs"), ("loss_mask", "loss_mask")]:
         per = batch.response_values(name)
         for s, values in zip(samples, per):
             expected = torch.tensor(getattr(s, attr), dtype=values.dtype)
-            assert torch.equal(values, expected), (layout, name, s.sample_id)
+            assert torch.equal(values, expected), (name, s.sample_id)
     # response tokens come back in order, and every token's id matches the sample it belongs to
     for i, s in enumerate(samples):
         where = batch.seq_index == i
@@ -87,19 +86,13 @@ def test_every_annotation_stays_on_its_token(layout):
     assert batch.weights.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
-def test_layout_specific_fields():
+def test_padded_layout_fields():
     samples = [make_sample(0, 2, 3), make_sample(1, 1, 1)]
     padded = build_batch(samples, pad_id=7)
     assert padded.tokens.shape == (2, 5)
     assert padded.attention_mask.tolist() == [[True] * 5, [True, True, False, False, False]]
-    assert padded.tokens[1, 2:].tolist() == [7, 7, 7] and padded.cu_seqlens is None
-    packed = build_batch(samples, pad_id=7, layout="packed", pad_to_multiple_of=8)
-    assert packed.tokens.shape == (1, 8)
-    assert packed.cu_seqlens.tolist() == [0, 5, 7] and packed.attention_mask is None
-    assert packed.position_ids[0, :7].tolist() == [0, 1, 2, 3, 4, 0, 1]
-    with pytest.raises(ValueError, match="unknown batch layout"):
-        build_batch(samples, pad_id=0, layout="ragged")
-
+    assert padded.tokens[1, 2:].tolist() == [7, 7, 7]
+    assert build_batch(samples, pad_id=7, pad_to_multiple_of=8).tokens.shape == (2, 8)
 
 def test_require_fails_closed_on_missing_annotations():
     a = make_sample(0, 2, 2)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sglang_patches.sampler import (
+from sglang_patches.request_sampler import (
     CoinStream,
     RequestView,
     Sampler,
@@ -17,7 +17,7 @@ from sglang_patches.sampler import (
     register_sampler,
     replay_annotations,
 )
-from sglang_patches.sampling import SamplingParams, StopChecker, choose_token, filtered_logits
+from sglang_patches.decoding import SamplingParams, StopChecker, choose_token, filtered_logits
 
 
 @register_sampler

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from slime_ext.engine.openai_client import CallFailed, OpenAIClient
+from slime_ext.clients.openai_client import CallFailed, OpenAIClient
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir):
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.serve import ServerState, serve
+    from slime_ext.tools.serve import ServerState, serve
     from slime_ext.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)
@@ -93,8 +93,8 @@ def test_concurrent_requests_are_batched(server):
 
 def test_sglang_client_talks_to_the_native_route(server, model_dir):
     """The client our loop uses for SGLang: same ids and logprobs as the embedded engine directly."""
-    from sglang_patches.sampling import SamplingParams
-    from slime_ext.engine.base import GenerateRequest
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
     from slime_ext.engine.embedded import EmbeddedEngine
     from slime_ext.engine.sglang_client import SGLangEngineClient
 
@@ -168,9 +168,9 @@ def test_client_retries_server_errors_with_backoff_and_reports_failures():
 def test_speak_only_streams_exactly_the_visible_projection(server):
     """SxS inference: with speak_only the stream carries the speak channel only; it equals the projection
     of the full output (same seed, same channel sampler) computed on the client side."""
-    from sglang_patches.sampler import replay_annotations
+    from sglang_patches.request_sampler import replay_annotations
     from sglang_patches.sxs import visible_token_ids
-    from slime_ext.methods.sxs import tag_ids
+    from sglang_patches.sxs import tag_ids
 
     srv, state = server
     tags = tag_ids(state.tokenizer)

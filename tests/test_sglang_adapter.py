@@ -26,11 +26,11 @@ except Exception as exc:  # noqa: BLE001
     pytest.skip(f"sglang not importable: {exc}", allow_module_level=True)
 
 from sglang_patches import sglang_adapter as adapter
-from sglang_patches.sampler import (
+from sglang_patches.request_sampler import (
     SAMPLER_REGISTRY, CoinStream, RequestView, Sampler, SamplerChain, StepAction, register_sampler,
     replay_annotations,
 )
-from sglang_patches.sampling import SamplingParams, choose_token
+from sglang_patches.decoding import SamplingParams, choose_token
 from sglang_patches.sglang_adapter import SamplerHostError, SamplerLogitProcessor
 
 NEG = -math.inf
@@ -441,7 +441,7 @@ def test_embedded_engine_and_sglang_processor_choose_the_same_tokens(monkeypatch
     SGLang side here samples with one sequentially used generator seeded the same way."""
     from transformers import AutoModelForCausalLM
 
-    from slime_ext.engine.base import GenerateRequest
+    from slime_ext.data.generation import GenerateRequest
     from slime_ext.engine.embedded import EmbeddedEngine
     from tests.megatron_fixtures import tiny_moe_config
 

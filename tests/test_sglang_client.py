@@ -28,16 +28,16 @@ except Exception as exc:  # noqa: BLE001
     pytest.skip(f"sglang not importable: {exc}", allow_module_level=True)
 
 from sglang_patches import sglang_adapter as adapter
-from sglang_patches.sampler import (
+from sglang_patches.request_sampler import (
     SAMPLER_REGISTRY, CoinStream, Sampler, StepAction, register_sampler, replay_annotations,
 )
-from sglang_patches.sampling import SamplingParams
-from slime_ext.config.schema import SGLangConfig
-from slime_ext.engine.base import GenerateRequest
+from sglang_patches.decoding import SamplingParams
+from slime_ext.config.sections import SGLangConfig
+from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine.sglang_client import (
     PayloadError, SGLangEngineClient, io_struct_fields, validate_generate_payload, validate_payload,
 )
-from slime_ext.engine.sglang_server import SGLangServer, ServerArgsError, build_server_command
+from slime_ext.engine.sglang_launcher import SGLangServer, ServerArgsError, build_server_command
 
 EOS = 1
 VOCAB = 12
@@ -532,10 +532,10 @@ def test_server_command_rejects_unknown_and_clashing_flags():
 
 
 def test_ast_fallback_reads_the_same_fields():
-    from slime_ext.engine import sglang_server
+    from slime_ext.engine import sglang_launcher
 
     _, fields = _real_cli()
-    ast_fields = sglang_server._ast_server_arg_fields()
+    ast_fields = sglang_launcher._ast_server_arg_fields()
     assert {f for f in fields if not f.startswith("_")} <= ast_fields
     assert {"tp_size", "mem_fraction_static", "enable_custom_logit_processor", "model_path"} <= ast_fields
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_patches.sampler import RequestView, build_sampler, replay_annotations
+from sglang_patches.request_sampler import RequestView, build_sampler, replay_annotations
 from sglang_patches.sxs import SPEAK, THINK, visible_token_ids
-from slime_ext.sxs.metrics import latency_metrics, runs, strip_acknowledgements
-from slime_ext.sxs.shaping import check_separation, shaping_targets, solve_shaping_qp
+from slime_ext.methods.sxs.metrics import latency_metrics, runs, strip_acknowledgements
+from slime_ext.methods.sxs.shaping import check_separation, shaping_targets, solve_shaping_qp
 
 
 def test_latency_metrics_by_hand():

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from slime_ext.sxs.builder import build
-from slime_ext.sxs.interleave import Block, interleave, normalise, render, repair, segment, visible_answer
-from slime_ext.sxs.oracles import JudgeOracle, OracleError, RuleOracle, parse_count
-from slime_ext.sxs.synthetic import triple_from_row
+from slime_ext.methods.sxs.builder import build
+from slime_ext.methods.sxs.interleave import Block, interleave, normalise, render, repair, segment, visible_answer
+from slime_ext.methods.sxs.oracles import JudgeOracle, OracleError, RuleOracle, parse_count
+from slime_ext.methods.sxs.synthetic import triple_from_row
 
 R = ["r1", "r2", "r3", "r4"]
 A = ["a1", "a2", "a3"]
@@ -118,7 +118,7 @@ def judge_server(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.serve import ServerState, serve
+    from slime_ext.tools.serve import ServerState, serve
     from slime_ext.tokenizer import load_tokenizer, train_tokenizer
     from tests.megatron_fixtures import tiny_moe_config
 
@@ -148,7 +148,7 @@ def judge_server(tmp_path_factory):
 
 
 def test_judge_oracle_over_http_with_cache(judge_server, tmp_path):
-    from slime_ext.engine.openai_client import OpenAIClient
+    from slime_ext.clients.openai_client import OpenAIClient
 
     cache = tmp_path / "cache.jsonl"
     oracle = JudgeOracle(OpenAIClient(judge_server), cache_path=cache)
@@ -163,7 +163,7 @@ def test_judge_oracle_over_http_with_cache(judge_server, tmp_path):
 
 
 def test_cli_synthetic_rule(tmp_path, capsys):
-    from slime_ext.sxs_data import main
+    from slime_ext.methods.sxs.build_data import main
 
     out = tmp_path / "sxs.jsonl"
     assert main(["--synthetic", "6", "--out", str(out)]) == 0
@@ -176,7 +176,7 @@ def test_cli_synthetic_rule(tmp_path, capsys):
 
 
 def test_interleaved_synthetic_rows_keep_the_answer_visible():
-    from slime_ext.sxs.interleave import interleave_row
+    from slime_ext.methods.sxs.interleave import interleave_row
     from slime_ext.tasks.synthetic_math import generate_dataset
 
     for row in generate_dataset(["L2"], 20, 0, "train"):

@@ -13,10 +13,10 @@ import pytest
 
 from sglang_patches.sxs import SPEAK, THINK
 from slime_ext.config import load_config
-from slime_ext.config.schema import EvalConfig
-from slime_ext.engine.base import GenerateResult
+from slime_ext.config.sections import EvalConfig
+from slime_ext.data.generation import GenerateResult
 from slime_ext.evaluation import EvalReport, evaluate
-from slime_ext.sxs.metrics import (content_length, cot_channels, cot_latency_metrics, cot_response_metrics,
+from slime_ext.methods.sxs.metrics import (content_length, cot_channels, cot_latency_metrics, cot_response_metrics,
                                    latency_metrics)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_let_me_work_through_it_is_not_a_disclosure():
 
 
 def test_sxs_eval_metrics_skip_the_eos_and_the_tag_texts():
-    from slime_ext.methods import build_method
+    from slime_ext.methods.registry import build_method
 
     tok = CharTokenizer()
     method = build_method(load_config(CONFIGS / "sxs_rl.yaml").config, tok)
@@ -113,14 +113,14 @@ def test_sxs_eval_metrics_skip_the_eos_and_the_tag_texts():
 
 
 def test_grpo_eval_reports_cot_latency_metrics(tmp_path):
-    """The GRPO eval hook (`TrainingJob.method_eval_options`) through `evaluate`: `meta.response_metrics`
+    """The GRPO eval hook (`GRPO.eval_options`, as the training job passes it) through `evaluate`: `meta.response_metrics`
     holds the means of the CoT metrics over the sampled responses (not the greedy one)."""
     from slime_ext.loop import TrainingJob
 
     tok = CharTokenizer()
     cfg = load_config(CONFIGS / "grpo.yaml").config
     job = TrainingJob(cfg, tmp_path, [], [], tok, tmp_path)
-    options = job.method_eval_options()
+    options = job.method.eval_options()
     assert set(options) == {"response_metrics"}
     texts = {"0": "s\n\\boxed{1}", "1": "st\n\\boxed{1}", "greedy": "\\boxed{1}"}
 

@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-from sglang_patches.sampler import RequestView, build_sampler
-from sglang_patches.sampling import SamplingParams
+from sglang_patches.request_sampler import RequestView, build_sampler
+from sglang_patches.decoding import SamplingParams
 from sglang_patches.tandem import (JUNIOR, SENIOR, TandemSampler, author_runs, boundary_ids_from_vocab,
                                    check_same_vocabulary)
 from slime_ext.data import Author, Sample
-from slime_ext.engine.base import GenerateRequest
+from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine.embedded import EmbeddedEngine
 from tests.megatron_fixtures import tiny_moe_config, tiny_tandem_model
 
@@ -195,7 +195,7 @@ def test_a_tandem_request_on_an_engine_without_junior_is_refused(senior):
 # -- the method and the trainer side --------------------------------------------------------------
 def test_method_copies_authors_and_fails_closed(tmp_path):
     from slime_ext.config import load_config
-    from slime_ext.methods import build_method
+    from slime_ext.methods.registry import build_method
     from tests.conftest import CONFIGS
 
     cfg = load_config(CONFIGS / "tandem.yaml", []).config
@@ -227,12 +227,20 @@ def _parallel_state():
     single_process_parallel_state(seed=3)
 
 
-def _trainer(junior_weight):
-    from megatron_glue.actor import MegatronTrainer, TrainerSettings
+def _trainer():
     from megatron_glue.model_provider import ParallelSizes
+    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 
-    settings = TrainerSettings(lr=1e-12, micro_batch_size=3, clip_grad=0.0, junior_weight=junior_weight)
+    settings = TrainerSettings(lr=1e-12, micro_batch_size=3, clip_grad=0.0)
     return MegatronTrainer(tiny_moe_config(), settings, ParallelSizes())
+
+
+def _folded(samples: list[Sample], junior_weight: float) -> list[Sample]:
+    """The masks Tandem's `finish` hands the trainer: author weights folded into `loss_mask`."""
+    from slime_ext.methods.tandem.method import fold_author_weights
+
+    fold_author_weights(samples, junior_weight)
+    return samples
 
 
 def _grads(trainer):
@@ -252,8 +260,8 @@ def _tandem_samples(seed: int = 0) -> list[Sample]:
 
 
 def test_loss_ignores_junior_tokens_exactly(_parallel_state):
-    trainer = _trainer(junior_weight=0.0)
-    samples = _tandem_samples()
+    trainer = _trainer()
+    samples = _folded(_tandem_samples(), 0.0)
     first = trainer.train_step(samples, kind="grpo")
     grads_a = _grads(trainer)
     # perturb every junior token's old logprob and the last (junior) token's target
@@ -262,12 +270,11 @@ def test_loss_ignores_junior_tokens_exactly(_parallel_state):
         lp = [x - 5.0 if a == 0 else x for x, a in zip(s.logprobs, s.author)]
         ids = s.response_ids[:-1] + [(s.response_ids[-1] + 7) % 64]
         changed.append(Sample(s.sample_id, s.prompt_ids, ids, logprobs=lp, author=s.author, advantage=s.advantage))
-    second = trainer.train_step(changed, kind="grpo")
+    second = trainer.train_step(_folded(changed, 0.0), kind="grpo")
     assert first["pg_loss"] == second["pg_loss"] and first["grad_norm"] == second["grad_norm"]
     assert all(torch.equal(grads_a[n], _grads(trainer)[n]) for n in grads_a)
     assert first["tokens"] == sum(sum(a == 1 for a in s.author) for s in samples)
     # and it equals plain GRPO with the junior tokens masked out by hand
-    trainer.settings.junior_weight = None  # same weights (lr 1e-12), no author masking
     masked = [Sample(s.sample_id, s.prompt_ids, s.response_ids, logprobs=s.logprobs, advantage=s.advantage,
                      loss_mask=[float(a == 1) for a in s.author]) for s in samples]
     third = trainer.train_step(masked, kind="grpo")
@@ -275,16 +282,16 @@ def test_loss_ignores_junior_tokens_exactly(_parallel_state):
 
 
 def test_junior_weight_trains_junior_tokens_and_missing_authors_raise(_parallel_state):
-    samples = _tandem_samples(1)
-    trainer = _trainer(junior_weight=0.0)
-    zero = trainer.train_step(samples, kind="grpo")
-    trainer.settings.junior_weight = 0.5
-    half = trainer.train_step(samples, kind="grpo")
+    trainer = _trainer()
+    zero = trainer.train_step(_folded(_tandem_samples(1), 0.0), kind="grpo")
+    half_samples = _folded(_tandem_samples(1), 0.5)
+    assert {m for s in half_samples for m, a in zip(s.loss_mask, s.author) if a == 0} == {0.5}
+    half = trainer.train_step(half_samples, kind="grpo")
     assert half["grad_norm"] != pytest.approx(zero["grad_norm"], rel=1e-4)
     bare = [Sample(s.sample_id, s.prompt_ids, s.response_ids, logprobs=s.logprobs, advantage=s.advantage)
-            for s in samples]
+            for s in _tandem_samples(1)]
     with pytest.raises(ValueError, match="needs `author` on every sample"):
-        trainer.train_step(bare, kind="grpo")
+        _folded(bare, 0.0)
 
 
 def test_partner_cache_that_missed_solo_requests_stays_aligned(senior, junior):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from slime_ext.engine.embedded import EmbeddedEngine
-from slime_ext.tandem_eval import legibility, team_rollouts, token_drift
+from slime_ext.methods.tandem.eval_axes import legibility, team_rollouts, token_drift
 from tests.megatron_fixtures import tiny_tandem_model
 
 EOS = 1
@@ -25,7 +25,7 @@ def step_token(models):
     """The separator: the token both models emit most often, so team rollouts have several steps."""
     from collections import Counter
 
-    from slime_ext.tandem_eval import solo_outputs
+    from slime_ext.methods.tandem.eval_axes import solo_outputs
 
     counts = Counter()
     for m in models:

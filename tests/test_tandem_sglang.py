@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from sglang_patches.sampler import RequestView, build_sampler
+from sglang_patches.request_sampler import RequestView, build_sampler
 from sglang_patches.tandem_model import (JUNIOR_LOGIT_OFFSET, combine_logits, inner_config, route_weight,
                                          shift_attention_layer_ids, split_logits, tandem_config,
                                          write_tandem_checkpoint)
@@ -95,7 +95,8 @@ def test_checkpoint_packaging_checks_the_pair(tmp_path):
 
 
 # -- the processor on a two-model server ----------------------------------------------------------
-adapter = pytest.importorskip("sglang_patches.sglang_adapter")
+pytest.importorskip("sglang")  # the real package (scripts/install_sglang_cpu.sh); our adapter must then import
+import sglang_patches.sglang_adapter as adapter  # noqa: E402
 
 
 class FakeReq:
@@ -161,8 +162,8 @@ def test_partner_samplers_need_the_tandem_server():
 
 
 def test_client_sends_partner_vocab_and_the_processor_for_every_request():
-    from sglang_patches.sampling import SamplingParams
-    from slime_ext.engine.base import GenerateRequest
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
     from slime_ext.engine.sglang_client import SGLangEngineClient
 
     client = SGLangEngineClient("http://127.0.0.1:1", eos_token_id=EOS, partner_vocab=V)

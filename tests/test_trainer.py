@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from megatron_glue.actor import MegatronTrainer, TrainerSettings
+from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 from megatron_glue.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from megatron_glue.model_provider import ParallelSizes
 from slime_ext.data import Sample
@@ -212,7 +212,7 @@ def test_sft_on_the_synthetic_task_lowers_heldout_loss(tmp_path):
 def test_optimizer_cpu_offload_reaches_megatron_on_gpus_only():
     import torch as _torch
 
-    from megatron_glue.actor import optimizer_config
+    from megatron_glue.trainer import optimizer_config
 
     on = TrainerSettings(optimizer_cpu_offload=True)
     gpu = optimizer_config(on, _torch.bfloat16, cuda=True)

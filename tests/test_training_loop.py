@@ -39,8 +39,8 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
     """A trivially learnable reward (the first response token has an even id) must go up under GRPO.
 
     Separates a broken loop (signs, masks, weight sync) from a task too hard for the model."""
-    from slime_ext.main import main
-    from slime_ext.methods.grpo import GRPO
+    from slime_ext.orchestration.driver import main
+    from slime_ext.methods.grpo.method import GRPO
     from slime_ext.rewards import ReasonCounter
 
     def first_token_even(self, groups):
@@ -71,7 +71,7 @@ def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
     start) bit-identical afterwards, and the evaluation axes written."""
     import hashlib
 
-    from slime_ext.main import main
+    from slime_ext.orchestration.driver import main
 
     args = [str(CONFIGS / "tandem.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
             *TINY, "sft.steps=3", "train.steps=2", "tandem.kappa=4", "tandem.eval_prompts=4"]
@@ -98,7 +98,7 @@ def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
-    from slime_ext.main import main
+    from slime_ext.orchestration.driver import main
 
     common = [f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "train.steps=2"]
     assert main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'duet'}", *common,
@@ -116,7 +116,7 @@ def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
 def test_sxs_sft_then_rl_jobs(tmp_path):
     """SxS stage 1 (SFT on interleaved data, evaluated on the visible answer with latency metrics) and
     stage 2 (RL with channel annotations) through the stack."""
-    from slime_ext.main import main
+    from slime_ext.orchestration.driver import main
 
     common = [f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "rollout.max_response_len=48"]
     assert main([str(CONFIGS / "sxs_sft.yaml"), f"run.output_dir={tmp_path / 'sft'}", *common]) == 0
@@ -137,8 +137,8 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.main import main
-    from slime_ext.serve import ServerState, serve
+    from slime_ext.orchestration.driver import main
+    from slime_ext.tools.serve import ServerState, serve
     from slime_ext.tokenizer import load_tokenizer, train_tokenizer
     from tests.megatron_fixtures import tiny_moe_config
 
@@ -171,7 +171,7 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
 
 
 def _run_cli(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slime_ext.main", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "slime_ext.orchestration.driver", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -259,28 +259,14 @@ def test_killed_run_resumes_and_continues_the_metrics(tmp_path):
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path, capsys):
-    from slime_ext.main import main
+    from slime_ext.orchestration.driver import main
 
     with pytest.raises(FileNotFoundError, match="model.hf_path=/nonexistent/ckpt: no config.json"):
         main(job_args(tmp_path, "model.hf_path=/nonexistent/ckpt", "run.stages=[data,tokenizer,sft]"))
 
 
-def test_unimplemented_method_stops_before_training_and_says_so(tmp_path, monkeypatch):
-    import slime_ext.methods as methods
-    from slime_ext.main import main
-
-    monkeypatch.delitem(methods.IMPLEMENTED, "duet")  # a method whose training code does not exist yet
-    rc = main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
-               *TINY, "run.stages=[data,tokenizer,sft,rl]"])
-    assert rc == 0
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["not_implemented_stages"] == ["sft", "rl"] and summary["complete"] is False
-    assert not (run_dir / "metrics.jsonl").exists()
-
-
 def test_method_config_errors_surface_before_sft(tmp_path):
-    from slime_ext.main import main
+    from slime_ext.orchestration.driver import main
 
     with pytest.raises(ValueError, match="dagrpo.cloud_url"):
         main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",

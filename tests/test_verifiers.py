@@ -21,7 +21,7 @@ from slime_ext.rewards import (
     verify_choice,
     verify_math,
 )
-from slime_ext.rewards.boxed import find_last_boxed
+from sglang_patches.boxed_answer import find_last_boxed
 from slime_ext.rewards.latex_to_sympy import UnsupportedExpression, is_power_bomb, latex_to_sympy
 from slime_ext.rewards.sympy_worker import get_worker
 

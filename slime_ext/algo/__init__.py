@@ -2,10 +2,10 @@
 
 from slime_ext.algo.advantages import group_advantages, grouped_advantages
 from slime_ext.algo.losses import (
+    LossSpec,
     aggregate,
     entropy_from_logits,
     grpo_per_token_loss,
-    grpo_policy_loss,
     kl_penalty,
     loss_coefficients,
     ppo_clip_loss,
@@ -13,12 +13,12 @@ from slime_ext.algo.losses import (
 from slime_ext.algo.passk import mean_at_k, pass_at_k, pass_at_k_over_prompts
 
 __all__ = [
+    "LossSpec",
     "group_advantages",
     "grouped_advantages",
     "aggregate",
     "entropy_from_logits",
     "grpo_per_token_loss",
-    "grpo_policy_loss",
     "loss_coefficients",
     "kl_penalty",
     "ppo_clip_loss",

@@ -1,17 +1,32 @@
 """Per-token policy-gradient terms and how they are reduced to one loss.
 
-All functions take same-shaped per-token tensors (padded `[B, T]` or packed `[1, N]`); `mask` is the
+All functions take same-shaped per-token tensors (padded `[B, T]`); `mask` is the
 float loss mask (0 = do not train), so prompt, padding, aborted and foreign-author tokens drop out.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 Aggregation = Literal["token_mean", "sample_mean"]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """What a method asks of the trainer's policy loss. Per-token weights (Tandem's author weights, masks of
+    dropped groups) are already folded into each sample's `loss_mask`; the KL reference is the run's
+    starting checkpoint unless the method names another model (`Method.kl_reference_dir`)."""
+
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    loss_agg: str = "token_mean"
 
 
 def ppo_clip_loss(
@@ -61,29 +76,21 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def loss_coefficients(
     mask: torch.Tensor,
     mode: Aggregation = "token_mean",
-    seq_index: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token coefficients c and a denominator D such that the aggregate is `sum(c * v) / D`.
 
     token_mean: c = mask, D = sum(mask). sample_mean: c = mask / (trained tokens of the token's sample),
     D = number of samples with a trained token. Splitting the two lets a trainer that sees the batch in
     micro-batches (and data-parallel shards) use the global D and still get exactly this aggregate.
-    Rows are samples unless `seq_index` (packed layouts) maps positions to samples (-1 = padding).
+    Rows are samples.
     """
     mask = mask.float()
     if mode == "token_mean":
         return mask, mask.sum()
     if mode != "sample_mean":
         raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean or sample_mean")
-    if seq_index is None:
-        per_cnt = mask.sum(dim=-1, keepdim=True)
-        coef = mask / per_cnt.clamp(min=1e-8)
-        return coef, (per_cnt > 0).float().sum()
-    n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
-    valid = seq_index >= 0
-    idx = seq_index.clamp(min=0)
-    per_cnt = torch.zeros(n, dtype=mask.dtype).index_add(0, idx.reshape(-1), (mask * valid).reshape(-1))
-    coef = torch.where(valid, mask / per_cnt[idx].clamp(min=1e-8), torch.zeros((), dtype=mask.dtype))
+    per_cnt = mask.sum(dim=-1, keepdim=True)
+    coef = mask / per_cnt.clamp(min=1e-8)
     return coef, (per_cnt > 0).float().sum()
 
 
@@ -91,7 +98,6 @@ def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,
     mode: Aggregation = "token_mean",
-    seq_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Reduce per-token values to a scalar.
 
@@ -99,7 +105,7 @@ def aggregate(
     sample_mean: mean over samples of each sample's sum(v m) / sum(m); samples with no trained token
     are left out. An all-zero mask gives 0 (with a gradient path), never NaN.
     """
-    coef, denom = loss_coefficients(mask.to(values.dtype), mode, seq_index)
+    coef, denom = loss_coefficients(mask.to(values.dtype), mode)
     return (values * coef.to(values.dtype)).sum() / denom.clamp(min=1e-8)
 
 
@@ -137,36 +143,3 @@ def grpo_per_token_loss(
         if entropy_coef > 0:
             loss = loss - entropy_coef * entropy
     return loss, parts
-
-
-def grpo_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    ref_logprobs: Optional[torch.Tensor] = None,
-    entropy: Optional[torch.Tensor] = None,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "low_var_kl",
-    entropy_coef: float = 0.0,
-    loss_agg: Aggregation = "token_mean",
-    seq_index: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO objective aggregated over a whole batch (see `grpo_per_token_loss`).
-
-    `advantages` and `weights` are per token (broadcast per-sample values with `RolloutBatch.per_token`).
-    Metrics use the same aggregation as the loss, except clip_frac / approx_kl_old (token means).
-    """
-    per_token, parts = grpo_per_token_loss(
-        logprobs, old_logprobs, advantages, weights, ref_logprobs, entropy,
-        eps_low, eps_high, kl_coef, kl_estimator, entropy_coef,
-    )
-    loss = aggregate(per_token, mask, loss_agg, seq_index)
-    metrics = {name: float(aggregate(v, mask, loss_agg, seq_index)) for name, v in parts.items()}
-    for name in ("clip_frac", "approx_kl_old"):
-        metrics[name] = float(aggregate(parts[name], mask, "token_mean"))
-    metrics["loss"] = float(loss.detach())
-    return loss, metrics

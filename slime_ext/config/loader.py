@@ -22,7 +22,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from slime_ext.config.schema import Config
+from slime_ext.config.schema import Config, config_model
 
 KeyPath = tuple[str, ...]
 COMPOSE_KEYS = ("extends", "include")
@@ -49,6 +49,10 @@ class ResolvedConfig:
             header.append("# overrides: " + " ".join(self.overrides))
         body = yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False)
         return "\n".join(header) + "\n" + body
+
+    def describe(self) -> str:
+        """One line for logs: the method and the files."""
+        return f"method={self.config.method}, files: {', '.join(self.files)}"
 
     def write(self, run_dir: str | Path) -> Path:
         path = Path(run_dir) / "config.yaml"
@@ -164,7 +168,7 @@ def _unwrap_model(annotation: Any, index_step: bool) -> Any:
 
 def _field_at(loc: Sequence[Any]) -> tuple[type[BaseModel] | None, Any]:
     """Walk the schema along an error location; return (parent model, field info or None)."""
-    model: Any = Config
+    model: Any = config_model()
     info = None
     for i, step in enumerate(loc):
         if isinstance(step, int):
@@ -234,7 +238,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> ResolvedConf
         sources[key] = where
         _record_sources(value, key, where, sources)
     try:
-        config = Config.model_validate(data)
+        config = config_model().model_validate(data)
     except ValidationError as exc:
         raise ConfigError([_explain(e, sources) for e in exc.errors()]) from None
     return ResolvedConfig(config=config, files=files, overrides=overrides, sources=sources)

@@ -1,359 +1,45 @@
-"""The typed schema every run config is validated against.
+"""The full run config: the run-wide sections plus every registered method's own section.
 
-Every default here is the documented default of METHODS.md / DESIGN.md; a YAML file only states what it
-changes. All models forbid unknown keys so a typo fails loudly instead of silently running defaults.
+`Config` is composed from `slime_ext.methods.registry` when this module is imported; `config_model()`
+recomposes it after `register_method` (a method added at run time). `method` must name a registered method,
+and the sections that method reads run their cross-section checks (`Section.check_run`).
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, create_model, model_validator
 
-MethodName = Literal[
-    "grpo", "tandem", "tandem_klreg", "duet", "duet_tandem", "dapo", "sxs_sft", "sxs_rl", "dagrpo", "collab_grpo"
-]
-
-
-class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, assignments are validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from slime_ext.config.sections import (  # noqa: F401  (re-exported: the sections are part of the schema)
+    ClusterConfig, CoreConfig, DataConfig, EvalConfig, GRPOConfig, ModelConfig, ParallelConfig, RewardConfig,
+    RolloutConfig, RunConfig, Section, SFTConfig, SGLangConfig, SyntheticDataConfig, TokenizerConfig, TrainConfig,
+)
+from slime_ext.methods import registry
 
 
-class RunConfig(Section):
-    name: str = "run"
-    output_dir: str = "runs"
-    cache_dir: str = ".cache/slime_ext"
-    seed: int = Field(0, ge=0)
-    resume: Optional[str] = None
-    # Which stages of the main job run, in order. Later issues add stages; unknown ones are rejected.
-    stages: list[Literal["data", "tokenizer", "check_references", "sft", "rl", "eval"]] = Field(
-        default_factory=lambda: ["data", "tokenizer", "check_references", "sft", "rl", "eval"]
-    )
-    log_every: int = Field(1, ge=1)
-    save_every: int = Field(1, ge=1)  # every step: a killed run loses at most the step in flight
-
-
-class ModelConfig(Section):
-    """Architecture of the policy; mirrors the fields of an HF Qwen3 / Qwen3-MoE config."""
-
-    name: str = "tiny-qwen3-moe"
-    arch: Literal["qwen3", "qwen3_moe"] = "qwen3_moe"
-    hf_path: Optional[str] = None  # an HF checkpoint dir; when set its config.json wins over fields below
-    vocab_size: Optional[int] = Field(None, ge=1)  # None: taken from the tokenizer
-    hidden_size: int = Field(128, ge=1)
-    num_layers: int = Field(4, ge=1)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=1)
-    intermediate_size: int = Field(512, ge=1)  # dense FFN width (dense layers / dense model)
-    num_experts: int = Field(8, ge=0)
-    num_experts_per_tok: int = Field(2, ge=1)
-    moe_intermediate_size: int = Field(256, ge=1)
-    rope_theta: float = Field(1_000_000.0, gt=0)
-    rms_norm_eps: float = Field(1e-6, gt=0)
-    max_position_embeddings: int = Field(2048, ge=16)
-    tie_word_embeddings: bool = False
-    router_aux_loss_coef: float = Field(0.001, ge=0)
-
+class _MethodChecked(CoreConfig):
     @model_validator(mode="after")
-    def _check_heads(self) -> "ModelConfig":
-        if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if self.arch == "qwen3_moe" and self.num_experts_per_tok > max(self.num_experts, 1):
-            raise ValueError(
-                f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})"
-            )
+    def _check_method_sections(self) -> "_MethodChecked":
+        for key in registry.method_sections(self):
+            getattr(self, key).check_run(self)
         return self
 
 
-class TokenizerConfig(Section):
-    path: str = "embedded"  # "embedded": train the byte-level BPE on the task text; else an HF tokenizer dir
-    vocab_size: int = Field(512, ge=260, le=1_000_000)  # the task text saturates near 467 tokens
-    n_training_texts: int = Field(4000, ge=100)
+_composed: dict[tuple, type] = {}
 
 
-class SyntheticDataConfig(Section):
-    train_levels: list[str] = Field(default_factory=lambda: ["L2"])
-    eval_levels: list[str] = Field(default_factory=lambda: ["L2"])
-    n_train: int = Field(20000, ge=1)
-    n_eval: int = Field(512, ge=1)
-    seed: int = Field(0, ge=0)
-    # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
-    # use paragraphs; the default keeps one step per line.
-    step_separator: Literal["\n", "\n\n"] = "\n"
-    # SxS: replace each reference solution by its think/speak interleaving (Algorithm 1, rule oracle)
-    sxs_interleave: bool = False
+def config_model() -> type[CoreConfig]:
+    """The `Config` model for the registry as it is now (cached per registry content)."""
+    key = tuple((name, entry.method, tuple(sorted(entry.sections.items()))) for name, entry in registry.METHODS.items())
+    if key not in _composed:
+        fields: dict[str, Any] = {"method": (Literal[tuple(registry.METHODS)], "grpo")}
+        for section, model in registry.all_sections().items():
+            fields[section] = (model, Field(default_factory=model))
+        model = create_model("Config", __base__=_MethodChecked, __module__=__name__, **fields)
+        model.__doc__ = "The whole resolved run configuration."
+        _composed[key] = model
+    return _composed[key]
 
 
-class DataConfig(Section):
-    source: Literal["synthetic_math", "jsonl"] = "synthetic_math"
-    train_path: Optional[str] = None  # required when source == "jsonl"
-    eval_path: Optional[str] = None
-    prompt_key: str = "prompt"
-    label_key: str = "label"
-    max_bad_fraction: Optional[float] = Field(None, ge=0, le=1)
-    template: Literal["plain", "qwen_chat"] = "plain"
-    synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
-    shuffle: bool = True
-
-    @model_validator(mode="after")
-    def _check_paths(self) -> "DataConfig":
-        if self.source == "jsonl" and not self.train_path:
-            raise ValueError("data.source is 'jsonl' but data.train_path is not set")
-        return self
-
-
-class RewardConfig(Section):
-    type: Literal["math", "multiple_choice", "code"] = "math"
-    timeout_s: float = Field(2.0, gt=0, le=60)
-    # Score for a response that is correct but violates the format rule (used by DA-GRPO).
-    format_penalty_score: float = Field(0.5, ge=0, le=1)
-
-
-class RolloutConfig(Section):
-    engine: Literal["embedded", "sglang"] = "embedded"
-    # Where the rollout manager (data source, method hooks, rewards) runs: a Ray actor (default), or the
-    # driver process (for debugging, and for tests that patch method code in-process).
-    manager: Literal["actor", "driver"] = "actor"
-    prompts_per_step: int = Field(16, ge=1)
-    n_samples_per_prompt: int = Field(8, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)  # -1 = off
-    max_prompt_len: int = Field(256, ge=1)
-    max_response_len: int = Field(160, ge=1)
-    stop: list[str] = Field(default_factory=list)
-    threads: int = Field(1, ge=1)  # torch threads of the embedded engine (DESIGN: one per process on 2 cores)
-    # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
-    # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
-    prompt_pool: Optional[int] = Field(None, ge=1)
-
-
-class SGLangConfig(Section):
-    """How SGLang servers are launched on a cluster (ignored by the embedded engine)."""
-
-    model_path: Optional[str] = None
-    tp_size: int = Field(1, ge=1)
-    num_engines: int = Field(1, ge=1)
-    mem_fraction_static: float = Field(0.8, gt=0, lt=1)
-    enable_custom_logit_processor: bool = True
-    router: bool = False
-    extra_server_args: list[str] = Field(default_factory=list)
-
-
-class ParallelConfig(Section):
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    expert_model_parallel_size: int = Field(1, ge=1)
-    # Expert tensor parallel: None = the TP size (megatron-core's default: experts split like dense MLPs);
-    # 1 = experts whole on every TP rank (slime's Qwen3-30B-A3B layout, TP 4 x EP 8 on 8 GPUs).
-    expert_tensor_parallel_size: Optional[int] = Field(None, ge=1)
-    data_parallel_size: int = Field(1, ge=1)
-    sequence_parallel: bool = False
-    recompute: Literal["none", "selective", "full"] = "none"
-    use_distributed_optimizer: bool = True
-    optimizer_cpu_offload: bool = False
-    max_tokens_per_gpu: int = Field(8192, ge=1)
-
-
-class TrainConfig(Section):
-    lr: float = Field(3e-5, gt=0)
-    min_lr: float = Field(0.0, ge=0)
-    lr_warmup_steps: int = Field(0, ge=0)
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
-    weight_decay: float = Field(0.0, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.98, ge=0, lt=1)
-    adam_eps: float = Field(1e-8, gt=0)
-    clip_grad: float = Field(1.0, ge=0)
-    steps: int = Field(150, ge=0)
-    micro_batch_size: int = Field(16, ge=1)
-    threads: int = Field(1, ge=1)
-    precision: Literal["fp32", "bf16"] = "fp32"
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-
-
-class SFTConfig(Section):
-    steps: int = Field(700, ge=0)
-    lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(64, ge=1)
-    warmup_steps: int = Field(20, ge=0)
-    # Seed of the warm start (init and data order); None = run.seed. Studies vary run.seed (RL sampling)
-    # over one shared warm start by fixing this.
-    seed: Optional[int] = Field(None, ge=0)
-
-
-class GRPOConfig(Section):
-    """The shared GRPO core (METHODS.md, shared section)."""
-
-    normalize_std: bool = True
-    adv_eps: float = Field(1e-6, gt=0)
-    eps_clip_low: float = Field(0.2, ge=0, le=1)
-    eps_clip_high: float = Field(0.2, ge=0, le=10)
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
-    entropy_coef: float = Field(0.0, ge=0)
-    loss_agg: Literal["token_mean", "sample_mean"] = "token_mean"
-
-
-class EvalConfig(Section):
-    every: int = Field(25, ge=1)
-    n_prompts: int = Field(512, ge=1)
-    n_samples: int = Field(4, ge=1)
-    k: list[int] = Field(default_factory=lambda: [1, 4])
-    temperature: float = Field(1.0, ge=0)
-    greedy: bool = True
-
-    @model_validator(mode="after")
-    def _check_k(self) -> "EvalConfig":
-        bad = [k for k in self.k if k < 1 or k > self.n_samples]
-        if bad:
-            raise ValueError(f"eval.k values {bad} must lie in [1, eval.n_samples={self.n_samples}]")
-        return self
-
-
-class TandemConfig(Section):
-    """METHODS.md section 1 (values marked ref code come from the authors' public code)."""
-
-    p_senior: float = Field(0.5, ge=0, le=1)
-    kappa: int = Field(32, ge=1)
-    junior_weight: float = Field(0.0, ge=0, le=1)
-    junior_path: Optional[str] = None  # None: frozen copy of the senior's starting checkpoint
-    klreg_beta: float = Field(0.05, ge=0)
-    # After training, evaluate handoff robustness, drift and legibility against the junior (any method:
-    # the study turns it on for the GRPO baseline too) on the first `eval_prompts` held-out prompts.
-    eval_axes: bool = False
-    eval_prompts: int = Field(256, ge=1)
-
-
-class DuetConfig(Section):
-    """METHODS.md section 2."""
-
-    budget_fraction: Optional[float] = Field(1.0, gt=0, le=1)
-    budget_tokens: Optional[int] = Field(None, ge=1)
-    allocator: Literal["bisection", "knapsack"] = "bisection"
-    eps_abort: float = Field(0.05, gt=0, le=1)
-    grace: int = Field(150, ge=0)
-    poll: int = Field(8, ge=1)
-    marker_window: int = Field(256, ge=1)
-    length_window: int = Field(1024, ge=1)
-    refit_every: int = Field(10, ge=1)
-    k1_quantile: float = Field(0.30, gt=0, lt=1)
-    k2_quantile: float = Field(0.80, gt=0, lt=1)
-    eps_pre: float = Field(0.05, gt=0, le=1)
-    n_min: int = Field(1, ge=1)
-    n_max: int = Field(32, ge=1)
-    bisection_iters: int = Field(10, ge=1)
-    s_floor_cold: float = Field(0.01, gt=0)
-    trim_entropy: float = Field(0.3, ge=0)  # after the marker, EOS at the first step below this entropy (nats)
-
-    @model_validator(mode="after")
-    def _check(self) -> "DuetConfig":
-        if self.n_min > self.n_max:
-            raise ValueError(f"n_min ({self.n_min}) must be <= n_max ({self.n_max})")
-        if self.k1_quantile >= self.k2_quantile:
-            raise ValueError("k1_quantile must be smaller than k2_quantile")
-        return self
-
-
-class DapoConfig(Section):
-    eps_clip_low: float = Field(0.20, ge=0, le=1)
-    eps_clip_high: float = Field(0.28, ge=0, le=10)
-    oversample: float = Field(1.5, ge=1)
-    overlong_buffer: int = Field(512, ge=0)
-    overlong_penalty: float = Field(1.0, ge=0)
-
-
-class SxSConfig(Section):
-    """METHODS.md section 3."""
-
-    enforce_tags: bool = True
-    qp_shaping: bool = False
-    qp_eps: float = Field(0.5, gt=0)
-    s_min: float = Field(3.0, gt=0)  # shaping target of incorrect rollouts: -s_min (paper eq. 14)
-    drop_uniform_groups: bool = True
-    judge_url: Optional[str] = None
-    judge_concurrency: int = Field(8, ge=1)
-
-
-class DAGRPOPhase(Section):
-    name: str
-    levels: list[str] = Field(default_factory=lambda: ["L2"])
-    train_path: Optional[str] = None
-    eval_path: Optional[str] = None
-    steps: int = Field(100, ge=0)
-    tau: float = Field(0.2, ge=0, le=1)
-    tau_schedule: Optional[list[tuple[int, float]]] = None  # (step within phase, tau) points
-    step_limit: int = Field(4, ge=1)
-
-
-class DAGRPOConfig(Section):
-    """METHODS.md section 4."""
-
-    trigger: str = "I need external assistance."
-    lambda_init: float = Field(0.0, ge=0)
-    eta_lambda: float = Field(0.05, ge=0)
-    cloud_url: Optional[str] = None
-    cloud_timeout_s: float = Field(30.0, gt=0)
-    cloud_retries: int = Field(3, ge=0)
-    cloud_concurrency: int = Field(4, ge=1)
-    phases: list[DAGRPOPhase] = Field(default_factory=list)
-    hierarchical_reward: float = Field(0.2, ge=0, le=1)  # collab_grpo baseline's fixed assistance reward
-    require_tags: bool = False  # format rule: <think>..</think><answer>..</answer> (off for the synthetic task)
-    badly_formatted_reward: float = Field(0.5, ge=0, le=1)  # correct but badly formatted
-    # Share of SFT solutions that stop after their first step with the trigger (the warm start asks
-    # for help sometimes, so the behaviour exists before RL); SFT draws from every phase's data.
-    sft_trigger_fraction: float = Field(0.15, ge=0, le=1)
-    # Local-only tuning baseline: no trigger, no cloud; the same phases and evaluation.
-    local_only: bool = False
-
-
-class ClusterConfig(Section):
-    num_nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(0, ge=0)  # 0: CPU-only (embedded engine, gloo)
-    colocate: bool = True
-    ray_address: Optional[str] = None
-
-
-class Config(Section):
-    """The whole resolved run configuration."""
-
-    method: MethodName = "grpo"
-    run: RunConfig = Field(default_factory=RunConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    tandem: TandemConfig = Field(default_factory=TandemConfig)
-    duet: DuetConfig = Field(default_factory=DuetConfig)
-    dapo: DapoConfig = Field(default_factory=DapoConfig)
-    sxs: SxSConfig = Field(default_factory=SxSConfig)
-    dagrpo: DAGRPOConfig = Field(default_factory=DAGRPOConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-
-    @model_validator(mode="after")
-    def _check_method_lengths(self) -> "Config":
-        """DA-GRPO's phases run back to back: the RL steps must be exactly their steps. DAPO's overlong
-        buffer must leave a penalty-free zone."""
-        phases = self.dagrpo.phases
-        if self.method in ("dagrpo", "collab_grpo") and phases:
-            total = sum(p.steps for p in phases)
-            if total != self.train.steps:
-                raise ValueError(f"train.steps ({self.train.steps}) must equal the sum of dagrpo.phases[*].steps "
-                                 f"({' + '.join(str(p.steps) for p in phases)} = {total}); set both together")
-        if self.method == "dapo" and self.dapo.overlong_buffer >= self.rollout.max_response_len:
-            raise ValueError(f"dapo.overlong_buffer ({self.dapo.overlong_buffer}) must be smaller than "
-                             f"rollout.max_response_len ({self.rollout.max_response_len}): the soft penalty "
-                             "would reach into every response")
-        return self
+Config = config_model()

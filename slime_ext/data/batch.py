@@ -1,9 +1,6 @@
 """Turn groups of samples into trainer tensors, keeping every per-token annotation on its token.
 
-Two layouts:
-- padded: `[B, T]` rows (prompt + response, right-padded), an attention mask;
-- packed: one `[1, N]` row of concatenated sequences with `cu_seqlens` and per-sequence position ids
-  (what a THD / varlen attention kernel consumes; no compute is spent on padding).
+The layout is padded: `[B, T]` rows (prompt + response, right-padded) with an attention mask.
 
 Convention: an annotation at position t describes token t (so `loss_mask[t] = 1` means "train on the
 log-probability of token t", which the trainer computes from the logits at position t-1). Prompt and
@@ -13,21 +10,19 @@ padding positions carry loss_mask 0, author/channel -1 and logprob 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from slime_ext.data.sample import Sample, SampleValidationError
 
-Layout = Literal["padded", "packed"]
 NO_ANNOTATION = -1
 
 
 @dataclass
 class RolloutBatch:
-    layout: Layout
     sample_ids: list[str]
-    tokens: torch.Tensor  # long [B, T] or [1, N]
+    tokens: torch.Tensor  # long [B, T]
     position_ids: torch.Tensor  # long, same shape
     seq_index: torch.Tensor  # long, same shape: which sample a position belongs to (-1 = padding)
     response_mask: torch.Tensor  # bool, same shape: True on response tokens
@@ -41,8 +36,7 @@ class RolloutBatch:
     rewards: torch.Tensor  # float [B]
     weights: torch.Tensor  # float [B]
     costs: torch.Tensor  # float [B]
-    attention_mask: Optional[torch.Tensor] = None  # bool [B, T] (padded only)
-    cu_seqlens: Optional[torch.Tensor] = None  # int32 [B + 1] (packed only)
+    attention_mask: Optional[torch.Tensor] = None  # bool [B, T]
     missing: Optional[dict[str, list[str]]] = None  # annotation -> ids of samples that lack it
 
     @property
@@ -104,7 +98,6 @@ def _round_up(value: int, multiple: int) -> int:
 def build_batch(
     groups: Sequence[Sequence[Sample]] | Sequence[Sample],
     pad_id: int,
-    layout: Layout = "padded",
     pad_to_multiple_of: int = 1,
 ) -> RolloutBatch:
     """Validate samples and lay them out as tensors.
@@ -122,17 +115,8 @@ def build_batch(
         seen.add(s.sample_id)
 
     lengths = [s.total_len for s in samples]
-    if layout == "padded":
-        rows, width = len(samples), _round_up(max(lengths), pad_to_multiple_of)
-        starts = [(i, 0) for i in range(rows)]
-    elif layout == "packed":
-        rows, width = 1, _round_up(sum(lengths), pad_to_multiple_of)
-        offsets = [0]
-        for n in lengths:
-            offsets.append(offsets[-1] + n)
-        starts = [(0, offsets[i]) for i in range(len(samples))]
-    else:
-        raise ValueError(f"unknown batch layout {layout!r}; expected 'padded' or 'packed'")
+    rows, width = len(samples), _round_up(max(lengths), pad_to_multiple_of)
+    starts = [(i, 0) for i in range(rows)]
 
     shape = (rows, width)
     tokens = torch.full(shape, pad_id, dtype=torch.long)
@@ -169,18 +153,12 @@ def build_batch(
         if s.reward is None:
             missing["reward"].append(s.sample_id)
 
-    if layout == "packed":
-        cu = torch.tensor([0] + [starts[i][1] + lengths[i] for i in range(len(samples))], dtype=torch.int32)
-        attention_mask = None
-    else:
-        cu = None
-        attention_mask = seq_index >= 0
+    attention_mask = seq_index >= 0
 
     def per_sample(values: list[Optional[float]]) -> torch.Tensor:
         return torch.tensor([0.0 if v is None else float(v) for v in values], dtype=torch.float32)
 
     return RolloutBatch(
-        layout=layout,
         sample_ids=[s.sample_id for s in samples],
         tokens=tokens,
         position_ids=position_ids,
@@ -197,6 +175,5 @@ def build_batch(
         weights=per_sample([s.weight for s in samples]),
         costs=per_sample([s.cost for s in samples]),
         attention_mask=attention_mask,
-        cu_seqlens=cu,
         missing={k: v for k, v in missing.items() if v},
     )

@@ -1,5 +1,5 @@
 """Rollout engines behind one interface: the embedded PyTorch engine and the SGLang client."""
 
-from slime_ext.engine.base import GenerateRequest, GenerateResult, RolloutEngine
+from slime_ext.engine.base import RolloutEngine
 
-__all__ = ["GenerateRequest", "GenerateResult", "RolloutEngine"]
+__all__ = ["RolloutEngine"]

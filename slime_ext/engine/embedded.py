@@ -26,9 +26,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 from transformers import DynamicCache
 
-from sglang_patches.sampler import FINISH_SAMPLER, RequestView, SamplerChain
-from sglang_patches.sampling import FINISH_ABORT, StopChecker, choose_tokens
-from slime_ext.engine.base import GenerateRequest, GenerateResult, check_unique_rids
+from sglang_patches.request_sampler import FINISH_SAMPLER, RequestView, SamplerChain
+from sglang_patches.decoding import FINISH_ABORT, StopChecker, choose_tokens
+from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.engine.prefix_cache import KV, PrefixCache
 
 

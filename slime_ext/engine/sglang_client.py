@@ -50,8 +50,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from sglang_patches.sampler import replay_annotations
-from slime_ext.engine.base import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
+from sglang_patches.request_sampler import replay_annotations
+from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
 
 logger = logging.getLogger(__name__)
 

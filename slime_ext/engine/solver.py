@@ -1,7 +1,7 @@
 """An engine that answers synthetic math exactly: the embedded stand-in for a much stronger cloud model.
 
 DA-GRPO's embedded study needs a "cloud" far better than the local model on the hard phase. Served by
-`python -m slime_ext.serve --solver synthetic_math`, it sits behind the same OpenAI-compatible routes
+`python -m slime_ext.tools.serve --solver synthetic_math`, it sits behind the same OpenAI-compatible routes
 as a model, so `CloudHelper` and its HTTP client are exercised exactly as against a real endpoint.
 Text goes in and out through a character tokenizer: the cloud's token ids never reach the local model
 (DA-GRPO re-tokenises the completion it splices).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from slime_ext.engine.base import GenerateRequest, GenerateResult, check_unique_rids
+from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.tasks.synthetic_math import solve_story
 
 

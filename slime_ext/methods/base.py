@@ -1,8 +1,16 @@
-"""The method hooks every training method implements (DESIGN.md, "Data flow of one step").
+"""The hooks every training method implements, and what the loop asks of a method.
 
+Per step (the data flow of one RL step):
     plan(prompts, step)  -> how to roll out each prompt (samples, sampler specs, sampling params)
     finish(groups)       -> score, advantages, masks, weights on the finished rollouts (in place)
     update(stats)        -> controller updates after the optimizer step (DUET windows, DA-GRPO lambda)
+
+Per run (the loop, the engine and the trainer know no method by name; they ask these):
+    loss_spec()                -> the trainer's clip epsilons, KL coefficient / estimator, aggregation
+    needs_partner (class)      -> the engine holds a second, partner model (Tandem's junior)
+    partner_dir / kl_reference_dir -> which checkpoints those are
+    warm_start_rows / warm_start_key -> what the SFT warm start trains on and what its cache key includes
+    eval_options / evaluate_after_step / final_evaluations -> what a method adds to evaluation
 
 None of them knows which engine or trainer host runs the step. Controller state is saved with
 checkpoints (`state_dict`), so a resumed run continues exactly.
@@ -11,9 +19,11 @@ checkpoints (`state_dict`), so a resumed run continues exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
-from sglang_patches.sampling import SamplingParams
+from sglang_patches.decoding import SamplingParams
+from slime_ext.algo import LossSpec
 from slime_ext.data import Sample
 
 
@@ -30,7 +40,13 @@ class Method:
     name = "base"
     train_kind = "grpo"  # which trainer loss the method's batches use
     data_epoch = 0  # the data source's epoch, set by the rollout manager before each step
+    needs_partner = False  # the engine must hold a partner model beside the policy (Tandem's junior)
 
+    def __init__(self, config: Any, tokenizer: Optional[Any] = None):
+        self.config = config
+        self.tokenizer = tokenizer
+
+    # -- data ----------------------------------------------------------------------------------------
     def data_phase(self) -> Optional[str]:
         """Name of the data phase to draw from (continual methods); None = the run's training data."""
         return None
@@ -42,6 +58,7 @@ class Method:
         """How many prompts to roll out this step (DAPO oversamples)."""
         return prompts_per_step
 
+    # -- one RL step ---------------------------------------------------------------------------------
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
         raise NotImplementedError
 
@@ -56,3 +73,39 @@ class Method:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    # -- what the loop, the engine and the trainer need ----------------------------------------------
+    def loss_spec(self) -> LossSpec:
+        """The policy loss the trainer runs for this method's batches (the shared `grpo` section)."""
+        g = self.config.grpo
+        return LossSpec(eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=g.kl_coef,
+                        kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg)
+
+    def partner_dir(self, start_dir: Path) -> Optional[Path]:
+        """The partner model the engine loads beside the policy (only when `needs_partner`)."""
+        return None
+
+    def kl_reference_dir(self, start_dir: Path) -> Optional[Path]:
+        """The KL reference model when it is not the run's starting checkpoint."""
+        return None
+
+    def warm_start_rows(self, train_rows: list[dict], seed: int) -> list[dict]:
+        """The rows the SFT warm start trains on."""
+        return train_rows
+
+    def warm_start_key(self) -> Any:
+        """What, besides the shared settings, the warm start's cache key must include (JSON-able)."""
+        return None
+
+    def eval_options(self) -> dict[str, Any]:
+        """Extra keyword arguments of `slime_ext.evaluation.evaluate` (sampler specs, a projection of the
+        response before scoring, per-response metrics)."""
+        return {}
+
+    def evaluate_after_step(self, row: dict[str, float], engine: Any, run_dir: Path) -> None:
+        """Evaluation the method runs between steps (DA-GRPO: after each continual phase)."""
+
+    def final_evaluations(self, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
+                          load_engine: Callable[[str], Any]) -> None:
+        """Evaluation the method adds after training (written into the run directory); `load_engine(dir)`
+        gives an in-process engine over an HF checkpoint."""

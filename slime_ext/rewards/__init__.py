@@ -3,7 +3,7 @@
 Hostile or malformed output never raises and never hangs: it scores 0 with a reason.
 """
 
-from slime_ext.rewards.boxed import extract_last_boxed
+from sglang_patches.boxed_answer import extract_last_boxed
 from slime_ext.rewards.code_verifier import extract_code_block, verify_code
 from slime_ext.rewards.math_verifier import compare_math, math_equal, verify_math
 from slime_ext.rewards.multiple_choice import verify_choice

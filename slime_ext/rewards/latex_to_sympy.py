@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from slime_ext.rewards.boxed import _matching_brace
+from sglang_patches.boxed_answer import matching_brace
 
 
 class UnsupportedExpression(ValueError):
@@ -57,7 +57,7 @@ def _read_argument(s: str, i: int) -> tuple[str, int]:
     if i >= n:
         raise UnsupportedExpression("missing argument")
     if s[i] == "{":
-        j = _matching_brace(s, i)
+        j = matching_brace(s, i)
         if j < 0:
             raise UnsupportedExpression("unbalanced braces")
         return s[i + 1 : j], j + 1

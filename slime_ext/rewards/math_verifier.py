@@ -20,7 +20,7 @@ import time
 from fractions import Fraction
 
 from slime_ext.rewards import sympy_worker
-from slime_ext.rewards.boxed import extract_last_boxed, find_last_boxed
+from sglang_patches.boxed_answer import extract_last_boxed, find_last_boxed
 from slime_ext.rewards.latex_to_sympy import UnsupportedExpression, is_power_bomb, latex_to_sympy
 from slime_ext.rewards.normalize import normalize_answer
 from slime_ext.rewards.result import VerifyResult

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from slime_ext.rewards.boxed import extract_last_boxed
+from sglang_patches.boxed_answer import extract_last_boxed
 from slime_ext.rewards.result import VerifyResult
 
 MAX_SCAN_CHARS = 4000

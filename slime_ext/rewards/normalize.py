@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from slime_ext.rewards.boxed import _matching_brace, _open_brace_after
+from sglang_patches.boxed_answer import matching_brace, open_brace_after
 
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdot ", "\u03c0": "\\pi ",
@@ -67,8 +67,8 @@ def _unwrap_whole_box(s: str) -> str:
     for _ in range(_MAX_PEELS):
         for cmd in ("\\boxed", "\\fbox"):
             if s.startswith(cmd) and s.endswith("}"):
-                open_idx = _open_brace_after(s, len(cmd))
-                if open_idx >= 0 and _matching_brace(s, open_idx) == len(s) - 1:
+                open_idx = open_brace_after(s, len(cmd))
+                if open_idx >= 0 and matching_brace(s, open_idx) == len(s) - 1:
                     s = s[open_idx + 1 : -1].strip()
                     break
         else:

@@ -11,8 +11,9 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
-from slime_ext.config.schema import DataConfig
+from slime_ext.config.sections import DataConfig
 from slime_ext.tasks.dataset import LoadReport, load_jsonl
 from slime_ext.tasks.synthetic_math import generate_dataset, write_jsonl
 
@@ -29,8 +30,14 @@ class PreparedData:
     reports: list[LoadReport]
 
 
-def _synthetic_paths(cfg: DataConfig, cache_dir: Path) -> tuple[Path, Path]:
+RowTransform = Callable[[dict], dict]
+
+
+def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[RowTransform]) -> tuple[Path, Path]:
     syn = cfg.synthetic
+    if syn.sxs_interleave and row_transform is None:
+        raise ValueError("data.synthetic.sxs_interleave needs the SxS row transform "
+                         "(pass row_transform=slime_ext.methods.registry.data_transform(config))")
     key = json.dumps([SYNTHETIC_FORMAT, syn.model_dump()], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     folder = cache_dir / "data" / f"synthetic-{digest}"
@@ -41,19 +48,19 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path) -> tuple[Path, Path]:
                                        (syn.train_levels, syn.n_train, "train", train)):
             rows = generate_dataset(levels, n, syn.seed, split)
             if syn.sxs_interleave:
-                from slime_ext.sxs.interleave import interleave_row
-
-                rows = [interleave_row(r) for r in rows]
+                rows = [row_transform(r) for r in rows]
             elif syn.step_separator != "\n":  # the generator joins steps with "\n"
                 rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
             write_jsonl(rows, path)
     return train, evals
 
 
-def prepare_data(cfg: DataConfig, cache_dir: str | Path) -> PreparedData:
-    """Train and eval rows for a run. JSONL without an eval file holds out the last 5% (<= 256 rows)."""
+def prepare_data(cfg: DataConfig, cache_dir: str | Path, row_transform: Optional[RowTransform] = None) -> PreparedData:
+    """Train and eval rows for a run. JSONL without an eval file holds out the last 5% (<= 256 rows).
+    `row_transform` rewrites synthetic rows when `data.synthetic.sxs_interleave` asks for it (a method
+    package supplies it: the data layer knows no method)."""
     if cfg.source == "synthetic_math":
-        train_path, eval_path = _synthetic_paths(cfg, Path(cache_dir))
+        train_path, eval_path = _synthetic_paths(cfg, Path(cache_dir), row_transform)
         keys = {"prompt_key": "prompt", "label_key": "label"}
     else:
         train_path = Path(cfg.train_path)

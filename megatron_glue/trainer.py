@@ -1,0 +1,400 @@
+"""The train actor: one Megatron-core rank that turns rollout batches into optimizer steps.
+
+Every rank of the trainer runs one `MegatronTrainer` (a Ray actor on a cluster, a plain object or a
+spawned process on CPU). Each receives the whole batch of samples, keeps its data-parallel share, and
+runs Megatron's forward-backward schedule (pipeline-aware) over micro-batches.
+
+Loss normalisation is exact across micro-batches and data-parallel ranks: the per-token coefficients
+and the global denominator of `slime_ext.algo.loss_coefficients` are computed from the whole batch
+before the forward pass, so a token-mean (or sample-mean) over the batch is the same number whatever
+the TP / PP / EP / DP layout and micro-batch size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from typing import Any, Iterator, Literal, Optional, Sequence
+
+import torch
+from megatron.core import parallel_state as mpu
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from megatron_glue import cpu_compat
+from megatron_glue.logprobs import vocab_parallel_logprobs
+from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
+from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
+from slime_ext.data import RolloutBatch, Sample, build_batch
+
+LossKind = Literal["grpo", "sft"]
+PER_TOKEN_INPUTS = ("tokens", "position_ids", "loss_mask", "old_logprobs")
+
+
+@dataclass
+class TrainerSettings:
+    """What the trainer needs: optimizer and schedule (from the run config, built by
+    `slime_ext.orchestration.trainer_settings`) and the loss (a method's `LossSpec`); flat so tests build it directly."""
+
+    lr: float = 3e-5
+    min_lr: float = 0.0
+    lr_warmup_steps: int = 0
+    lr_decay_style: str = "constant"
+    total_steps: int = 1
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    micro_batch_size: int = 16
+    use_distributed_optimizer: bool = True
+    optimizer_cpu_offload: bool = False  # GPU runs only (see optimizer_config)
+    precision: str = "fp32"
+    recompute: str = "none"
+    seed: int = 0
+    # GRPO core
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    loss_agg: str = "token_mean"
+
+    def with_loss(self, loss: LossSpec) -> "TrainerSettings":
+        """These settings with a method's loss specification."""
+        return replace(self, **asdict(loss))
+
+
+def optimizer_config(settings: "TrainerSettings", dtype: torch.dtype, cuda: bool) -> OptimizerConfig:
+    """Megatron's optimizer config. CPU offload (slime's 30B recipe: states and the Adam update on the
+    host, copies overlapped with compute) applies on GPUs only; without CUDA everything is on the CPU."""
+    offload = bool(settings.optimizer_cpu_offload and cuda)
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=settings.lr,
+        min_lr=settings.min_lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.adam_beta1,
+        adam_beta2=settings.adam_beta2,
+        adam_eps=settings.adam_eps,
+        clip_grad=settings.clip_grad,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
+        optimizer_cpu_offload=offload,
+        optimizer_offload_fraction=1.0 if offload else 0.0,
+        overlap_cpu_optimizer_d2h_h2d=offload,
+    )
+
+
+def _shift_left(x: torch.Tensor) -> torch.Tensor:
+    """Token-aligned -> logit-aligned: position t of the result describes token t+1."""
+    return torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """Logit-aligned -> token-aligned (position 0, the first prompt token, gets 0)."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
+class MegatronTrainer:
+    """One trainer rank. Parallel state must be initialised (`megatron_glue.parallel`)."""
+
+    def __init__(self, hf_config: Any, settings: TrainerSettings, sizes: ParallelSizes, pad_id: int = 0):
+        cpu_compat.apply()
+        self.hf_config = hf_config
+        self.settings = settings
+        self.sizes = sizes
+        self.pad_id = pad_id
+        dtype = torch.bfloat16 if settings.precision == "bf16" else torch.float32
+        self.tconfig = transformer_config_from_hf(hf_config, sizes, params_dtype=dtype, recompute=settings.recompute)
+        model = build_gpt_model(
+            hf_config,
+            self.tconfig,
+            pre_process=mpu.is_pipeline_first_stage(),
+            post_process=mpu.is_pipeline_last_stage(),
+        )
+        if torch.cuda.is_available():
+            model.cuda(torch.cuda.current_device())
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=settings.use_distributed_optimizer,
+        )
+        self.model = DistributedDataParallel(self.tconfig, ddp_config, model)
+        cpu_compat.cuda_typed(self.model.parameters())
+        self.optimizer = get_megatron_optimizer(optimizer_config(settings, dtype, torch.cuda.is_available()), [self.model])
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if settings.lr_warmup_steps else settings.lr,
+            max_lr=settings.lr,
+            min_lr=settings.min_lr,
+            # megatron-core requires warmup < decay steps; a run shorter than its warmup warms up throughout
+            lr_warmup_steps=min(settings.lr_warmup_steps, max(settings.total_steps - 1, 0)),
+            lr_decay_steps=settings.total_steps,
+            lr_decay_style=settings.lr_decay_style,
+            start_wd=settings.weight_decay,
+            end_wd=settings.weight_decay,
+            wd_incr_steps=settings.total_steps,
+            wd_incr_style="constant",
+        )
+        self.tconfig.finalize_model_grads_func = finalize_model_grads
+        self.tconfig.no_sync_func = self.model.no_sync
+        self.step = 0
+        self._reference: Optional[dict[str, torch.Tensor]] = None
+
+    # -- parallel coordinates ---------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        return mpu.get_data_parallel_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return mpu.get_data_parallel_world_size()
+
+    @property
+    def is_output_rank(self) -> bool:
+        """The rank whose results the driver reads: last pipeline stage, TP rank 0, DP rank 0."""
+        return mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0 and self.dp_rank == 0
+
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's Megatron parameter shard (local layer / expert numbering)."""
+        return {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+
+    def load_local_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy a shard into the parameters (in place: DDP keeps params as views of its buffers)."""
+        missing, unexpected = self.model.module.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise KeyError(f"state dict does not fit this rank's model: missing {missing}, unexpected {unexpected}")
+        self.optimizer.reload_model_params()
+
+    # -- reference model (KL) ---------------------------------------------------------------------
+    def snapshot_reference(self) -> None:
+        """Freeze the current weights as the KL reference (kept on CPU, swapped in for ref logprobs)."""
+        self._reference = {k: v.detach().to("cpu", copy=True) for k, v in self.local_state_dict().items()}
+
+    @property
+    def has_reference(self) -> bool:
+        return self._reference is not None
+
+    # -- batches ----------------------------------------------------------------------------------
+    def _my_samples(self, samples: Sequence[Sample]) -> list[Sample]:
+        if len(samples) < self.dp_size:
+            raise ValueError(f"batch of {len(samples)} samples is smaller than the data-parallel size {self.dp_size}")
+        return list(samples[self.dp_rank :: self.dp_size])
+
+    def _micro_batches(self, samples: list[Sample], extra: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> list[dict]:
+        """Padded micro-batches, every per-token tensor shifted to logit alignment."""
+        pad_multiple = self.sizes.tp if self.sizes.sequence_parallel else 1
+        out = []
+        mbs = self.settings.micro_batch_size
+        for i in range(0, len(samples), mbs):
+            chunk = samples[i : i + mbs]
+            batch = build_batch(chunk, pad_id=self.pad_id, pad_to_multiple_of=pad_multiple)
+            mb = {
+                "batch": batch,
+                "tokens": batch.tokens,
+                "position_ids": batch.position_ids,
+                "targets": _shift_left(batch.tokens),
+                "loss_mask": _shift_left(batch.loss_mask),
+                "old_logprobs": _shift_left(batch.old_logprobs),
+                "advantages": _shift_left(batch.per_token(batch.advantages)),
+                "weights": _shift_left(batch.per_token(batch.weights)),
+            }
+            for name, per_sample in (extra or {}).items():
+                rows = [per_sample[s.sample_id] for s in chunk]
+                mb[name] = _shift_left(_pad_rows(rows, batch))
+            out.append(mb)
+        return out
+
+    def _to_device(self, mb: dict) -> dict:
+        if not torch.cuda.is_available():
+            return mb
+        return {k: (v.cuda(non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in mb.items()}
+
+    def _run(self, micro_batches: list[dict], loss_func: Any, forward_only: bool) -> list[dict]:
+        fb = get_forward_backward_func()
+
+        def forward_step(data_iterator: Iterator[dict], model: Any) -> tuple[torch.Tensor, Any]:
+            mb = self._to_device(next(data_iterator))
+            output = model(mb["tokens"], mb["position_ids"], attention_mask=None)
+            return output, partial(loss_func, mb)
+
+        seq_len = max(mb["tokens"].shape[1] for mb in micro_batches)
+        return fb(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[self.model],
+            num_microbatches=len(micro_batches),
+            seq_length=seq_len,
+            micro_batch_size=max(mb["tokens"].shape[0] for mb in micro_batches),
+            forward_only=forward_only,
+        )
+
+    # -- forward only -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(
+        self, samples: Sequence[Sample], reference: bool = False, with_entropy: bool = False
+    ) -> Optional[dict[str, dict[str, torch.Tensor]]]:
+        """Response-token logprobs (and entropy) per sample id, gathered on the output rank.
+
+        Returns {"logprobs": {sample_id: [response_len]}, "entropy": ...} on the output rank, None elsewhere.
+        With `reference=True` the frozen reference weights are swapped in for the pass.
+        """
+        if reference and self._reference is None:
+            raise RuntimeError("reference logprobs requested but no reference snapshot was taken")
+        saved = None
+        if reference:
+            saved = {k: v.detach().clone() for k, v in self.local_state_dict().items()}
+            self.load_local_state_dict(self._reference)
+        self.model.eval()
+        try:
+            mine = self._my_samples(samples)
+            outputs = self._run(self._micro_batches(mine), partial(self._logprob_loss, with_entropy), forward_only=True)
+        finally:
+            self.model.train()
+            if saved is not None:
+                self.load_local_state_dict(saved)
+        result: dict[str, dict[str, torch.Tensor]] = {"logprobs": {}}
+        if with_entropy:
+            result["entropy"] = {}
+        if mpu.is_pipeline_last_stage():
+            for out in outputs:
+                for key in result:
+                    result[key].update(out[key])
+        return self._gather_over_dp(result)
+
+    def _logprob_loss(self, with_entropy: bool, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        lp, ent = vocab_parallel_logprobs(logits, mb["targets"], with_entropy)
+        batch: RolloutBatch = mb["batch"]
+        out = {"logprobs": _per_sample_response(_shift_right(lp).cpu(), batch)}
+        if with_entropy:
+            out["entropy"] = _per_sample_response(_shift_right(ent).cpu(), batch)
+        return torch.zeros((), device=logits.device), out
+
+    def _gather_over_dp(self, result: dict) -> Optional[dict]:
+        if self.dp_size == 1:
+            return result if mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0 else None
+        gathered: list[Any] = [None] * self.dp_size
+        torch.distributed.all_gather_object(gathered, result, group=mpu.get_data_parallel_group())
+        if not self.is_output_rank:
+            return None
+        merged = {key: {} for key in result}
+        for part in gathered:
+            for key, values in part.items():
+                merged[key].update(values)
+        return merged
+
+    # -- training ---------------------------------------------------------------------------------
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        kind: LossKind = "grpo",
+        ref_logprobs: Optional[dict[str, torch.Tensor]] = None,
+    ) -> dict[str, float]:
+        """One optimizer step on the whole batch. GRPO needs `advantage` on every sample and, unless
+        they are recomputed by the caller, engine logprobs as old logprobs. Returns global metrics."""
+        s = self.settings
+        if kind == "grpo":
+            missing = [x.sample_id for x in samples if x.advantage is None]
+            if missing:
+                raise ValueError(f"GRPO step needs an advantage on every sample; missing on {missing[:5]}")
+            lacking_lp = [x.sample_id for x in samples if x.logprobs is None]
+            if lacking_lp:
+                raise ValueError(f"GRPO step needs old logprobs on every sample; missing on {lacking_lp[:5]}")
+            if s.kl_coef > 0 and ref_logprobs is None:
+                raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
+        # Global denominator from the whole batch (every rank sees all samples); only the response
+        # masks matter, so no full token batch is built for it.
+        masks = torch.nn.utils.rnn.pad_sequence(
+            [torch.tensor(x.loss_mask, dtype=torch.float32) for x in samples], batch_first=True)
+        _, denominator = loss_coefficients(masks, s.loss_agg if kind == "grpo" else "token_mean")
+        denominator = float(denominator)
+        mine = self._my_samples(samples)
+        extra = {}
+        if ref_logprobs is not None:
+            extra["ref_logprobs"] = {x.sample_id: ref_logprobs[x.sample_id] for x in mine}
+        micro_batches = self._micro_batches(mine, extra)
+        scale = len(micro_batches) * self.dp_size / max(denominator, 1e-8)
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss_func = partial(self._train_loss, kind, scale)
+        outputs = self._run(micro_batches, loss_func, forward_only=False)
+        success, grad_norm, _ = self.optimizer.step()
+        if success:
+            self.scheduler.step(increment=1)
+        self.step += 1
+        metrics = self._reduce_metrics(outputs, denominator)
+        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
+                       lr=self.optimizer.param_groups[0]["lr"], step_skipped=float(not success))
+        return metrics
+
+    def _train_loss(self, kind: LossKind, scale: float, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        s = self.settings
+        lp, ent = vocab_parallel_logprobs(logits, mb["targets"], with_entropy=kind == "grpo")
+        seq_mask = mb["loss_mask"]
+        coef, _ = loss_coefficients(seq_mask, s.loss_agg if kind == "grpo" else "token_mean")
+        coef = coef.to(lp.device)
+        if kind == "sft":
+            per_token = -lp
+            parts = {"nll": per_token.detach()}
+        else:
+            per_token, parts = grpo_per_token_loss(
+                lp, mb["old_logprobs"].to(lp.device), mb["advantages"].to(lp.device),
+                weights=mb["weights"].to(lp.device),
+                ref_logprobs=mb["ref_logprobs"].to(lp.device) if "ref_logprobs" in mb else None,
+                entropy=ent if s.entropy_coef > 0 else (ent.detach() if ent is not None else None),
+                eps_low=s.eps_clip_low, eps_high=s.eps_clip_high, kl_coef=s.kl_coef,
+                kl_estimator=s.kl_estimator, entropy_coef=s.entropy_coef,
+            )
+        loss = (per_token * coef).sum() * scale
+        reduced = {name: float((value * coef).sum()) for name, value in parts.items()}
+        reduced["tokens"] = float((seq_mask > 0).sum())
+        return loss, reduced
+
+    def _reduce_metrics(self, outputs: list[dict], denominator: float) -> dict[str, float]:
+        """Sum micro-batch metric sums over DP ranks; every rank returns the same numbers."""
+        names = sorted({k for out in outputs for k in out}) if outputs else []
+        # Ranks that hold no loss (earlier pipeline stages) learn the names from the last stage.
+        holder = [names]
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            torch.distributed.broadcast_object_list(
+                holder, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
+            )
+        names = holder[0]
+        sums = torch.zeros(len(names), dtype=torch.float64)
+        if mpu.is_pipeline_last_stage():
+            for out in outputs:
+                for i, name in enumerate(names):
+                    sums[i] += out.get(name, 0.0)
+        torch.distributed.all_reduce(sums, group=mpu.get_data_parallel_group())
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            torch.distributed.broadcast(
+                sums, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
+            )
+        metrics = {name: float(sums[i]) / max(denominator, 1e-8) for i, name in enumerate(names) if name != "tokens"}
+        if "tokens" in names:
+            metrics["tokens"] = float(sums[names.index("tokens")])
+        return metrics
+
+
+def _pad_rows(rows: list[torch.Tensor], batch: RolloutBatch) -> torch.Tensor:
+    """Place response-aligned per-sample values onto the padded token grid of `batch`."""
+    out = torch.zeros(batch.tokens.shape, dtype=torch.float32)
+    for i, values in enumerate(rows):
+        start = int(batch.prompt_lens[i])
+        out[i, start : start + len(values)] = values.float()
+    return out
+
+
+def _per_sample_response(per_token: torch.Tensor, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, sid in enumerate(batch.sample_ids):
+        start = int(batch.prompt_lens[i])
+        out[sid] = per_token[i, start : start + int(batch.response_lens[i])].clone()
+    return out

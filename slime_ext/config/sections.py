@@ -1,0 +1,252 @@
+"""The run-wide config sections (run, model, data, rollout, train, GRPO core, eval, cluster).
+
+Each method's own section lives in its package (`slime_ext/methods/<name>/config.py`) and is added to the
+full `Config` by the registry. A YAML file only states what it changes; every model forbids unknown keys so
+a typo fails loudly instead of silently running defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def check_run(self, config: Any) -> None:
+        """Checks across sections, run when the configured method uses this section (raise ValueError)."""
+
+    def data_transform(self, config: Any) -> Any:
+        """A function that rewrites synthetic data rows, when this section asks for one (else None)."""
+        return None
+
+
+class RunConfig(Section):
+    name: str = "run"
+    output_dir: str = "runs"
+    cache_dir: str = ".cache/slime_ext"
+    seed: int = Field(0, ge=0)
+    resume: Optional[str] = None
+    # Which stages of the main job run, in order. Later issues add stages; unknown ones are rejected.
+    stages: list[Literal["data", "tokenizer", "check_references", "sft", "rl", "eval"]] = Field(
+        default_factory=lambda: ["data", "tokenizer", "check_references", "sft", "rl", "eval"]
+    )
+    log_every: int = Field(1, ge=1)
+    save_every: int = Field(1, ge=1)  # every step: a killed run loses at most the step in flight
+
+
+class ModelConfig(Section):
+    """Architecture of the policy; mirrors the fields of an HF Qwen3 / Qwen3-MoE config."""
+
+    name: str = "tiny-qwen3-moe"
+    arch: Literal["qwen3", "qwen3_moe"] = "qwen3_moe"
+    hf_path: Optional[str] = None  # an HF checkpoint dir; when set its config.json wins over fields below
+    vocab_size: Optional[int] = Field(None, ge=1)  # None: taken from the tokenizer
+    hidden_size: int = Field(128, ge=1)
+    num_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=1)
+    intermediate_size: int = Field(512, ge=1)  # dense FFN width (dense layers / dense model)
+    num_experts: int = Field(8, ge=0)
+    num_experts_per_tok: int = Field(2, ge=1)
+    moe_intermediate_size: int = Field(256, ge=1)
+    rope_theta: float = Field(1_000_000.0, gt=0)
+    rms_norm_eps: float = Field(1e-6, gt=0)
+    max_position_embeddings: int = Field(2048, ge=16)
+    tie_word_embeddings: bool = False
+    router_aux_loss_coef: float = Field(0.001, ge=0)
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> "ModelConfig":
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.arch == "qwen3_moe" and self.num_experts_per_tok > max(self.num_experts, 1):
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})"
+            )
+        return self
+
+
+class TokenizerConfig(Section):
+    path: str = "embedded"  # "embedded": train the byte-level BPE on the task text; else an HF tokenizer dir
+    vocab_size: int = Field(512, ge=260, le=1_000_000)  # the task text saturates near 467 tokens
+    n_training_texts: int = Field(4000, ge=100)
+
+
+class SyntheticDataConfig(Section):
+    train_levels: list[str] = Field(default_factory=lambda: ["L2"])
+    eval_levels: list[str] = Field(default_factory=lambda: ["L2"])
+    n_train: int = Field(20000, ge=1)
+    n_eval: int = Field(512, ge=1)
+    seed: int = Field(0, ge=0)
+    # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
+    # use paragraphs; the default keeps one step per line.
+    step_separator: Literal["\n", "\n\n"] = "\n"
+    # SxS: replace each reference solution by its think/speak interleaving (Algorithm 1, rule oracle)
+    sxs_interleave: bool = False
+
+
+class DataConfig(Section):
+    source: Literal["synthetic_math", "jsonl"] = "synthetic_math"
+    train_path: Optional[str] = None  # required when source == "jsonl"
+    eval_path: Optional[str] = None
+    prompt_key: str = "prompt"
+    label_key: str = "label"
+    max_bad_fraction: Optional[float] = Field(None, ge=0, le=1)
+    template: Literal["plain", "qwen_chat"] = "plain"
+    synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
+    shuffle: bool = True
+
+    @model_validator(mode="after")
+    def _check_paths(self) -> "DataConfig":
+        if self.source == "jsonl" and not self.train_path:
+            raise ValueError("data.source is 'jsonl' but data.train_path is not set")
+        return self
+
+
+class RewardConfig(Section):
+    type: Literal["math", "multiple_choice", "code"] = "math"
+    timeout_s: float = Field(2.0, gt=0, le=60)
+    # Score for a response that is correct but violates the format rule (used by DA-GRPO).
+    format_penalty_score: float = Field(0.5, ge=0, le=1)
+
+
+class RolloutConfig(Section):
+    engine: Literal["embedded", "sglang"] = "embedded"
+    # Where the rollout manager (data source, method hooks, rewards) runs: a Ray actor (default), or the
+    # driver process (for debugging, and for tests that patch method code in-process).
+    manager: Literal["actor", "driver"] = "actor"
+    prompts_per_step: int = Field(16, ge=1)
+    n_samples_per_prompt: int = Field(8, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)  # -1 = off
+    max_prompt_len: int = Field(256, ge=1)
+    max_response_len: int = Field(160, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    threads: int = Field(1, ge=1)  # torch threads of the embedded engine (DESIGN: one per process on 2 cores)
+    # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
+    # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
+    prompt_pool: Optional[int] = Field(None, ge=1)
+
+
+class SGLangConfig(Section):
+    """How SGLang servers are launched on a cluster (ignored by the embedded engine)."""
+
+    model_path: Optional[str] = None
+    tp_size: int = Field(1, ge=1)
+    num_engines: int = Field(1, ge=1)
+    mem_fraction_static: float = Field(0.8, gt=0, lt=1)
+    enable_custom_logit_processor: bool = True
+    router: bool = False
+    extra_server_args: list[str] = Field(default_factory=list)
+
+
+class ParallelConfig(Section):
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+    # Expert tensor parallel: None = the TP size (megatron-core's default: experts split like dense MLPs);
+    # 1 = experts whole on every TP rank (slime's Qwen3-30B-A3B layout, TP 4 x EP 8 on 8 GPUs).
+    expert_tensor_parallel_size: Optional[int] = Field(None, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    recompute: Literal["none", "selective", "full"] = "none"
+    use_distributed_optimizer: bool = True
+    optimizer_cpu_offload: bool = False
+    max_tokens_per_gpu: int = Field(8192, ge=1)
+
+
+class TrainConfig(Section):
+    lr: float = Field(3e-5, gt=0)
+    min_lr: float = Field(0.0, ge=0)
+    lr_warmup_steps: int = Field(0, ge=0)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.98, ge=0, lt=1)
+    adam_eps: float = Field(1e-8, gt=0)
+    clip_grad: float = Field(1.0, ge=0)
+    steps: int = Field(150, ge=0)
+    micro_batch_size: int = Field(16, ge=1)
+    threads: int = Field(1, ge=1)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+
+
+class SFTConfig(Section):
+    steps: int = Field(700, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(64, ge=1)
+    warmup_steps: int = Field(20, ge=0)
+    # Seed of the warm start (init and data order); None = run.seed. Studies vary run.seed (RL sampling)
+    # over one shared warm start by fixing this.
+    seed: Optional[int] = Field(None, ge=0)
+
+
+class GRPOConfig(Section):
+    """The shared GRPO core (METHODS.md, shared section)."""
+
+    normalize_std: bool = True
+    adv_eps: float = Field(1e-6, gt=0)
+    eps_clip_low: float = Field(0.2, ge=0, le=1)
+    eps_clip_high: float = Field(0.2, ge=0, le=10)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    entropy_coef: float = Field(0.0, ge=0)
+    loss_agg: Literal["token_mean", "sample_mean"] = "token_mean"
+
+
+class EvalConfig(Section):
+    every: int = Field(25, ge=1)
+    n_prompts: int = Field(512, ge=1)
+    n_samples: int = Field(4, ge=1)
+    k: list[int] = Field(default_factory=lambda: [1, 4])
+    temperature: float = Field(1.0, ge=0)
+    greedy: bool = True
+
+    @model_validator(mode="after")
+    def _check_k(self) -> "EvalConfig":
+        bad = [k for k in self.k if k < 1 or k > self.n_samples]
+        if bad:
+            raise ValueError(f"eval.k values {bad} must lie in [1, eval.n_samples={self.n_samples}]")
+        return self
+
+
+
+
+
+
+
+
+class ClusterConfig(Section):
+    num_nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0)  # 0: CPU-only (embedded engine, gloo)
+    colocate: bool = True
+    ray_address: Optional[str] = None
+
+
+class CoreConfig(Section):
+    """The run-wide sections. The full `Config` (slime_ext.config.schema) adds every registered method's
+    own section and checks `method` against the registry."""
+
+    method: str = "grpo"
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)

@@ -1,0 +1,49 @@
+"""The `dagrpo` config section."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from slime_ext.config.sections import Section
+
+
+class DAGRPOPhase(Section):
+    name: str
+    levels: list[str] = Field(default_factory=lambda: ["L2"])
+    train_path: Optional[str] = None
+    eval_path: Optional[str] = None
+    steps: int = Field(100, ge=0)
+    tau: float = Field(0.2, ge=0, le=1)
+    tau_schedule: Optional[list[tuple[int, float]]] = None  # (step within phase, tau) points
+    step_limit: int = Field(4, ge=1)
+
+
+class DAGRPOConfig(Section):
+    """METHODS.md section 4."""
+
+    trigger: str = "I need external assistance."
+    lambda_init: float = Field(0.0, ge=0)
+    eta_lambda: float = Field(0.05, ge=0)
+    cloud_url: Optional[str] = None
+    cloud_timeout_s: float = Field(30.0, gt=0)
+    cloud_retries: int = Field(3, ge=0)
+    cloud_concurrency: int = Field(4, ge=1)
+    phases: list[DAGRPOPhase] = Field(default_factory=list)
+    hierarchical_reward: float = Field(0.2, ge=0, le=1)  # collab_grpo baseline's fixed assistance reward
+    require_tags: bool = False  # format rule: <think>..</think><answer>..</answer> (off for the synthetic task)
+    badly_formatted_reward: float = Field(0.5, ge=0, le=1)  # correct but badly formatted
+    # Share of SFT solutions that stop after their first step with the trigger (the warm start asks
+    # for help sometimes, so the behaviour exists before RL); SFT draws from every phase's data.
+    sft_trigger_fraction: float = Field(0.15, ge=0, le=1)
+    # Local-only tuning baseline: no trigger, no cloud; the same phases and evaluation.
+    local_only: bool = False
+
+    def check_run(self, config: Any) -> None:
+        """The phases run back to back: the RL steps must be exactly their steps."""
+        if self.phases:
+            total = sum(p.steps for p in self.phases)
+            if total != config.train.steps:
+                raise ValueError(f"train.steps ({config.train.steps}) must equal the sum of dagrpo.phases[*].steps "
+                                 f"({' + '.join(str(p.steps) for p in self.phases)} = {total}); set both together")

@@ -1,0 +1,49 @@
+"""DA-GRPO's continual evaluation: after each phase, every phase's held-out set (greedy local answers, the
+cloud for prompts that ask), and the continual table (during-task / post-switch accuracy, forgetting)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_phases(method: Any, engine: Any, ended: int, run_dir: Path) -> dict:
+    """Evaluate every phase's held-out rows after phase `ended`; write them and the continual table so far."""
+    cfg = method.config
+    out = {}
+    for k, phase in enumerate(cfg.dagrpo.phases):
+        rows = method.phase_rows(k)[1][: cfg.eval.n_prompts]
+        out[phase.name] = method.evaluate_rows(engine, rows, cfg.data.template, seed=cfg.run.seed)
+        log.info("after phase %d, held-out %s: %s", ended, phase.name, out[phase.name])
+    (run_dir / f"eval_after_phase_{ended}.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_continual_table(run_dir, [p.name for p in cfg.dagrpo.phases])
+    return out
+
+
+def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
+    """during-task accuracy (phase k's set right after phase k), post-switch accuracy (after phase k+1),
+    forgetting (during - post) / during, local-only and joint accuracy and cloud rate after the last phase."""
+    evals = {k: json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
+             for k in range(len(phases)) if (run_dir / f"eval_after_phase_{k}.json").exists()}
+    if not evals:
+        return None
+    last = evals[max(evals)]
+    lines = ["| phase | during-task acc | post-switch acc | forgetting | local-only acc (last) | joint acc (last) "
+             "| cloud rate (last) | random router (last) | router classifier (last) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for k, name in enumerate(phases):
+        during = evals.get(k, {}).get(name, {}).get("joint_accuracy")
+        post = evals.get(k + 1, {}).get(name, {}).get("joint_accuracy")
+        forget = (during - post) / during if during and post is not None else None
+        cell = lambda v: "-" if v is None or v != v else f"{v:.3f}"  # noqa: E731
+        row = last.get(name, {})
+        lines.append(f"| {name} | {cell(during)} | {cell(post)} | {cell(forget)} | {cell(row.get('local_only_accuracy'))} "
+                     f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} "
+                     f"| {cell(row.get('random_router_joint_accuracy'))} | {cell(row.get('router_clf_joint_accuracy'))} |")
+    path = run_dir / "continual_table.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,1 @@
+"""DAPO (DUET's baseline): clip-higher, dynamic sampling, overlong penalty."""

@@ -1,0 +1,1 @@
+"""DUET on Tandem rollouts (composition of the two packages)."""

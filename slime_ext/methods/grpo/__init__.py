@@ -1,0 +1,1 @@
+"""GRPO: the group-relative baseline every method builds on."""

@@ -1,0 +1,95 @@
+"""Plain GRPO: n samples per prompt, verifier reward, group-relative advantages."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from statistics import mean
+from typing import Any, Callable, Optional
+
+from sglang_patches.decoding import SamplingParams
+from slime_ext.algo import grouped_advantages
+from slime_ext.data import Sample, SampleStatus
+from slime_ext.methods.base import Method, PromptPlan
+from slime_ext.rewards import ReasonCounter, get_verifier
+
+
+class GRPO(Method):
+    name = "grpo"
+
+    def __init__(self, config: Any, tokenizer: Optional[Any] = None):
+        super().__init__(config, tokenizer)
+        self.verify = get_verifier(config.reward.type)
+        r = config.rollout
+        self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                       max_new_tokens=r.max_response_len, stop=list(r.stop))
+
+    def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
+        return [PromptPlan(self.config.rollout.n_samples_per_prompt, self.sampling) for _ in prompts]
+
+    def score(self, groups: list[list[Sample]]) -> ReasonCounter:
+        """Verifier reward on every sample's decoded response (failed rollouts score 0)."""
+        reasons = ReasonCounter()
+        for group in groups:
+            for s in group:
+                if s.status == SampleStatus.FAILED:
+                    s.reward = 0.0
+                    continue
+                result = self.verify(s.response_text or "", s.label)
+                s.reward = float(result.score)
+                s.rewards["correct"] = float(result.score)
+                reasons.add(result)
+        return reasons
+
+    def finish(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
+        reasons = self.score(groups)
+        samples = [s for g in groups for s in g]
+        g = self.config.grpo
+        adv = grouped_advantages([s.reward for s in samples], [s.group_id for s in samples],
+                                 normalize_std=g.normalize_std, eps=g.adv_eps)
+        for s, a in zip(samples, adv.tolist()):
+            s.advantage = a
+            if s.status == SampleStatus.FAILED:  # never train on a failed rollout
+                s.loss_mask = [0.0] * s.response_len
+                s.advantage = 0.0
+        rewards = [s.reward for s in samples]
+        group_means = [mean(x.reward for x in grp) for grp in groups]
+        metrics = {
+            "reward/mean": mean(rewards),
+            "reward/all_correct_groups": sum(m == 1.0 for m in group_means) / len(groups),
+            "reward/all_wrong_groups": sum(m == 0.0 for m in group_means) / len(groups),
+            "response_len/mean": mean(s.response_len for s in samples),
+            "rollout/truncated": sum(s.status == SampleStatus.TRUNCATED for s in samples) / len(samples),
+        }
+        for reason, count in reasons.as_dict().items():
+            metrics[f"verifier/{reason}"] = count / len(samples)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def eval_options(self) -> dict[str, Any]:
+        """Plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)."""
+        if self.name != "grpo":
+            return {}
+        from slime_ext.methods.sxs.metrics import cot_response_metrics
+
+        tokenizer = self.tokenizer
+        return {"response_metrics": lambda result: cot_response_metrics(tokenizer, result.output_ids)}
+
+    def final_evaluations(self, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
+                          load_engine: Callable[[str], Any]) -> None:
+        """With `tandem.eval_axes` (any GRPO-family method; the Tandem study turns it on for its GRPO arm):
+        handoff robustness, drift and legibility of the trained model against the junior."""
+        if not self.config.tandem.eval_axes:
+            return
+        from slime_ext.methods.tandem.eval_axes import survival_plot, tandem_axes
+
+        junior = self.partner_dir(start_dir) or self.kl_reference_dir(start_dir) or start_dir
+        log = logging.getLogger(__name__)
+        axes = tandem_axes(str(final_dir), str(junior), self.tokenizer, eval_rows, self.config,
+                           n_prompts=self.config.tandem.eval_prompts, load_engine=load_engine, progress=lambda m: log.info("tandem axes: %s", m))
+        (run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
+        (run_dir / "plots").mkdir(exist_ok=True)
+        survival_plot({self.name: axes["drift"]}, run_dir / "plots" / "drift_survival.png")

@@ -1,0 +1,23 @@
+"""The `tandem` config section."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from slime_ext.config.sections import Section
+
+
+class TandemConfig(Section):
+    """METHODS.md section 1 (values marked ref code come from the authors' public code)."""
+
+    p_senior: float = Field(0.5, ge=0, le=1)
+    kappa: int = Field(32, ge=1)
+    junior_weight: float = Field(0.0, ge=0, le=1)
+    junior_path: Optional[str] = None  # None: frozen copy of the senior's starting checkpoint
+    klreg_beta: float = Field(0.05, ge=0)
+    # After training, evaluate handoff robustness, drift and legibility against the junior (any method:
+    # the study turns it on for the GRPO baseline too) on the first `eval_prompts` held-out prompts.
+    eval_axes: bool = False
+    eval_prompts: int = Field(256, ge=1)

@@ -1,0 +1,252 @@
+"""The main job behind `bash scripts/run.sh [CONFIG] [key=value ...]`.
+
+Runs the configured stages in order and records what ran in the run directory. Stages whose code does
+not exist yet are reported as such and skipped: this job never prints a result it did not compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from slime_ext.config import ConfigError, ResolvedConfig, load_config
+from slime_ext.orchestration.run_dir import create_run_dir, write_json
+from slime_ext.tasks.prepare import PreparedData, prepare_data
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml"
+log = logging.getLogger("slime_ext")
+
+
+class Job:
+    """State shared by the stages of one run."""
+
+    def __init__(self, resolved: ResolvedConfig, run_dir: Path):
+        self.resolved = resolved
+        self.cfg = resolved.config
+        self.run_dir = run_dir
+        self.data: PreparedData | None = None
+        self.tokenizer: Any = None
+        self.tokenizer_path: Path | None = None
+        self.warm_dir: Path | None = None
+        self.reports: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
+
+    # -- stages ---------------------------------------------------------------------------------
+    def stage_data(self) -> dict:
+        from slime_ext.methods.registry import data_transform
+
+        self.data = prepare_data(self.cfg.data, self.cfg.run.cache_dir, data_transform(self.cfg))
+        for report in self.data.reports:
+            log.info("data: %s", report.summary())
+        return {
+            "train_rows": len(self.data.train),
+            "eval_rows": len(self.data.eval),
+            "train_path": str(self.data.train_path),
+            "skipped": {r.path: r.skipped_by_reason for r in self.data.reports if r.n_skipped},
+        }
+
+    def stage_tokenizer(self) -> dict:
+        from slime_ext.tasks.templates import get_template
+        from slime_ext.tokenizer import build_embedded_tokenizer, load_tokenizer, word_initial_marker
+
+        data = self._need_data()
+        tok_cfg = self.cfg.tokenizer
+        if tok_cfg.path == "embedded":
+            texts = [r["prompt"] + "\n" + str(r.get("solution", r["label"])) for r in data.train[: tok_cfg.n_training_texts]]
+            path = build_embedded_tokenizer(Path(self.cfg.run.cache_dir) / "tokenizers", texts, tok_cfg.vocab_size)
+        else:
+            path = Path(tok_cfg.path)
+        self.tokenizer = load_tokenizer(path)
+        self.tokenizer_path = Path(path)
+        template = get_template(self.cfg.data.template)
+        sample = data.eval[:200]
+        lengths = [len(self.tokenizer(template.format(r["prompt"]) + str(r.get("solution", r["label"])))["input_ids"]) for r in sample]
+        info = {
+            "path": str(path),
+            "vocab_size": len(self.tokenizer),
+            "word_initial_marker": word_initial_marker(self.tokenizer),
+            "mean_tokens_prompt_plus_solution": round(statistics.mean(lengths), 1),
+            "max_tokens_prompt_plus_solution": max(lengths),
+        }
+        if info["max_tokens_prompt_plus_solution"] > self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len:
+            log.warning("some reference solutions are longer than max_prompt_len + max_response_len")
+        return info
+
+    def stage_check_references(self) -> dict:
+        """Reference solutions must score 1 and solutions with a wrong final answer must score 0."""
+        from slime_ext.rewards import ReasonCounter, get_verifier
+
+        data = self._need_data()
+        rows = [r for r in data.eval if "solution" in r]
+        if not rows:
+            return {"skipped": "the eval rows carry no reference 'solution' field"}
+        verify = get_verifier(self.cfg.reward.type)
+        good, bad = ReasonCounter(), ReasonCounter()
+        n_good = n_bad = 0
+        for r in tqdm(rows, desc="check_references", unit="row", file=sys.stderr):
+            result = verify(r["solution"], r["label"])
+            n_good += result.score == 1.0
+            good.add(result)
+            wrong = _corrupt_final_answer(r["solution"], r["label"])
+            result = verify(wrong, r["label"])
+            n_bad += result.score == 0.0
+            bad.add(result)
+        out = {
+            "rows": len(rows),
+            "reference_correct": n_good / len(rows),
+            "corrupted_scored_zero": n_bad / len(rows),
+            "reference_reasons": good.as_dict(),
+            "corrupted_reasons": bad.as_dict(),
+        }
+        if n_good != len(rows) or n_bad != len(rows):
+            raise RuntimeError(f"verifier disagrees with the reference solutions: {out}")
+        return out
+
+    def _training(self) -> Any:
+        """The training job (built once: its method's config errors surface before SFT)."""
+        from slime_ext.loop import TrainingJob
+
+        if getattr(self, "_job", None) is None:
+            if self.tokenizer is None:
+                self.summary["stages"]["tokenizer"] = self.stage_tokenizer()
+            data = self._need_data()
+            self._job = TrainingJob(self.cfg, self.run_dir, data.train, data.eval, self.tokenizer, self.tokenizer_path)
+        return self._job
+
+    def stage_sft(self) -> dict:
+        self.warm_dir = self._training().run_sft()
+        return {"warm_start": str(self.warm_dir)}
+
+    def stage_rl(self) -> dict:
+        training = self._training()
+        if self.warm_dir is None:
+            self.warm_dir = training.run_sft()
+        self.reports = training.run_rl(self.warm_dir, with_eval="eval" in self.cfg.run.stages)
+        return {"final_weights": str(self.run_dir / "hf"), "peak_rss_gib": round(training.peak_gib, 2)}
+
+    def stage_eval(self) -> dict:
+        """The final table (warm start vs trained) and the plots of metrics.jsonl."""
+        from slime_ext.evaluation import compare_table
+        from slime_ext.tools.plots import plot_metrics
+
+        out: dict[str, Any] = {}
+        if not self.reports and self.warm_dir is not None and "rl" not in self.cfg.run.stages:
+            self.reports = {"SFT": self._training().evaluate_checkpoint(self.warm_dir, "sft")}
+        if self.reports:
+            table = compare_table(self.reports)
+            (self.run_dir / "final_table.md").write_text(table + "\n")
+            print("\n" + table + "\n", flush=True)
+            out["table"] = str(self.run_dir / "final_table.md")
+            out["reports"] = {name: r.to_dict() for name, r in self.reports.items()}
+        metrics = self.run_dir / "metrics.jsonl"
+        if metrics.exists():
+            out["plots"] = [str(p) for p in plot_metrics(metrics, self.run_dir / "plots")]
+        return out
+
+    # -- driver -----------------------------------------------------------------------------------
+    def _need_data(self) -> PreparedData:
+        if self.data is None:
+            self.summary["stages"]["data"] = self.stage_data()
+        return self.data
+
+    def run(self) -> int:
+        stages: dict[str, Callable[[], dict]] = {
+            "data": self.stage_data,
+            "tokenizer": self.stage_tokenizer,
+            "check_references": self.stage_check_references,
+            "sft": self.stage_sft,
+            "rl": self.stage_rl,
+            "eval": self.stage_eval,
+        }
+        not_run = []
+        for name in self.cfg.run.stages:
+            start = time.perf_counter()
+            try:
+                result = stages[name]()
+            except NotImplementedError as exc:
+                log.warning("stage %-16s NOT RUN: %s", name, exc)
+                not_run.append(name)
+                continue
+            result["seconds"] = round(time.perf_counter() - start, 2)
+            self.summary["stages"][name] = result
+            log.info("stage %-16s done in %.1fs: %s", name, result["seconds"], _short(result))
+            write_json(self.run_dir / "summary.json", self.summary)
+        self.summary["not_implemented_stages"] = not_run
+        self.summary["complete"] = not not_run
+        write_json(self.run_dir / "summary.json", self.summary)
+        if not_run:
+            log.warning("run stopped before %s: not implemented yet (no training result was produced)", ", ".join(not_run))
+        log.info("run directory: %s", self.run_dir)
+        return 0
+
+
+def _corrupt_final_answer(solution: str, label: str) -> str:
+    marker = "\\boxed{"
+    head, _, _ = solution.rpartition(marker)
+    try:
+        wrong = str(int(label) + 1)
+    except ValueError:
+        wrong = label + "1"
+    return f"{head}{marker}{wrong}}}"
+
+
+def _short(result: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in result.items() if not isinstance(v, (dict, list)) and k != "seconds")
+
+
+def parse_args(argv: list[str]) -> tuple[Path, list[str]]:
+    """[CONFIG.yaml] [key=value ...]; `resume=RUN_DIR` continues a run with that run's resolved config."""
+    parser = argparse.ArgumentParser(prog="scripts/run.sh", description="Run the main job.")
+    parser.add_argument("args", nargs="*", help="[CONFIG.yaml] [key=value ...] [resume=RUN_DIR]")
+    ns = parser.parse_args(argv)
+    args = list(ns.args)
+    config = DEFAULT_CONFIG
+    if args and "=" not in args[0]:
+        config = Path(args.pop(0))
+    resume = [a for a in args if a.startswith("resume=") or a.startswith("run.resume=")]
+    if resume:
+        run_dir = Path(resume[-1].split("=", 1)[1])
+        if not (run_dir / "config.yaml").is_file():
+            raise SystemExit(f"error: resume={run_dir}: not a run directory (no config.yaml)")
+        config = run_dir / "config.yaml"
+        args = [a for a in args if a not in resume] + [f"run.resume={run_dir}"]
+    return config, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+    config, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        resolved = load_config(config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = create_run_dir(resolved)
+    log.info("config %s (%s) -> %s", config, resolved.describe(), run_dir)
+    try:
+        return Job(resolved, run_dir).run()
+    except KeyboardInterrupt:
+        log.warning("interrupted; the last checkpoint is kept. Resume with: bash scripts/run.sh resume=%s", run_dir)
+        return 130
+    finally:
+        _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
+    """End every Ray actor and engine process this job started (also on Ctrl-C and errors)."""
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

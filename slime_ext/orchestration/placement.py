@@ -1,0 +1,105 @@
+"""Where a run's processes go: the trainer world, the one placement group, and every Ray actor's request.
+
+One model for both readers: the dry-run plan (`slime_ext.orchestration.plan`) prints it and the training
+job builds exactly it (`TrainingJob` creates the rollout manager, the engine and the train actors from
+`actor_groups(config)`), so a plan that fits is the layout that runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+# slime's fractional GPU requests: two actors (trainer rank, engine) share one bundle when colocated
+COLOCATED_TRAIN_GPU, COLOCATED_ENGINE_GPU = 0.4, 0.2
+CPU_SHARE = 0.01  # CPU runs: every actor asks for a token share so many processes fit 2 cores
+
+
+@dataclass(frozen=True)
+class ActorGroup:
+    name: str
+    count: int
+    resources: dict[str, float]  # what one actor asks Ray for
+    bundles: list[list[int]]  # placement-group bundle indices of each actor ([] = no placement group)
+    node: str  # where it runs
+
+
+@dataclass(frozen=True)
+class Placement:
+    bundle: dict[str, float]
+    num_bundles: int
+    bundles_per_node: int
+    strategy: str
+
+
+def engine_gpus(config: Any) -> int:
+    """GPUs the SGLang engines occupy (0 for the embedded engine or a CPU run)."""
+    if config.rollout.engine != "sglang" or config.cluster.gpus_per_node == 0:
+        return 0
+    return config.sglang.num_engines * config.sglang.tp_size
+
+
+def trainer_world(config: Any, problems: Optional[list[str]] = None) -> int:
+    """GPU runs: all GPUs when colocated, else what the engines leave; CPU runs: TP * PP * DP processes.
+    Problems (engines that do not fit) are appended to `problems` when given, else raised."""
+    own = problems is None
+    problems = [] if own else problems
+    c, par = config.cluster, config.train.parallel
+    if c.gpus_per_node == 0:
+        return par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.data_parallel_size
+    total = c.num_nodes * c.gpus_per_node
+    engines = engine_gpus(config)
+    world = total
+    if c.colocate:
+        if engines > total:
+            problems.append(f"sglang.num_engines x sglang.tp_size = {engines} GPUs exceed the {total} GPUs of "
+                            "cluster.num_nodes x cluster.gpus_per_node")
+    else:
+        world = max(total - engines, 1)
+        if total - engines < 1:
+            problems.append(f"cluster.colocate is false and the engines (sglang.num_engines x sglang.tp_size = "
+                            f"{engines}) take all {total} GPUs: nothing is left for the trainer")
+    if own and problems:
+        raise ValueError("; ".join(problems))
+    return world
+
+
+def _engine_count(config: Any) -> tuple[int, int]:
+    sglang = config.rollout.engine == "sglang"
+    return (config.sglang.num_engines, config.sglang.tp_size) if sglang else (1, 1)
+
+
+def build_placement(config: Any) -> Placement:
+    """One placement group for everything (slime): a GPU + CPU bundle per GPU; on CPU a token CPU share per
+    trainer rank, so gloo ranks on 2 cores still schedule."""
+    world, gpus_per_node = trainer_world(config), config.cluster.gpus_per_node
+    if gpus_per_node == 0:
+        return Placement({"CPU": CPU_SHARE}, world, world, "PACK")
+    n = world if config.cluster.colocate else world + engine_gpus(config)
+    return Placement({"GPU": 1, "CPU": 1}, n, gpus_per_node, "PACK")
+
+
+def actor_groups(config: Any) -> dict[str, ActorGroup]:
+    """The rollout manager, the engine(s) and one train actor per rank, with their Ray requests."""
+    world, gpu, colocate = trainer_world(config), config.cluster.gpus_per_node > 0, config.cluster.colocate
+    if config.rollout.manager == "driver":
+        manager = ActorGroup("rollout_manager", 1, {}, [], "head node, in the driver process")
+    else:
+        manager = ActorGroup("rollout_manager", 1, {"CPU": CPU_SHARE}, [], "head node, a Ray actor")
+    train_res = {"GPU": COLOCATED_TRAIN_GPU if colocate else 1.0, "CPU": 1} if gpu else {"CPU": CPU_SHARE}
+    train = ActorGroup("train_actor", world, train_res, [[r] for r in range(world)], "one per trainer rank")
+    num_engines, tp = _engine_count(config)
+    if config.rollout.engine != "sglang" or not gpu:
+        engine = ActorGroup(f"{config.rollout.engine}_engine", num_engines, {"CPU": CPU_SHARE}, [], "head node")
+        return {"manager": manager, "engine": engine, "train": train}
+    offset = 0 if colocate else world
+    engine_bundles = [list(range(offset + i * tp, offset + (i + 1) * tp)) for i in range(num_engines)]
+    engine_res = {"GPU": COLOCATED_ENGINE_GPU if colocate else 1.0, "CPU": 1}
+    engines = ActorGroup("sglang_engine", num_engines, engine_res, engine_bundles,
+                         f"one server per engine, tp_size={tp} on its bundles' GPUs")
+    return {"manager": manager, "engine": engines, "train": train}
+
+
+def ray_options(group: ActorGroup) -> dict[str, float]:
+    """`ray.remote(...).options(...)` resource arguments of one actor of `group`."""
+    return {"num_cpus": group.resources.get("CPU", 0), "num_gpus": group.resources.get("GPU", 0)}

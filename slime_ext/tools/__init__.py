@@ -1,0 +1,1 @@
+"""Tools users call: the server, checkpoint evaluation, plots, study plumbing."""

@@ -1,0 +1,195 @@
+"""Plots of a run's `metrics.jsonl`: `python -m slime_ext.tools.plots RUN_DIR/metrics.jsonl [OUT_DIR]`.
+
+One JSON object per line (keys like `step`, `reward/mean`, `eval/mean@1`, `time/train`); unknown keys are
+ignored, a figure whose keys never appear is not written, and lines that are not JSON objects are skipped
+with a warning naming the line. A record without `step` takes its position among the valid records.
+Matplotlib is used through its object API on the Agg canvas, so no global backend is switched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+log = logging.getLogger("slime_ext.tools.plots")
+
+Records = list[dict[str, Any]]
+PathLike = Union[str, os.PathLike]
+TIME_KEYS = ("time/rollout", "time/reward", "time/train", "time/sync")
+SMOOTH_MIN_POINTS = 10
+
+
+def read_metrics(path: PathLike) -> Records:
+    """Valid records of a metrics.jsonl, each with a numeric `step`; bad lines are skipped with a warning."""
+    records: Records = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                log.warning("%s:%d: skipped, not valid JSON (%s)", path, line_no, exc.msg)
+                continue
+            if not isinstance(obj, dict):
+                log.warning("%s:%d: skipped, not a JSON object (%s)", path, line_no, type(obj).__name__)
+                continue
+            if _number(obj.get("step")) is None:
+                obj = {**obj, "step": len(records)}
+            records.append(obj)
+    return records
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _series(records: Records, key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        y = _number(r.get(key))
+        if y is not None:
+            xs.append(float(r["step"]))
+            ys.append(y)
+    return xs, ys
+
+
+def _smooth(ys: Sequence[float]) -> list[float]:
+    """Centered moving average over ~1/10 of the points (odd window, shrinking at the edges)."""
+    half = max(1, len(ys) // 20)
+    return [sum(ys[max(0, i - half): i + half + 1]) / len(ys[max(0, i - half): i + half + 1]) for i in range(len(ys))]
+
+
+def _figure(title: str, ylabel: str, xlabel: str = "step"):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig, ax
+
+
+def _save(fig, out_png: PathLike) -> Path:
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    return out
+
+
+def _records(source: Union[PathLike, Records]) -> Records:
+    return source if isinstance(source, list) else read_metrics(source)
+
+
+def plot_series(
+    path: Union[PathLike, Records],
+    out_png: PathLike,
+    keys: Sequence[str],
+    title: str,
+    ylabel: str,
+    points: Sequence[str] = (),
+    smooth: bool = True,
+) -> Optional[Path]:
+    """Line plot of `keys` against step (thin raw line + bold moving average when there are >= 10 points),
+    with `points` keys (sparse values, e.g. eval metrics) as markers. `path` is a metrics.jsonl or its
+    records. Returns the PNG written, or None when none of the keys has a value."""
+    records = _records(path)
+    lines = [(k, *_series(records, k)) for k in keys]
+    marks = [(k, *_series(records, k)) for k in points]
+    if not any(xs for _, xs, _ in lines + marks):
+        return None
+    fig, ax = _figure(title, ylabel)
+    for key, xs, ys in lines:
+        if not xs:
+            continue
+        if smooth and len(xs) >= SMOOTH_MIN_POINTS:
+            (raw,) = ax.plot(xs, ys, linewidth=0.8, alpha=0.35, label=f"{key} (per step)")
+            ax.plot(xs, _smooth(ys), linewidth=2.0, color=raw.get_color(), label=f"{key} (moving avg)")
+        else:
+            ax.plot(xs, ys, linewidth=1.5, marker="." if len(xs) < 50 else None, label=key)
+    for key, xs, ys in marks:
+        if xs:
+            ax.plot(xs, ys, linestyle="--", marker="o", markersize=6, linewidth=1.0, label=key)
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, out_png)
+
+
+def plot_time_split(path: Union[PathLike, Records], out_png: PathLike, keys: Sequence[str] = TIME_KEYS,
+                    title: str = "Time per step by phase") -> Optional[Path]:
+    """Stacked seconds per step of `keys` (bars up to 60 steps, stacked areas beyond); missing = 0."""
+    records = [r for r in _records(path) if any(_number(r.get(k)) is not None for k in keys)]
+    present = [k for k in keys if any(_number(r.get(k)) is not None for r in records)]
+    if not present:
+        return None
+    steps = [float(r["step"]) for r in records]
+    values = [[_number(r.get(k)) or 0.0 for r in records] for k in present]
+    fig, ax = _figure(title, "seconds")
+    labels = [k.split("/", 1)[-1] for k in present]
+    if len(steps) <= 60:
+        bottom = [0.0] * len(steps)
+        gaps = [b - a for a, b in zip(sorted(steps), sorted(steps)[1:]) if b > a]
+        width = 0.8 * (min(gaps) if gaps else 1.0)
+        for label, ys in zip(labels, values):
+            ax.bar(steps, ys, width=width, bottom=bottom, label=label)
+            bottom = [b + y for b, y in zip(bottom, ys)]
+    else:
+        ax.stackplot(steps, values, labels=labels, alpha=0.85)
+    top = max(sum(col) for col in zip(*values))
+    ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)  # headroom for the legend row
+    ax.legend(loc="upper left", fontsize="small", ncol=len(labels))
+    return _save(fig, out_png)
+
+
+def plot_metrics(metrics_jsonl_path: PathLike, out_dir: PathLike) -> list[Path]:
+    """Write the standard figures of a run into `out_dir`; returns the PNGs written (none for an empty file)."""
+    records = read_metrics(metrics_jsonl_path)
+    if not records:
+        return []
+    out = Path(out_dir)
+    jobs: Iterable[Optional[Path]] = (
+        plot_series(records, out / "reward.png", ["reward/mean"], "Mean reward (train rollouts) and eval mean@1",
+                    "reward", points=["eval/mean@1"]),
+        plot_series(records, out / "response_length.png", ["response_len/mean"], "Mean response length",
+                    "tokens"),
+        plot_series(records, out / "kl.png", ["train/kl_ref"], "KL to the reference policy", "KL (nats/token)"),
+        plot_series(records, out / "entropy.png", ["train/entropy"], "Policy entropy", "nats/token"),
+        plot_series(records, out / "throughput.png", ["perf/tokens_per_s"], "Throughput", "tokens/s"),
+        plot_time_split(records, out / "time_split.png"),
+    )
+    return [p for p in jobs if p is not None]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or len(argv) > 2 or argv[0] in ("-h", "--help"):
+        print("usage: python -m slime_ext.tools.plots METRICS_JSONL [OUT_DIR (default: its folder/plots)]", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    src = Path(argv[0])
+    if not src.is_file():
+        print(f"error: {src}: no such file", file=sys.stderr)
+        return 2
+    paths = plot_metrics(src, argv[1] if len(argv) > 1 else src.parent / "plots")
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""docs/adding-a-method.md, executed: its package, registry line and YAML run two RL steps end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from slime_ext.methods import registry
+from tests.conftest import CONFIGS, REPO
+
+DOC = REPO / "docs" / "adding-a-method.md"
+TINY = [
+    "data.synthetic.n_train=300", "data.synthetic.n_eval=8", "tokenizer.n_training_texts=300",
+    "model.hidden_size=64", "model.num_layers=2", "model.moe_intermediate_size=64", "model.intermediate_size=128",
+    "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=8", "rollout.max_response_len=24",
+    "train.micro_batch_size=16", "sft.steps=10", "sft.batch_size=16", "train.steps=2",
+    "run.stages=[data,tokenizer,sft,rl]",
+]
+
+
+def doc_blocks() -> dict[str, str]:
+    """The fenced blocks of the page, keyed by the file named in the paragraph before each (or 'registry')."""
+    text = DOC.read_text()
+    out = {}
+    for match in re.finditer(r"(?P<before>[^\n]*)\n\n```(?P<lang>\w+)\n(?P<body>.*?)```", text, re.S):
+        before, body = match["before"], match["body"]
+        named = re.search(r"`([\w/.]+\.(?:py|yaml))`", before)
+        if "MethodEntry(" in body:
+            out["registry"] = body
+        elif named:
+            out[Path(named[1]).name] = body
+    return out
+
+
+def test_the_page_has_the_three_parts():
+    blocks = doc_blocks()
+    assert {"config.py", "method.py", "registry"} <= set(blocks) and "extends:" in blocks.get("length_penalty.yaml", "")
+
+
+@pytest.mark.timeout(900)
+def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch):
+    from slime_ext.orchestration.driver import main
+
+    blocks = doc_blocks()
+    package = tmp_path / "plugins" / "length_penalty"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('"""GRPO with a length penalty (docs/adding-a-method.md)."""\n')
+    (package / "config.py").write_text(blocks["config.py"])
+    (package / "method.py").write_text(blocks["method.py"])
+    monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
+    # the registry line, with the package's import path where the test put it
+    name, entry = re.match(r'\s*"(\w+)":\s*(MethodEntry\(.*\)),\s*$', blocks["registry"].strip("\n")).groups()
+    entry = eval(entry.replace("slime_ext.methods.length_penalty", "length_penalty"),  # noqa: S307 (our own doc)
+                 {"MethodEntry": registry.MethodEntry})
+    monkeypatch.setitem(registry.METHODS, name, entry)
+    yaml_text = blocks["length_penalty.yaml"].replace("extends: grpo.yaml", f"extends: {CONFIGS / 'grpo.yaml'}")
+    (tmp_path / "length_penalty.yaml").write_text(yaml_text)
+
+    # the method lives in this process's sys.path, so the rollout manager runs in the driver
+    rc = main([str(tmp_path / "length_penalty.yaml"), f"run.output_dir={tmp_path / 'runs'}",
+               f"run.cache_dir={tmp_path / 'cache'}", "rollout.manager=driver", *TINY])
+    assert rc == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    n = 4 * 8
+    for r in rows:
+        assert r["length_penalty/mean"] == pytest.approx(0.2 * r["response_len/mean"] / 24, rel=1e-9)
+        correct = (r["reward/mean"] + r["length_penalty/mean"]) * n
+        assert correct == pytest.approx(round(correct), abs=1e-6) and 0 <= round(correct) <= n
+    assert "coef: 0.2" in (run_dir / "config.yaml").read_text()

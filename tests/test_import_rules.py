@@ -1,0 +1,127 @@
+"""The layer rules of docs/architecture.md ("Import rules"), checked by parsing every import (module level
+and inside functions) of slime_ext, sglang_patches and megatron_glue. A violation names file and line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGES = ("slime_ext", "sglang_patches", "megatron_glue")
+DATA_AND_MATH = ("slime_ext.data", "slime_ext.algo")
+BASE = DATA_AND_MATH + ("sglang_patches", "slime_ext.config", "slime_ext.rewards", "slime_ext.tasks",
+                        "slime_ext.tokenizer", "slime_ext.clients")
+# What each part may import of ours (prefix match; longest rule prefix wins). Third-party and stdlib are free,
+# except `sglang` for the samplers (below).
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "slime_ext": (),  # the package roots hold no code
+    "sglang_patches": ("sglang_patches",) + DATA_AND_MATH,
+    "megatron_glue": ("megatron_glue",) + DATA_AND_MATH,
+    "slime_ext.data": DATA_AND_MATH + ("sglang_patches",),
+    "slime_ext.algo": DATA_AND_MATH,
+    # the config composes its schema from the registry (which imports method code only by name)
+    "slime_ext.config": DATA_AND_MATH + ("slime_ext.config", "slime_ext.methods.registry"),
+    "slime_ext.rewards": BASE,
+    "slime_ext.tasks": BASE,
+    "slime_ext.tokenizer": BASE,
+    "slime_ext.clients": BASE,
+    "slime_ext.engine": BASE + ("slime_ext.engine", "megatron_glue"),
+    "slime_ext.methods": BASE + ("slime_ext.methods", "slime_ext.evaluation", "megatron_glue"),
+    "slime_ext.evaluation": BASE + ("slime_ext.evaluation",),
+    # the top: orchestration and the user tools may use everything
+    "slime_ext.orchestration": PACKAGES,
+    "slime_ext.tools": PACKAGES,
+}
+# Engine-side adapters that install our samplers into SGLang may import sglang; the samplers themselves
+# are plain torch so the embedded engine and SGLang run the same objects.
+SGLANG_ADAPTERS = ("sglang_patches.sglang_adapter", "sglang_patches.tandem_model")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import; `from a import b` names a.b when b is a module of ours."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                anchor = parts[: len(parts) - node.level + (1 if is_package else 0)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((node.lineno, sub if sub in modules else base))
+    return out
+
+
+def _rule(module: str) -> tuple[str, ...]:
+    keys = [k for k in ALLOWED if module == k or module.startswith(k + ".")]
+    if not keys:
+        raise AssertionError(f"{module}: no import rule covers this module; add it to ALLOWED and docs/architecture.md")
+    return ALLOWED[max(keys, key=len)]
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+def violations(sources: dict[str, tuple[str, str]]) -> list[str]:
+    """`sources`: module name -> (file path shown in messages, source text)."""
+    problems = []
+    modules = set(sources)
+    for module, (shown, text) in sorted(sources.items()):
+        allowed = _rule(module)
+        is_package = shown.endswith("__init__.py")
+        for line, name in sorted(set(imported_modules(ast.parse(text), module, is_package, modules))):
+            if name.split(".")[0] == "sglang" and module.startswith("sglang_patches") and module not in SGLANG_ADAPTERS:
+                problems.append(f"{shown}:{line}: {module} imports {name} (samplers stay plain torch: no sglang)")
+            if not _ours(name) or name == module or name.startswith(module + "."):
+                continue
+            if not any(name == a or name.startswith(a + ".") for a in allowed):
+                problems.append(f"{shown}:{line}: {module} imports {name} (allowed: {', '.join(allowed) or 'nothing of ours'})")
+    return problems
+
+
+def repo_sources() -> dict[str, tuple[str, str]]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            out[module_name(path, REPO)] = (str(path.relative_to(REPO)), path.read_text())
+    return out
+
+
+def test_the_code_follows_the_import_rules():
+    problems = violations(repo_sources())
+    assert not problems, "import rule violations:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("module, text, expected", [
+    ("sglang_patches.planted", "import torch\n\nfrom slime_ext.orchestration.driver import main\n",
+     "sglang_patches/planted.py:3: sglang_patches.planted imports slime_ext.orchestration.driver"),
+    ("sglang_patches.planted", "def f():\n    import sglang.srt.utils\n",
+     "sglang_patches/planted.py:2: sglang_patches.planted imports sglang.srt.utils (samplers stay plain torch"),
+    ("slime_ext.methods.planted.method", "from slime_ext.engine import embedded\n",
+     "slime_ext/methods/planted/method.py:1: slime_ext.methods.planted.method imports slime_ext.engine.embedded"),
+    ("megatron_glue.planted", "from slime_ext.config.schema import ModelConfig\n",
+     "megatron_glue/planted.py:1: megatron_glue.planted imports slime_ext.config.schema"),
+])
+def test_a_planted_violation_fails_with_file_and_line(module, text, expected):
+    shown = module.replace(".", "/") + ".py"
+    sources = repo_sources() | {module: (shown, text)}
+    problems = violations(sources)
+    assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+def test_allowed_imports_pass():
+    ok = {"slime_ext.methods.planted.method": ("p.py", "from slime_ext.data import Sample\nfrom sglang_patches.tandem import author_runs\n"),
+          "sglang_patches.planted": ("q.py", "from slime_ext.data.sample import Author\nimport torch\n")}
+    assert violations(repo_sources() | ok) == []
