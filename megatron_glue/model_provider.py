@@ -26,7 +26,7 @@ from megatron_glue import cpu_compat
 
 
 def transformer_engine_available() -> bool:
-    """TE is used only with CUDA; importing it on a CPU host breaks megatron.core (DESIGN.md)."""
+    """TE is used only with CUDA; importing it on a CPU host breaks megatron.core (docs/architecture.md)."""
     if not torch.cuda.is_available():
         return False
     try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO (or any method config) on Qwen3-30B-A3B over one or more 8xH100 nodes, slime's reference layout
-# (DESIGN.md, Scale): TP 4 + sequence parallel, EP 8, PP 1, full recompute, 20480 tokens per GPU,
+# (docs/cluster.md): TP 4 + sequence parallel, EP 8, PP 1, full recompute, 20480 tokens per GPU,
 # optimizer CPU offload, one SGLang engine (TP 8) per node, engines behind a router when NNODES > 1.
 #
 #   head:    NODE_RANK=0 NNODES=2 HF_CKPT=/ckpt/Qwen3-30B-A3B bash scripts/run-qwen3-30B-A3B.sh [key=value ...]

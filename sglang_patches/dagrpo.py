@@ -1,4 +1,4 @@
-"""DA-GRPO's help trigger (METHODS.md section 4), as a per-request sampler.
+"""DA-GRPO's help trigger (docs/methods/dagrpo.md), as a per-request sampler.
 
 When the decoded response ends with the trigger (`I need external assistance.` by default), the local
 response ends there: the token is annotated `asked_for_help` and the next step forces EOS. The

@@ -1,4 +1,4 @@
-"""DUET's marker-gated early stop (METHODS.md section 2), as a per-request sampler.
+"""DUET's marker-gated early stop (docs/methods/duet.md), as a per-request sampler.
 
 Every `poll` tokens once the response has `k1` tokens, the last `window` decoded tokens are checked for
 the task's answer marker (math: a closed `\\boxed{...}`, braces nested; code: a closing ``` fence at

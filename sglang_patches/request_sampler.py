@@ -10,7 +10,7 @@ embedded engine and inside SGLang (hosted by a CustomLogitProcessor, see `sglang
                                                           channel, flags) and advance the state;
                                                           `view.output_ids` excludes `token_id`
 
-How the four methods fit (METHODS.md):
+How the four methods fit (docs/methods/):
 - Tandem: `needs_partner`; `adjust` returns the senior's or the junior's logits by `author_next`,
   `on_token` records the author and redraws the coin after a boundary token or kappa tokens.
 - DUET: `adjust` polls the marker on the decoded tail, forces EOS at a low-entropy token after it, or

@@ -1,4 +1,4 @@
-"""Tandem RL's author state machine (METHODS.md section 1), as a per-request sampler.
+"""Tandem RL's author state machine (docs/methods/tandem.md), as a per-request sampler.
 
 A trained senior (the host's main model) and a frozen junior (the partner model) run in lockstep on
 the same context; each step the token is sampled from `author_next`'s distribution and annotated with

@@ -1,6 +1,6 @@
 """The training loop on Ray: SFT warm start (cached), then RL steps with weight sync, checkpoints, resume.
 
-One RL step (DESIGN.md):
+One RL step (docs/architecture.md):
   rollout manager: plan -> engine.generate -> finish (rewards, advantages)
   train group:     (reference logprobs if KL) -> optimizer step
   weight sync:     Megatron -> HF names -> engine update (the engine flushes its prefix cache)

@@ -1,7 +1,7 @@
 """The training loop through the full stack (Ray actors, Megatron trainer, embedded engine).
 
 These runs use a tiny configuration so they take tens of seconds; the default job's numbers are in the
-README (a ~20-minute run).
+docs/results.md.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class SFTConfig(Section):
 
 
 class GRPOConfig(Section):
-    """The shared GRPO core (METHODS.md, shared section)."""
+    """The shared GRPO core (clip, KL, entropy, aggregation) every method's loss starts from."""
 
     normalize_std: bool = True
     adv_eps: float = Field(1e-6, gt=0)

@@ -21,7 +21,7 @@ class DAGRPOPhase(Section):
 
 
 class DAGRPOConfig(Section):
-    """METHODS.md section 4."""
+    """DA-GRPO's settings (docs/methods/dagrpo.md)."""
 
     trigger: str = "I need external assistance."
     lambda_init: float = Field(0.0, ge=0)

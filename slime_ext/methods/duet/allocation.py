@@ -1,4 +1,4 @@
-"""DUET's per-step rollout allocation (METHODS.md section 2): how many rollouts each prompt gets.
+"""DUET's per-step rollout allocation (docs/methods/duet.md): how many rollouts each prompt gets.
 
 Neyman allocation under a token budget B: minimise sum_q s_q^2 / n_q subject to sum_q n_q L_q <= B.
 The continuous optimum (Theorem 1) is n_q = (B / S) s_q / sqrt(L_q), S = sum_k s_k sqrt(L_k), with

@@ -10,7 +10,7 @@ from slime_ext.config.sections import Section
 
 
 class DuetConfig(Section):
-    """METHODS.md section 2."""
+    """DUET's settings (docs/methods/duet.md)."""
 
     budget_fraction: Optional[float] = Field(1.0, gt=0, le=1)
     budget_tokens: Optional[int] = Field(None, ge=1)

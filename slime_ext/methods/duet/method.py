@@ -1,4 +1,4 @@
-"""DUET (METHODS.md section 2): a token budget per step, Neyman allocation across prompts, the
+"""DUET (docs/methods/duet.md): a token budget per step, Neyman allocation across prompts, the
 marker-gated abort, and importance weights that keep the gradient unbiased.
 
 plan:   s_q = max(s_floor, sigma_q) and L_q from the controller state -> n_q by bisection (warm-started
@@ -14,7 +14,7 @@ realised tokens to match it, L_q must be what a rollout of q costs under the gat
 mean over ALL of q's rollouts (aborted ones included: they cost k2 + G + 1 tokens each) of their
 budgeted length: the response length, except that an eps-kept rollout counts only up to the gate's
 draw plus one token (what its abort would have cost). That is Proposition 1's "realised expected length
-under the abort policy". (A mean over kept rollouts only, as METHODS.md words it, leaves the aborted
+under the abort policy". (A mean over kept rollouts only, as the paper's text words it, leaves the aborted
 rollouts' tokens out of the cost: 1.13-1.16 B spent per step in tests/test_duet_method.py's setup.)
 Guarantees per step:
   planned  = sum_q n_q L_q <= B                                           (always)
@@ -40,7 +40,7 @@ from slime_ext.methods.grpo.method import GRPO
 
 MARKER_TASK = {"math": "math", "code": "code", "multiple_choice": "qa"}  # reward.type -> the gate's marker
 # The allocator needs s_q > 0. The frozen floor (5th percentile of sigma_q after the first epoch) is 0
-# when over 5% of prompts only had zero-variance groups (all right or all wrong); METHODS.md's
+# when over 5% of prompts only had zero-variance groups (all right or all wrong); the paper's
 # n_q = clip(round(0 / sqrt(lambda L_q)), n_min, n_max) = n_min for them, which this tiny s reproduces
 # (unless the budget lets every other prompt saturate at n_max).
 MIN_SIGNAL = 1e-9

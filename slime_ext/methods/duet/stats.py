@@ -1,4 +1,4 @@
-"""DUET's controller state between steps (METHODS.md section 2): per-prompt signal and length
+"""DUET's controller state between steps (docs/methods/duet.md): per-prompt signal and length
 estimates, the s_floor schedule, the K1/K2 length window, and the unbiasing weights.
 
 All of it is plain data with `state_dict` / `load_state_dict`, so a resumed run continues exactly.

@@ -10,7 +10,7 @@ from slime_ext.config.sections import Section
 
 
 class SxSConfig(Section):
-    """METHODS.md section 3."""
+    """SxS's settings (docs/methods/sxs.md)."""
 
     enforce_tags: bool = True
     qp_shaping: bool = False

@@ -1,4 +1,4 @@
-"""SxS Algorithm 1 (METHODS.md section 3): turn (x, r, a) into one think/speak interleaved stream.
+"""SxS Algorithm 1 (docs/methods/sxs.md): turn (x, r, a) into one think/speak interleaved stream.
 
 Given the reasoning blocks R_1..K_R, the answer blocks A_1..K_A and, for every reasoning prefix
 R_1..k, the oracle's count l~_k of answer blocks it entails:

@@ -1,4 +1,4 @@
-"""SxS content-latency metrics (METHODS.md section 3) over one response's per-token channels.
+"""SxS content-latency metrics (docs/methods/sxs.md) over one response's per-token channels.
 
 Token positions are 1-indexed over the full response; tag tokens carry the channel of the block they
 open or close. For a response with channels c_1..c_T (THINK = 0, SPEAK = 1):

@@ -10,7 +10,7 @@ from slime_ext.config.sections import Section
 
 
 class TandemConfig(Section):
-    """METHODS.md section 1 (values marked ref code come from the authors' public code)."""
+    """Tandem RL's settings (docs/methods/tandem.md; values marked ref code come from the authors' public code)."""
 
     p_senior: float = Field(0.5, ge=0, le=1)
     kappa: int = Field(32, ge=1)

@@ -1,4 +1,4 @@
-"""Tandem RL's evaluation axes (METHODS.md section 1, paper section 4), beyond solo pass@k.
+"""Tandem RL's evaluation axes (the Tandem RL paper, section 4; docs/methods/tandem.md), beyond solo pass@k.
 
 - Handoff robustness: senior and junior take turns continuing the same token prefix, one reasoning
   step (up to `\\n\\n`) per turn, strictly alternating (senior first) or by a fair coin per step; the
