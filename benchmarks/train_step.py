@@ -67,7 +67,8 @@ def hf_config_for(preset: dict):
 
 def time_megatron(preset: dict, hf_config, hf_state: dict, samples, device: str) -> dict:
     from megatron_glue.actor import MegatronTrainer, TrainerSettings
-    from megatron_glue.convert import canonical_hf_state_dict, hf_to_megatron, shard_megatron_state
+    from megatron_glue.sharding import shard_megatron_state
+    from megatron_glue.weight_names import canonical_hf_state_dict, hf_to_megatron
     from megatron_glue.model_provider import ParallelSizes, transformer_engine_available
     from megatron_glue.parallel import init_distributed, init_model_parallel
 
