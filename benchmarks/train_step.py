@@ -59,7 +59,7 @@ def make_samples(preset: dict, seed: int = 0):
 
 def hf_config_for(preset: dict):
     from megatron_glue.hf_config import hf_config_from_model_config
-    from slime_ext.config.sections import ModelConfig
+    from slime_ext.config.schema import ModelConfig
 
     return hf_config_from_model_config(ModelConfig(vocab_size=preset["vocab"], max_position_embeddings=4096,
                                                    router_aux_loss_coef=0.0, **preset["model"]))
@@ -67,7 +67,8 @@ def hf_config_for(preset: dict):
 
 def time_megatron(preset: dict, hf_config, hf_state: dict, samples, device: str) -> dict:
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
-    from megatron_glue.convert import canonical_hf_state_dict, hf_to_megatron, shard_megatron_state
+    from megatron_glue.sharding import shard_megatron_state
+    from megatron_glue.weight_names import canonical_hf_state_dict, hf_to_megatron
     from megatron_glue.model_provider import ParallelSizes, transformer_engine_available
     from megatron_glue.parallel import init_distributed, init_model_parallel
 

@@ -148,7 +148,7 @@ class TrainingJob:
 
     def run_sft(self) -> Path:
         """SFT from random init on the reference solutions; cached by content hash (and resumable)."""
-        from megatron_glue.convert import save_hf_checkpoint
+        from megatron_glue.checkpoint_io import save_hf_checkpoint
 
         base = Path(self.cfg.model.hf_path) if self.cfg.model.hf_path else None
         if base is not None and self.cfg.sft.steps == 0:
@@ -295,7 +295,7 @@ class TrainingJob:
                     group.call("save", str(ckpt_dir), {"step": step + 1, "manager": manager.state_dict()})
                     _prune_checkpoints(ckpt_dir)
             final_hf = self.run_dir / "hf"
-            from megatron_glue.convert import save_hf_checkpoint
+            from megatron_glue.checkpoint_io import save_hf_checkpoint
 
             save_hf_checkpoint(final_hf, self.hf_config, dict(group.export_hf()))
             self.tokenizer.save_pretrained(final_hf)

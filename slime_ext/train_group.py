@@ -45,7 +45,9 @@ class TrainWorker:
         """Load this rank's shard of an HF checkpoint (reads only the tensors this rank holds)."""
         from megatron.core import parallel_state as mpu
 
-        from megatron_glue.convert import hf_to_megatron, load_hf_checkpoint, shard_megatron_state
+        from megatron_glue.checkpoint_io import load_hf_checkpoint
+        from megatron_glue.sharding import shard_megatron_state
+        from megatron_glue.weight_names import hf_to_megatron
 
         hf_config, source = load_hf_checkpoint(hf_dir)
         sizes = self.trainer.sizes
@@ -73,7 +75,7 @@ class TrainWorker:
         """HF-named weights of this rank's pipeline stage, returned by the stage's TP/EP/DP rank 0."""
         from megatron.core import parallel_state as mpu
 
-        from megatron_glue.weights import export_hf_state_dict
+        from megatron_glue.weight_export import export_hf_state_dict
 
         tensors = export_hf_state_dict(self.trainer)
         exporter = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_expert_model_parallel_rank() == 0
@@ -81,12 +83,12 @@ class TrainWorker:
         return list(tensors.items()) if exporter else []
 
     def save(self, directory: str, extra: dict) -> str:
-        from megatron_glue.checkpoint import save_checkpoint
+        from megatron_glue.trainer_checkpoint import save_checkpoint
 
         return str(save_checkpoint(self.trainer, directory, extra))
 
     def load(self, directory: str) -> dict:
-        from megatron_glue.checkpoint import load_checkpoint
+        from megatron_glue.trainer_checkpoint import load_checkpoint
 
         return load_checkpoint(self.trainer, directory)
 

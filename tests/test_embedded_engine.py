@@ -156,7 +156,7 @@ def test_abort_from_another_thread_while_generating(model):
 
 @pytest.mark.parametrize("moe", [True, False])
 def test_weight_update_equals_loading_the_new_weights(moe):
-    from megatron_glue.convert import canonical_hf_state_dict
+    from megatron_glue.weight_names import canonical_hf_state_dict
 
     old, new = make_model(0, moe), make_model(1, moe)
     sp = SamplingParams(temperature=1.0, max_new_tokens=12)

@@ -29,7 +29,7 @@ def _samples():
 def _hf_weights(config):
     from transformers import AutoModelForCausalLM
 
-    from megatron_glue.convert import canonical_hf_state_dict
+    from megatron_glue.weight_names import canonical_hf_state_dict
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
@@ -42,7 +42,8 @@ def _hf_weights(config):
 
 def _worker(rank, config, hf_sd, sizes, steps):
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
-    from megatron_glue.convert import hf_to_megatron, shard_megatron_state
+    from megatron_glue.sharding import shard_megatron_state
+    from megatron_glue.weight_names import hf_to_megatron
     from megatron_glue.parallel import init_model_parallel
     from megatron.core import parallel_state as mpu
 
@@ -55,7 +56,7 @@ def _worker(rank, config, hf_sd, sizes, steps):
         pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp,
     )
     trainer.load_local_state_dict(dict(shard))
-    from megatron_glue.weights import export_hf_state_dict
+    from megatron_glue.weight_export import export_hf_state_dict
 
     # Gathered back to HF names across TP / EP / PP: must reproduce the loaded weights bit for bit.
     exported = export_hf_state_dict(trainer)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron_glue.trainer import MegatronTrainer, TrainerSettings
-from megatron_glue.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_glue.trainer_checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from megatron_glue.model_provider import ParallelSizes
 from slime_ext.data import Sample
 from tests.megatron_fixtures import single_process_parallel_state, tiny_moe_config

@@ -1,6 +1,8 @@
 import sys, torch, glob; sys.path.insert(0, "/work/main")
 torch.set_num_threads(2)
-from megatron_glue.convert import load_hf_checkpoint, hf_to_megatron, shard_megatron_state
+from megatron_glue.checkpoint_io import load_hf_checkpoint
+from megatron_glue.sharding import shard_megatron_state
+from megatron_glue.weight_names import hf_to_megatron
 from megatron_glue.actor import MegatronTrainer, TrainerSettings
 from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.parallel import init_distributed, init_model_parallel

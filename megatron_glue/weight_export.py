@@ -17,7 +17,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
 from megatron_glue.trainer import MegatronTrainer
-from megatron_glue.convert import expert_full_name, megatron_param_to_hf, rank_parameters, tp_join
+from megatron_glue.sharding import expert_full_name, rank_parameters, tp_join
+from megatron_glue.weight_names import megatron_param_to_hf
 
 Bucket = list[tuple[str, torch.Tensor]]
 
