@@ -3,12 +3,12 @@ torch.set_num_threads(2)
 from megatron_glue.checkpoint_io import load_hf_checkpoint
 from megatron_glue.sharding import shard_megatron_state
 from megatron_glue.weight_names import hf_to_megatron
-from megatron_glue.actor import MegatronTrainer, TrainerSettings
+from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.parallel import init_distributed, init_model_parallel
 from slime_ext.config import load_config
 from slime_ext.engine.embedded import EmbeddedEngine
-from slime_ext.rollout.manager import RolloutManager
+from slime_ext.orchestration.rollout_manager import RolloutManager
 from slime_ext.tasks.prepare import prepare_data
 from slime_ext.tokenizer import load_tokenizer
 hf_dir = sys.argv[1]

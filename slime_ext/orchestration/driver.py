@@ -111,7 +111,7 @@ class Job:
 
     def _training(self) -> Any:
         """The training job (built once: its method's config errors surface before SFT)."""
-        from slime_ext.loop import TrainingJob
+        from slime_ext.orchestration.training_job import TrainingJob
 
         if getattr(self, "_job", None) is None:
             if self.tokenizer is None:

@@ -11,7 +11,7 @@ from megatron_glue import checkpoint_io as cio
 from megatron_glue import sharding as sh
 from megatron_glue import weight_names as wn
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (a hard dependency: a missing install must fail, not skip)
 
 from tests.conversion_fixtures import all_shards, canonical, hf_model, moe_cfg  # noqa: E402
 

@@ -17,7 +17,7 @@ from megatron_glue import convert as cv
 from megatron_glue import sharding as sh
 from megatron_glue import weight_names as wn
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (a hard dependency: a missing install must fail, not skip)
 from transformers import AutoModelForCausalLM, Qwen3MoeForCausalLM  # noqa: E402
 
 from tests.conversion_fixtures import (  # noqa: E402

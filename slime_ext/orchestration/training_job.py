@@ -36,9 +36,9 @@ from slime_ext.orchestration.placement import actor_groups, build_placement, ray
 from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.trainer_settings import trainer_settings
 from slime_ext.tasks.templates import get_template
-from slime_ext.train_group import TrainGroup
+from slime_ext.orchestration.train_group import TrainGroup
 
-log = logging.getLogger("slime_ext.loop")
+log = logging.getLogger("slime_ext.orchestration.training_job")
 WARM_FORMAT = "warmstart-v1"
 KEEP_CHECKPOINTS = 2
 

@@ -13,7 +13,7 @@ import torch
 from megatron_glue import sharding as sh
 from megatron_glue import weight_names as wn
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (a hard dependency: a missing install must fail, not skip)
 from transformers import Qwen3MoeConfig  # noqa: E402
 
 from tests.conversion_fixtures import (  # noqa: E402

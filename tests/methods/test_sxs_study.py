@@ -19,7 +19,7 @@ from slime_ext.evaluation import EvalReport, evaluate
 from slime_ext.methods.sxs.metrics import (content_length, cot_channels, cot_latency_metrics, cot_response_metrics,
                                    latency_metrics)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 
 # "Step 1: 2 + 3 = 5.\n\n\boxed{5}" as the embedded BPE splits it: 11 reasoning tokens, 6 on the answer line
@@ -115,7 +115,7 @@ def test_sxs_eval_metrics_skip_the_eos_and_the_tag_texts():
 def test_grpo_eval_reports_cot_latency_metrics(tmp_path):
     """The GRPO eval hook (`GRPO.eval_options`, as the training job passes it) through `evaluate`: `meta.response_metrics`
     holds the means of the CoT metrics over the sampled responses (not the greedy one)."""
-    from slime_ext.loop import TrainingJob
+    from slime_ext.orchestration.training_job import TrainingJob
 
     tok = CharTokenizer()
     cfg = load_config(CONFIGS / "grpo.yaml").config

@@ -229,7 +229,7 @@ def test_cli_on_tiny_checkpoint_writes_eval_json(tiny_checkpoint, tmp_path, caps
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("extends: " + str(Path(__file__).resolve().parents[1] / "configs/grpo.yaml")
+    (run / "config.yaml").write_text("extends: " + str(Path(__file__).resolve().parents[2] / "configs/grpo.yaml")
                                      + "\neval:\n  n_prompts: 2\n  n_samples: 1\n  k: [1]\n  greedy: false\n")
     old = run / "checkpoints" / "step_1" / "hf"
     new = run / "checkpoints" / "step_2" / "hf"

@@ -341,7 +341,7 @@ def test_phase_steps_must_add_up_to_the_rl_steps():
 def test_warm_start_is_shared_across_phase_orders_steps_targets_and_the_local_only_baseline(tmp_path):
     """A study's arms over the same tasks reuse one SFT: the key and rows depend on the phases' data only."""
     from slime_ext.config import load_config
-    from slime_ext.loop import TrainingJob
+    from slime_ext.orchestration.training_job import TrainingJob
     from tests.conftest import CONFIGS
 
     class LenTok(CharTokenizer):

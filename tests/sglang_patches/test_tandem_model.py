@@ -119,7 +119,7 @@ def tandem_spec(p=0.5, kappa=2):
 
 
 def test_processor_samples_the_authors_half_and_matches_the_sampler_replay():
-    from tests.test_sglang_adapter import FakeBatchInfo, _sglang_apply_fn
+    from tests.sglang_patches.test_sglang_adapter import FakeBatchInfo, _sglang_apply_fn
 
     apply = _sglang_apply_fn()
     proc = adapter.SamplerLogitProcessor.to_str()
@@ -145,7 +145,7 @@ def test_processor_samples_the_authors_half_and_matches_the_sampler_replay():
 
 
 def test_solo_requests_on_a_tandem_server_see_only_the_senior():
-    from tests.test_sglang_adapter import FakeBatchInfo, _sglang_apply_fn
+    from tests.sglang_patches.test_sglang_adapter import FakeBatchInfo, _sglang_apply_fn
 
     apply = _sglang_apply_fn()
     proc = adapter.SamplerLogitProcessor.to_str()
