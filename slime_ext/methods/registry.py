@@ -66,7 +66,7 @@ def method_name(config: Any) -> str:
 
 def _entry(config: Any) -> MethodEntry:
     if config.method not in METHODS:
-        raise NotImplementedError(f"method {config.method!r} is not registered (registered: {sorted(METHODS)})")
+        raise ValueError(f"method {config.method!r} is not registered (registered: {sorted(METHODS)})")
     return METHODS[config.method]
 
 

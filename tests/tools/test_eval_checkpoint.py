@@ -217,8 +217,12 @@ def test_cli_on_tiny_checkpoint_writes_eval_json(tiny_checkpoint, tmp_path, caps
                 "truncation_rate", "reasons", "examples", "meta"):
         assert key in data, key
     assert sum(data["reasons"].values()) == 6 and sum(data["greedy_reasons"].values()) == 3
-    assert 1 <= data["mean_response_len"] <= 6 and 0 <= data["truncation_rate"] <= 1
-    assert 0 <= data["mean@1"] <= 1 and len(data["examples"]) == 3
+    # shares of the 3 x 2 sampled responses: whole counts over 6
+    for key in ("truncation_rate", "mean@1"):
+        assert data[key] * 6 == pytest.approx(round(data[key] * 6), abs=1e-9) and 0 <= round(data[key] * 6) <= 6, key
+    assert 1 <= data["mean_response_len"] <= 6 and len(data["examples"]) == 3
+    truncated = round(data["truncation_rate"] * 6)  # a truncated response has all 6 tokens
+    assert data["mean_response_len"] * 6 >= 6 * truncated + (6 - truncated)
     assert data["meta"]["max_new_tokens"] == 6 and data["meta"]["checkpoint"] == str(tiny_checkpoint)
     stdout = capsys.readouterr().out
     assert "| model | mean@1 | mean@2 | pass@1 | pass@2 | greedy |" in stdout
