@@ -20,7 +20,7 @@ from slime_ext.config import ConfigError, ResolvedConfig, load_config
 from slime_ext.orchestration.run_dir import create_run_dir, write_json
 from slime_ext.tasks.prepare import PreparedData, prepare_data
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
 log = logging.getLogger("slime_ext")
 
 

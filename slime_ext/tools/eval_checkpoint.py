@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
 from slime_ext.evaluation import EvalReport, compare_table, evaluate, make_verifier
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 log = logging.getLogger("slime_ext.tools.eval_checkpoint")
 

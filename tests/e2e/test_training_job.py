@@ -226,8 +226,9 @@ def test_ctrl_c_ends_every_ray_process_and_keeps_the_checkpoint(tmp_path):
     started = psutil.Process(proc.pid).children(recursive=True)
     assert any("TrainWorker" in " ".join(p.cmdline()) for p in started)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-    assert proc.wait(timeout=300) == 130
+    rc = proc.wait(timeout=300)
     err = proc.stderr.read()
+    assert rc == 130, err[-3000:]
     assert "interrupted" in err and f"resume={run_dir}" in err, err[-3000:]
     _, alive = psutil.wait_procs(started, timeout=60)
     assert not alive, [(p.pid, p.cmdline()[:3]) for p in alive]

@@ -74,3 +74,13 @@ def test_jsonl_source_skips_bad_rows_and_holds_out_eval(tmp_path):
     assert data.reports[0].skipped_by_reason == {"invalid_json": 1, "missing_key": 1}
     with pytest.raises(DatasetError, match="bad"):
         prepare_data(cfg.model_copy(update={"max_bad_fraction": 0.01}), tmp_path / "cache")
+
+
+def test_default_paths_point_at_the_repository():
+    """Modules that find the repository from their own path (the default config, the studies' configs)."""
+    from slime_ext.orchestration import driver
+    from slime_ext.tools import eval_checkpoint, study
+
+    assert driver.DEFAULT_CONFIG.is_file() and eval_checkpoint.DEFAULT_CONFIG == driver.DEFAULT_CONFIG
+    assert (study.REPO / "configs" / "grpo.yaml").is_file()
+    assert driver.parse_args([]) == (driver.DEFAULT_CONFIG, [])
