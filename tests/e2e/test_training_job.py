@@ -175,9 +175,16 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
     assert "| easy |" in table and "| hard |" in table
 
 
+def _default_sigint() -> None:
+    """A suite started in the background (`cmd &` in a script) ignores SIGINT, and children inherit that;
+    the driver must see Ctrl-C as a terminal user's job does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run_cli(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slime_ext.orchestration.driver", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for_steps(runs: Path, n: int, proc: subprocess.Popen, timeout: float = 600) -> Path:
