@@ -36,6 +36,7 @@ class Job:
         self.tokenizer_path: Path | None = None
         self.warm_dir: Path | None = None
         self.reports: dict[str, Any] = {}
+        self._job: Any = None  # the TrainingJob, built once (its method's config errors surface before SFT)
         self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
 
     # -- stages ---------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class Job:
         """The training job (built once: its method's config errors surface before SFT)."""
         from slime_ext.orchestration.training_job import TrainingJob
 
-        if getattr(self, "_job", None) is None:
+        if self._job is None:
             if self.tokenizer is None:
                 self.summary["stages"]["tokenizer"] = self.stage_tokenizer()
             data = self._need_data()

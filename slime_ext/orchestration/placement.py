@@ -64,7 +64,8 @@ def trainer_world(config: Any, problems: Optional[list[str]] = None) -> int:
     return world
 
 
-def _engine_count(config: Any) -> tuple[int, int]:
+def engine_count(config: Any) -> tuple[int, int]:
+    """(number of engines, tensor-parallel size of each): one single-device engine unless SGLang."""
     sglang = config.rollout.engine == "sglang"
     return (config.sglang.num_engines, config.sglang.tp_size) if sglang else (1, 1)
 
@@ -88,7 +89,7 @@ def actor_groups(config: Any) -> dict[str, ActorGroup]:
         manager = ActorGroup("rollout_manager", 1, {"CPU": CPU_SHARE}, [], "head node, a Ray actor")
     train_res = {"GPU": COLOCATED_TRAIN_GPU if colocate else 1.0, "CPU": 1} if gpu else {"CPU": CPU_SHARE}
     train = ActorGroup("train_actor", world, train_res, [[r] for r in range(world)], "one per trainer rank")
-    num_engines, tp = _engine_count(config)
+    num_engines, tp = engine_count(config)
     if config.rollout.engine != "sglang" or not gpu:
         engine = ActorGroup(f"{config.rollout.engine}_engine", num_engines, {"CPU": CPU_SHARE}, [], "head node")
         return {"manager": manager, "engine": engine, "train": train}

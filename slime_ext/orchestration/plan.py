@@ -67,7 +67,8 @@ from typing import Any, Optional, Sequence
 from slime_ext.config.loader import ConfigError, load_config
 from slime_ext.methods.registry import method_class, method_name
 from slime_ext.config.schema import Config, ModelConfig
-from slime_ext.orchestration.placement import ActorGroup, Placement, actor_groups, build_placement, engine_gpus, trainer_world
+from slime_ext.orchestration.placement import (ActorGroup, Placement, actor_groups, build_placement, engine_count,
+                                              engine_gpus, trainer_world)
 
 GIB = 1024**3
 GPU_MEMORY_GIB = 80.0  # H100 80GB
@@ -308,9 +309,10 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
     if sglang and config.cluster.gpus_per_node and s.tp_size > config.cluster.gpus_per_node:
         warnings.append(f"sglang.tp_size = {s.tp_size} spans nodes of {config.cluster.gpus_per_node} GPUs: "
                         "the engine command needs SGLang's multi-node flags")
+    num_engines, tp_size = engine_count(config)
     return RolloutLayout(
-        engine=config.rollout.engine, num_engines=s.num_engines if sglang else 1,
-        tp_size=s.tp_size if sglang else 1, engine_gpus=engine_gpus(config), colocate=config.cluster.colocate,
+        engine=config.rollout.engine, num_engines=num_engines,
+        tp_size=tp_size, engine_gpus=engine_gpus(config), colocate=config.cluster.colocate,
         router=bool(sglang and s.router), models_per_engine=2 if method_class(config).needs_partner else 1,
         server_command=_engine_command(config, warnings),
     )
