@@ -20,7 +20,7 @@ from statistics import mean
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import difference_table, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 ARMS = {
     "GRPO full": ("grpo.yaml", []),
@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     print(write_table(args.out, "DUET study", summary, runs, args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
                        "step_speedup", "steps_to_target", "seconds_to_target"]))
+    print(difference_table(args.out, {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}, "GRPO full"))
     plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")}, first)
     print(f"[study] wrote {args.out}")
     return 0

@@ -34,7 +34,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import difference_table, finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -151,6 +151,10 @@ def main(argv=None) -> int:
     if missing:
         title += f"; not run: {', '.join(missing)}"
     table = write_table(args.out, title, summary, {a: r for a, r in runs.items() if r}, args.seeds, command, KEYS)
+    for before, after in (("CoT SFT", "CoT SFT->RL"), ("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")):
+        if runs.get(before) and len(runs[before]) == len(runs.get(after, [])):  # what RL (or shaping) adds, paired
+            evals = {arm: [Path(r) / ARMS[arm][1] for r in runs[arm]] for arm in (before, after)}
+            print(difference_table(args.out, evals, before))
     if warm_starts:
         (args.out / "sxs_warm_starts.json").write_text(json.dumps(warm_starts, indent=2) + "\n")
     print(table)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import difference_table, finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 
@@ -100,6 +100,9 @@ def main(argv=None) -> int:
     keys = list(warm_row) + ["train_senior_token_share"]
     title = "Tandem study (the warm start is one model)" + (f"; not run: {', '.join(missing)}" if missing else "")
     print(write_table(args.out, title, summary, runs, args.seeds, command, keys))
+    complete = {m: [Path(r) / "eval_final.json" for r in rs] for m, rs in runs.items() if len(rs) == len(args.seeds)}
+    if "GRPO" in complete and len(complete) > 1:
+        print(difference_table(args.out, complete, "GRPO"))
     plots(args.out, first)
     print(f"[study] wrote {args.out}")
     return 0

@@ -16,17 +16,25 @@ Metrics (all over the first `eval.n_prompts` rows):
   `mean_score` (all samples) and `mean_score_stderr` (from the per-prompt means) are the tighter estimate;
 - lengths in tokens, the fraction of responses cut at `max_new_tokens` (finish_reason "length"), and the
   verifier's reasons (a response the engine failed on counts as score 0 with reason `engine_<finish>`).
+
+Every report also keeps one record per prompt (`records`: prompt id, level, each sample's score, length
+and finish reason, the greedy sample's), written by `save_report` to `<name>.records.jsonl` beside the
+aggregate `<name>.json`, so later comparisons can pair models prompt by prompt: `compare_table` gives
+each mean@k its standard error over prompts and the delta row a paired bootstrap interval
+(`slime_ext.eval_stats`) when both reports carry records of the same prompts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from sglang_patches.decoding import FINISH_LENGTH, SamplingParams
@@ -35,7 +43,8 @@ from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateRe
 from slime_ext.rewards import ReasonCounter, VerifyResult, get_verifier
 from slime_ext.tasks.templates import get_template
 
-__all__ = ["EvalReport", "evaluate", "compare_table", "sample_seed", "make_verifier"]
+__all__ = ["EvalReport", "evaluate", "compare_table", "sample_seed", "make_verifier", "save_report", "load_report",
+           "records_path"]
 
 GREEDY = "greedy"
 
@@ -73,16 +82,19 @@ class EvalReport:
     greedy_reasons: dict[str, int]
     examples: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)  # one per prompt; not part of to_dict
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat JSON form: `mean@k` / `pass@k` keys, `mean@1_stderr`, then the rest."""
+        """Flat JSON form: `mean@k` / `pass@k` keys, `mean@1_stderr`, then the rest (per-prompt records are
+        written separately by `save_report`)."""
         out: dict[str, Any] = {"n_prompts": self.n_prompts, "n_samples": self.n_samples,
                                "temperature": self.temperature}
         out.update({f"mean@{k}": v for k, v in sorted(self.mean_at_k.items())})
         out.update({f"pass@{k}": v for k, v in sorted(self.pass_at_k.items())})
         out["greedy"] = self.greedy
         out["mean@1_stderr"] = self.mean_at_1_stderr
-        skip = {"n_prompts", "n_samples", "temperature", "mean_at_k", "pass_at_k", "greedy", "mean_at_1_stderr"}
+        skip = {"n_prompts", "n_samples", "temperature", "mean_at_k", "pass_at_k", "greedy", "mean_at_1_stderr",
+                "records"}
         out.update({k: v for k, v in asdict(self).items() if k not in skip})
         return out
 
@@ -104,6 +116,51 @@ class EvalReport:
             reasons=dict(data.get("reasons", {})), greedy_reasons=dict(data.get("greedy_reasons", {})),
             examples=list(data.get("examples", [])), meta=dict(data.get("meta", {})),
         )
+
+    def prompt_scores(self, k: int | str | None = None) -> Optional[list[float]]:
+        """Per-prompt mean score of the first k samples (all when k is None), or the greedy score when k is
+        "greedy"; None when the report has no records (or no greedy samples)."""
+        if not self.records:
+            return None
+        if k == GREEDY:
+            values = [r.get("greedy_score") for r in self.records]
+            return None if any(v is None for v in values) else [float(v) for v in values]
+        firsts = [r["scores"][: int(k)] if k is not None else r["scores"] for r in self.records]
+        return [sum(f) / len(f) for f in firsts]
+
+    def prompt_ids(self) -> list[str]:
+        return [str(r["prompt_id"]) for r in self.records]
+
+
+def records_path(report_json: Path | str) -> Path:
+    """Where the per-prompt records of `eval_x.json` live: `eval_x.records.jsonl` beside it."""
+    p = Path(report_json)
+    return p.with_name(p.stem + ".records.jsonl")
+
+
+def save_report(report: EvalReport, path: Path | str) -> Path:
+    """Write the aggregates (`path`, JSON) and the per-prompt records (`records_path(path)`, JSONL), each
+    through a temporary file so a kill never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    targets = [(path, json.dumps(report.to_dict(), indent=2) + "\n")]
+    if report.records:
+        targets.append((records_path(path), "".join(json.dumps(r) + "\n" for r in report.records)))
+    for target, text in targets:
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(target)
+    return path
+
+
+def load_report(path: Path | str) -> EvalReport:
+    """Inverse of `save_report`; a report saved without records (older runs) loads with none."""
+    path = Path(path)
+    report = EvalReport.from_dict(json.loads(path.read_text()))
+    side = records_path(path)
+    if side.exists():
+        report.records = [json.loads(line) for line in side.read_text().splitlines() if line.strip()]
+    return report
 
 
 def _stderr(values: Sequence[float]) -> float:
@@ -178,6 +235,7 @@ def evaluate(
     g_truncated = 0
     g_reasons = ReasonCounter()
     examples: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     extra: dict[str, list[float]] = {}
     start = time.perf_counter()
 
@@ -201,6 +259,8 @@ def evaluate(
             for i in batch:
                 row = rows[i]
                 example: dict[str, Any] = {}
+                record: dict[str, Any] = {"prompt_id": str(row.get("id", i)), "row": i, "level": row.get("level"),
+                                          "scores": [], "lengths": [], "finish_reasons": []}
                 for j in list(range(n)) + ([GREEDY] if eval_cfg.greedy else []):
                     result = by_rid[f"eval-{i}-{j}"]
                     text = project(result) if project else tokenizer.decode(result.output_ids, skip_special_tokens=True)
@@ -215,14 +275,20 @@ def evaluate(
                         g_truncated += cut
                         g_reasons.add(v)
                         example.update(greedy_response=text, greedy_score=float(v.score))
+                        record.update(greedy_score=float(v.score), greedy_length=len(result.output_ids),
+                                      greedy_finish_reason=result.finish_reason)
                     else:
                         scores[i][j] = float(v.score)
                         lengths.append(len(result.output_ids))
                         truncated += cut
                         reasons.add(v)
+                        record["scores"].append(float(v.score))
+                        record["lengths"].append(len(result.output_ids))
+                        record["finish_reasons"].append(result.finish_reason)
                         if j == 0:
                             example.update(prompt=row["prompt"], label=row["label"], response=text,
                                            score=float(v.score), reason=v.reason, finish_reason=result.finish_reason)
+                records.append(record)
                 if len(examples) < n_examples:
                     examples.append(example)
             bar.update(len(requests))
@@ -251,6 +317,7 @@ def evaluate(
         meta={"reward_type": reward_type, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
               "elapsed_s": round(time.perf_counter() - start, 3),
               **({"response_metrics": {k: _nanmean(v) for k, v in extra.items()}} if extra else {})},
+        records=records,
     )
 
 
@@ -264,9 +331,42 @@ def _delta(a: Optional[float], b: Optional[float], scale: float = 100.0) -> str:
     return f"{scale * (b - a):+.1f}"
 
 
+def _stderr_cell(report: EvalReport, k: int) -> str:
+    """` ± SE` of mean@k over prompts: from the records when present, else mean@1's stored standard error."""
+    from slime_ext.eval_stats import stderr_over_prompts
+
+    scores = report.prompt_scores(k)
+    if scores is not None:
+        return f" ± {100 * stderr_over_prompts(scores):.1f}"
+    return f" ± {100 * report.mean_at_1_stderr:.1f}" if k == 1 else ""
+
+
+def _paired(a: EvalReport, b: EvalReport, k: int | str) -> Optional[Any]:
+    """Paired bootstrap difference of b - a on metric k when both carry records of the same prompts."""
+    from slime_ext.eval_stats import paired_difference
+
+    if not a.records or not b.records or a.prompt_ids() != b.prompt_ids():
+        return None
+    xs, ys = a.prompt_scores(k), b.prompt_scores(k)
+    return paired_difference(xs, ys) if xs is not None and ys is not None else None
+
+
+def _delta_cell(a: EvalReport, b: EvalReport, k: int | str, va: Optional[float], vb: Optional[float]) -> str:
+    diff = _paired(a, b, k)
+    if diff is None:
+        return _delta(va, vb)
+    cell = f"{100 * diff.mean:+.1f} ± {100 * diff.stderr:.1f} [{100 * diff.ci_low:+.1f}, {100 * diff.ci_high:+.1f}]"
+    return cell if diff.measured else cell + " (n.s.)"
+
+
 def compare_table(reports: Mapping[str, EvalReport]) -> str:
-    """Markdown table, one row per model (accuracies in %, mean@1 with its standard error), plus a
-    delta row (last minus first; accuracies in percentage points, length in tokens) for 2+ models."""
+    """Markdown table, one row per model (accuracies in %, each mean@k with its standard error over prompts),
+    plus a delta row (last minus first; accuracies in percentage points, length in tokens) for 2+ models.
+    When both ends carry per-prompt records of the same prompts, each mean@k and greedy delta is paired:
+    `+d ± SE [95% bootstrap CI]`, marked "(n.s.)" when the interval contains zero, and a note under the
+    table says so; without records the delta is the plain difference."""
+    from slime_ext.eval_stats import CONFIDENCE, N_RESAMPLES
+
     if not reports:
         raise ValueError("compare_table needs at least one report")
     names = list(reports)
@@ -281,15 +381,23 @@ def compare_table(reports: Mapping[str, EvalReport]) -> str:
         cells = [name]
         for k in mean_ks:
             v = r.mean_at_k.get(k)
-            cells.append(_pts(v) + (f" ± {100 * r.mean_at_1_stderr:.1f}" if k == 1 and v is not None else ""))
+            cells.append(_pts(v) + (_stderr_cell(r, k) if v is not None else ""))
         cells += [_pts(r.pass_at_k.get(k)) for k in pass_ks]
         cells += [_pts(r.greedy), f"{r.mean_response_len:.1f}", f"{r.n_prompts}x{r.n_samples}"]
         lines.append("| " + " | ".join(cells) + " |")
+    paired = False
     if len(names) >= 2:
         a, b = reports[names[0]], reports[names[-1]]
+        paired = _paired(a, b, mean_ks[0]) is not None if mean_ks else False
         cells = [f"delta ({names[-1]} - {names[0]}), points"]
-        cells += [_delta(a.mean_at_k.get(k), b.mean_at_k.get(k)) for k in mean_ks]
+        cells += [_delta_cell(a, b, k, a.mean_at_k.get(k), b.mean_at_k.get(k)) for k in mean_ks]
         cells += [_delta(a.pass_at_k.get(k), b.pass_at_k.get(k)) for k in pass_ks]
-        cells += [_delta(a.greedy, b.greedy), _delta(a.mean_response_len, b.mean_response_len, 1.0), ""]
+        cells += [_delta_cell(a, b, GREEDY, a.greedy, b.greedy), _delta(a.mean_response_len, b.mean_response_len, 1.0), ""]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    table = "\n".join(lines)
+    note = "± is the standard error over prompts."
+    if paired:
+        note += (f" Deltas: paired over the same {reports[names[0]].n_prompts} prompts, ± SE "
+                 f"[{100 * CONFIDENCE:.0f}% percentile bootstrap interval, {N_RESAMPLES} resamples, seed 0]; "
+                 "(n.s.): the interval contains 0, no measured difference.")
+    return table + "\n\n" + note

@@ -206,14 +206,14 @@ class TrainingJob:
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, engine: Any, name: str) -> Any:
-        from slime_ext.evaluation import evaluate
+        from slime_ext.evaluation import evaluate, save_report
 
         cached = self.run_dir / f"eval_{name}.json"
         rows = self.eval_rows[: self.cfg.eval.n_prompts]
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
                           seed=self.cfg.run.seed, progress=True, **self.method.eval_options())
-        cached.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        save_report(report, cached)  # aggregates + per-prompt records (eval_<name>.records.jsonl)
         return report
 
     def evaluate_checkpoint(self, hf_dir: Path, name: str) -> Any:
@@ -272,9 +272,9 @@ class TrainingJob:
         if with_eval and start == 0:
             reports["warm start (SFT)"] = self.evaluate(engine, "warm_start")
         elif with_eval and warm_eval.exists():
-            from slime_ext.evaluation import EvalReport
+            from slime_ext.evaluation import load_report
 
-            reports["warm start (SFT)"] = EvalReport.from_dict(json.loads(warm_eval.read_text()))
+            reports["warm start (SFT)"] = load_report(warm_eval)
         bar = tqdm(range(start, cfg.train.steps), desc=f"{self.method.name} RL", unit="step", file=sys.stderr,
                    initial=start, total=cfg.train.steps)
         try:

@@ -15,7 +15,8 @@ Held-out rows: `--data FILE.jsonl` (the config's prompt/label keys), else the ev
 (`prepare_data(cfg.data, cfg.run.cache_dir).eval`).
 
 Prints a markdown table (and, with `--baseline eval.json`, the comparison with an earlier evaluation) and
-writes `eval.json` into the checkpoint directory, or to `--out` (a `.json` file, or a directory).
+writes `eval.json` (and its per-prompt records, `eval.records.jsonl`, which make `--baseline` comparisons paired)
+into the checkpoint directory, or to `--out` (a `.json` file, or a directory).
 Exit status: 0 on success, 2 when PATH, the config or the data cannot be used (the message names it).
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
-from slime_ext.evaluation import EvalReport, compare_table, evaluate, make_verifier
+from slime_ext.evaluation import compare_table, evaluate, load_report, make_verifier, save_report
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -139,7 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         baseline = None
         if args.baseline:
             try:
-                baseline = EvalReport.from_dict(json.loads(Path(args.baseline).read_text()))
+                baseline = load_report(args.baseline)
             except (OSError, ValueError, KeyError) as exc:
                 raise EvalError(f"{args.baseline}: not a readable eval.json ({exc})") from None
     except (EvalError, ConfigError, FileNotFoundError, ValueError) as exc:
@@ -168,9 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(compare_table(table))
     print(f"reasons: {report.reasons}; truncated: {report.truncation_rate:.1%}")
     out = _out_path(args.out, ckpt)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    tmp.replace(out)
+    save_report(report, out)
     print(f"wrote {out}")
     if args.tandem_junior:
         from slime_ext.methods.tandem.eval_axes import axes_row, tandem_axes

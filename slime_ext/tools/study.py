@@ -73,3 +73,41 @@ def write_table(out: Path, title: str, summary: dict, runs: dict[str, list[str]]
     table = "\n".join(lines)
     (out / "table.md").write_text(f"# {title}\n\n{meta}\n\n{table}\n")
     return table
+
+
+
+def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference: str, k: Optional[int] = None) -> str:
+    """Each arm's held-out score minus the reference arm's, paired prompt by prompt within each seed (the
+    per-prompt records beside each eval JSON; `arm_evals[arm]` lists one eval JSON per seed, in the same
+    seed order for every arm), pooled over seeds: mean ± SE and a 95% paired bootstrap interval, "no
+    measured difference" when it holds 0. Appended to `out/table.md`; returns the markdown section.
+    `k`: mean of the first k samples per prompt (None: all samples)."""
+    from slime_ext.eval_stats import describe_difference, paired_difference
+    from slime_ext.evaluation import load_report
+
+    def scores(path: Path) -> tuple[list[str], list[float]]:
+        report = load_report(path)
+        if not report.records:
+            raise ValueError(f"{path}: no per-prompt records (evaluated before they were written)")
+        return report.prompt_ids(), report.prompt_scores(k)
+
+    what = "mean over samples" if k is None else f"mean@{k}"
+    lines = [f"## Difference to {reference} (held-out, per-prompt {what}, paired within seeds)", "",
+             "| arm | difference, points |", "| --- | --- |"]
+    for arm, paths in arm_evals.items():
+        if arm == reference:
+            continue
+        a: list[float] = []
+        b: list[float] = []
+        for ref_path, path in zip(arm_evals[reference], paths):
+            ids_a, sa = scores(Path(ref_path))
+            ids_b, sb = scores(Path(path))
+            if ids_a != ids_b:
+                raise ValueError(f"{arm}: {path} and {ref_path} evaluated different prompts; cannot pair them")
+            a += sa
+            b += sb
+        lines.append(f"| {arm} | {describe_difference(paired_difference(a, b))} |")
+    section = "\n".join(lines)
+    table_md = out / "table.md"
+    table_md.write_text((table_md.read_text() if table_md.exists() else "") + "\n" + section + "\n")
+    return section

@@ -114,7 +114,9 @@ def test_report_numbers_match_hand_computation():
                 "mean_response_len", "truncation_rate", "reasons", "examples", "n_prompts", "n_samples"):
         assert key in d, key
     assert d["pass@4"] == pytest.approx(2 / 3)
-    assert EvalReport.from_dict(d) == report
+    from dataclasses import replace
+
+    assert EvalReport.from_dict(d) == replace(report, records=[])  # records travel in their own file
 
 
 def test_requests_seeds_greedy_and_batching():
@@ -155,27 +157,53 @@ def test_compare_table_rows_and_delta():
     all_right = {i: [rf"\boxed{{{r['label']}}}"] * 4 for i, r in enumerate(ROWS)}
     grpo, _ = run_eval(TableEngine(samples=all_right, greedy={i: rf"\boxed{{{r['label']}}}" for i, r in enumerate(ROWS)}))
     assert grpo.mean_at_k[1] == 1.0 and grpo.greedy == 1.0
-    table = compare_table({"warm start (SFT)": sft, "GRPO": grpo})
+    table, note = compare_table({"warm start (SFT)": sft, "GRPO": grpo}).split("\n\n")
     lines = table.splitlines()
     assert len(lines) == 5
+    assert "paired over the same 3 prompts" in note
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["model", "mean@1", "mean@2", "mean@4", "pass@1", "pass@2", "pass@4", "greedy",
                       "mean length", "n"]
     sft_row = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert sft_row[0] == "warm start (SFT)" and sft_row[1] == "33.3 ± 27.2" and sft_row[6] == "66.7"
+    # SE over prompts with the sample standard deviation: first-sample scores [1, 0, 0] -> sqrt(1/3)/sqrt(3)
+    assert sft_row[0] == "warm start (SFT)" and sft_row[1] == "33.3 ± 33.3" and sft_row[6] == "66.7"
     assert sft_row[-1] == "3x4"
     grpo_row = [c.strip() for c in lines[3].strip("|").split("|")]
     assert grpo_row[0] == "GRPO" and grpo_row[1].startswith("100.0") and grpo_row[7] == "100.0"
     delta = [c.strip() for c in lines[4].strip("|").split("|")]
     assert "GRPO - warm start (SFT)" in delta[0]
     # points: mean@1 100-33.3, mean@2 100-16.7, mean@4 100-25, pass@1 100-25, pass@2 100-44.4,
-    # pass@4 100-66.7, greedy 100-33.3
-    assert delta[1:8] == ["+66.7", "+83.3", "+75.0", "+75.0", "+55.6", "+33.3", "+66.7"]
+    # pass@4 100-66.7, greedy 100-33.3; mean@k and greedy are paired (3 prompts: every interval holds 0)
+    assert [c.split(" ")[0] for c in delta[1:8]] == ["+66.7", "+83.3", "+75.0", "+75.0", "+55.6", "+33.3", "+66.7"]
+    assert delta[1] == "+66.7 ± 33.3 [+0.0, +100.0] (n.s.)"
+    # mean@2 per prompt: SFT [0.5, 0, 0] vs 1 -> d = [0.5, 1, 1]; its bootstrap means lie in [0.5, 1]
+    assert delta[2] == "+83.3 ± 16.7 [+50.0, +100.0]" and delta[7].endswith("(n.s.)")
+    assert delta[4:7] == ["+75.0", "+55.6", "+33.3"]  # pass@k: plain differences
     expected_len = grpo.mean_response_len - sft.mean_response_len
     assert delta[8] == f"{expected_len:+.1f}"
-    flipped = compare_table({"GRPO": grpo, "warm start (SFT)": sft}).splitlines()[-1]
-    assert "| -66.7 |" in flipped
-    assert len(compare_table({"only": sft}).splitlines()) == 3  # no delta row for one model
+    flipped = compare_table({"GRPO": grpo, "warm start (SFT)": sft}).split("\n\n")[0].splitlines()[-1]
+    assert "| -66.7 ± 33.3 [-100.0, -0.0] (n.s.) |" in flipped or "| -66.7 ± 33.3 [-100.0, +0.0] (n.s.) |" in flipped
+    assert len(compare_table({"only": sft}).split("\n\n")[0].splitlines()) == 3  # no delta row for one model
+    # without per-prompt records (an eval.json of an older run) the delta is the plain difference
+    sft.records, grpo.records = [], []
+    plain = compare_table({"warm start (SFT)": sft, "GRPO": grpo}).split("\n\n")[0].splitlines()[-1]
+    assert [c.strip() for c in plain.strip("|").split("|")][1:4] == ["+66.7", "+83.3", "+75.0"]
+
+
+def test_records_per_prompt_round_trip(tmp_path):
+    report, _ = run_eval()
+    assert [r["row"] for r in report.records] == [0, 1, 2]
+    assert all(len(r["scores"]) == 4 and len(r["lengths"]) == 4 and "greedy_score" in r for r in report.records)
+    # mean@k recomputed from the records equals the report's aggregate
+    for k, value in report.mean_at_k.items():
+        assert sum(report.prompt_scores(k)) / report.n_prompts == pytest.approx(value)
+    from slime_ext.evaluation import load_report, records_path, save_report
+
+    path = save_report(report, tmp_path / "eval_final.json")
+    assert records_path(path).name == "eval_final.records.jsonl"
+    assert "records" not in json.loads(path.read_text())
+    loaded = load_report(path)
+    assert loaded.records == report.records and loaded.mean_at_k == report.mean_at_k
 
 
 # -- the CLI on a real tiny checkpoint -------------------------------------------------------------

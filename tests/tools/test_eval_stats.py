@@ -1,0 +1,96 @@
+"""Standard errors and paired bootstrap intervals of evaluation differences (slime_ext.eval_stats)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from slime_ext.eval_stats import describe_difference, paired_difference, stderr_over_prompts
+
+
+def test_stderr_is_sample_std_over_sqrt_n():
+    # values 0, 1, 1, 0: mean 0.5, sample variance 1/3 -> SE sqrt(1/3)/2
+    assert stderr_over_prompts([0, 1, 1, 0]) == pytest.approx(math.sqrt(1 / 3) / 2)
+    assert stderr_over_prompts([0.7]) == 0.0
+
+
+def test_identical_shift_has_zero_width_interval():
+    a = [0.0, 0.25, 0.5, 1.0]
+    diff = paired_difference(a, [x + 0.25 for x in a])
+    assert diff.mean == pytest.approx(0.25) and diff.stderr == 0.0
+    assert diff.ci_low == pytest.approx(0.25) and diff.ci_high == pytest.approx(0.25) and diff.measured
+
+
+def test_pairing_removes_prompt_difficulty():
+    """Prompt difficulty varies a lot, the model difference is a small constant plus noise: the paired SE is
+    the SE of the differences (about 0.02/sqrt(n)), far below the unpaired one, and the 95% interval
+    covers the true +0.03 while excluding 0."""
+    rng = np.random.default_rng(0)
+    n = 400
+    difficulty = rng.uniform(0, 1, n)
+    noise = rng.normal(0, 0.02, n)
+    a, b = difficulty, difficulty + 0.03 + noise
+    diff = paired_difference(a, b)
+    assert diff.mean == pytest.approx(0.03 + noise.mean())
+    assert diff.stderr == pytest.approx(noise.std(ddof=1) / math.sqrt(n))
+    assert diff.ci_low < 0.03 < diff.ci_high and diff.measured
+    # the percentile interval's half-width is close to 1.96 SE for a mean of 400 values
+    assert (diff.ci_high - diff.ci_low) / 2 == pytest.approx(1.96 * diff.stderr, rel=0.15)
+    unpaired = math.sqrt(stderr_over_prompts(a) ** 2 + stderr_over_prompts(b) ** 2)
+    assert diff.stderr < unpaired / 10
+
+
+def test_noise_only_difference_is_not_measured_and_is_reproducible():
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 2, 256).astype(float)
+    b = a.copy()
+    flip = rng.choice(256, 20, replace=False)
+    b[flip] = 1 - b[flip]  # 20 flips each way at random: no systematic difference
+    first, again = paired_difference(a, b), paired_difference(a, b)
+    assert first == again  # fixed bootstrap seed
+    assert first.ci_low < 0 < first.ci_high and not first.measured
+    assert describe_difference(first).endswith("no measured difference")
+    assert describe_difference(paired_difference([0, 0, 0], [1, 1, 1])) == "+100.0 ± 0.0 points (95% CI +100.0 to +100.0)"
+
+
+def test_mismatched_inputs_are_refused():
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_difference([0, 1], [0, 1, 1])
+    with pytest.raises(ValueError, match="at least one"):
+        paired_difference([], [])
+
+
+def _report(scores: list[list[float]], ids: list[str]):
+    from slime_ext.evaluation import EvalReport
+
+    records = [{"prompt_id": i, "row": n, "level": "L1", "scores": s, "lengths": [5] * len(s)}
+               for n, (i, s) in enumerate(zip(ids, scores))]
+    mean = sum(sum(s) / len(s) for s in scores) / len(scores)
+    return EvalReport(len(scores), len(scores[0]), 1.0, {1: mean}, {1: mean}, None, mean, 0.0, 0.0, 5.0, None, 0.0,
+                      None, {}, {}, records=records)
+
+
+def test_study_difference_table_pairs_within_seeds(tmp_path):
+    from slime_ext.evaluation import save_report
+    from slime_ext.tools.study import difference_table
+
+    ids = [f"p{i}" for i in range(40)]
+    base = [[float(i % 2), float(i % 3 == 0)] for i in range(40)]
+    better = [[1.0, 1.0] for _ in range(40)]
+    paths = {}
+    for arm, scores in (("GRPO", base), ("DUET", better), ("same", base)):
+        paths[arm] = [save_report(_report(scores, ids), tmp_path / arm / f"seed{seed}" / "eval_final.json") for seed in (0, 1)]
+    section = difference_table(tmp_path, paths, "GRPO")
+    lines = section.splitlines()
+    # base per-prompt means: odd i -> 0.5 + [i%3==0]/2, even -> [i%3==0]/2; mean over 40 = (20*0.5 + 14*0.5)/40
+    expected = 100 * (1 - (20 * 0.5 + 14 * 0.5) / 40)
+    duet = next(x for x in lines if x.startswith("| DUET"))
+    assert duet.startswith(f"| DUET | {expected:+.1f} ± ") and "no measured" not in duet
+    same = next(x for x in lines if x.startswith("| same"))
+    assert same.startswith("| same | +0.0 ± 0.0 points") and "GRPO |" not in section
+    assert "Difference to GRPO" in (tmp_path / "table.md").read_text()
+    bad = {"GRPO": paths["GRPO"], "other": [save_report(_report(base, [f"q{i}" for i in range(40)]), tmp_path / "q.json")] * 2}
+    with pytest.raises(ValueError, match="different prompts"):
+        difference_table(tmp_path, bad, "GRPO")
