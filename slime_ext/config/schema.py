@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, create_model, model_validator
 
 from slime_ext.config.sections import (  # noqa: F401  (re-exported: the sections are part of the schema)
-    ClusterConfig, CoreConfig, DataConfig, EvalConfig, GRPOConfig, ModelConfig, ParallelConfig, RewardConfig,
+    ClusterConfig, CoreConfig, DataConfig, EvalConfig, GRPOConfig, LoggingConfig, ModelConfig, ParallelConfig, RewardConfig,
     RolloutConfig, RunConfig, Section, SFTConfig, SGLangConfig, SyntheticDataConfig, TokenizerConfig, TrainConfig,
 )
 from slime_ext.methods import registry

@@ -34,7 +34,7 @@ class RunConfig(Section):
     stages: list[Literal["data", "tokenizer", "check_references", "sft", "rl", "eval"]] = Field(
         default_factory=lambda: ["data", "tokenizer", "check_references", "sft", "rl", "eval"]
     )
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(1, ge=1)  # a one-line metrics summary in the log every N RL steps
     save_every: int = Field(1, ge=1)  # every step: a killed run loses at most the step in flight
 
 
@@ -233,6 +233,26 @@ class ClusterConfig(Section):
     ray_address: Optional[str] = None
 
 
+class LoggingConfig(Section):
+    """Experiment logging besides metrics.jsonl (slime_ext.orchestration.run_logger)."""
+
+    tensorboard: bool = True  # event files in <run dir>/tensorboard
+    wandb: bool = False  # Weights & Biases (needs `pip install wandb`)
+    wandb_project: str = "slime-ext"
+    wandb_entity: Optional[str] = None
+    wandb_mode: Literal["online", "offline"] = "online"  # offline: files under <run dir>/wandb, `wandb sync` later
+
+    @model_validator(mode="after")
+    def _wandb_installed(self) -> "LoggingConfig":
+        if self.wandb:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ValueError("wandb is true but the wandb package is not installed "
+                                 "(pip install wandb, or set logging.wandb=false)")
+        return self
+
+
 class CoreConfig(Section):
     """The run-wide sections. The full `Config` (slime_ext.config.schema) adds every registered method's
     own section and checks `method` against the registry."""
@@ -250,3 +270,4 @@ class CoreConfig(Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)

@@ -34,6 +34,7 @@ from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
+from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.trainer_settings import trainer_settings
 from slime_ext.tasks.templates import get_template
 from slime_ext.orchestration.train_group import TrainGroup
@@ -277,6 +278,8 @@ class TrainingJob:
             reports["warm start (SFT)"] = load_report(warm_eval)
         bar = tqdm(range(start, cfg.train.steps), desc=f"{self.method.name} RL", unit="step", file=sys.stderr,
                    initial=start, total=cfg.train.steps)
+        run_logger = RunLogger(self.run_dir, cfg.logging, cfg.run.log_every, start_step=start, run_name=self.run_dir.name,
+                               config=cfg.model_dump(mode="json"))
         try:
             for step in bar:
                 try:
@@ -287,7 +290,7 @@ class TrainingJob:
                         f"a Ray actor died during step {step} ({exc.__class__.__name__}); the last checkpoint "
                         f"({saved}) is intact: resume with `bash scripts/run.sh resume={self.run_dir}`"
                     ) from exc
-                _append_jsonl(metrics_path, row)
+                run_logger.log(row)  # metrics.jsonl, TensorBoard, W&B
                 self.method.evaluate_after_step(row, engine, self.run_dir)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")
@@ -306,6 +309,7 @@ class TrainingJob:
 
                 self.method.final_evaluations(final_hf, warm_dir, self.run_dir, self.eval_rows, EmbeddedEngine.from_pretrained)
         finally:
+            run_logger.close()
             group.shutdown()
             ray.kill(engine_handle)
             if manager_actor is not None:
