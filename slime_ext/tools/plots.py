@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -105,13 +106,15 @@ def plot_series(
     ylabel: str,
     points: Sequence[str] = (),
     smooth: bool = True,
+    extra_points: Sequence[tuple[str, list[float], list[float]]] = (),
 ) -> Optional[Path]:
     """Line plot of `keys` against step (thin raw line + bold moving average when there are >= 10 points),
     with `points` keys (sparse values, e.g. eval metrics) as markers. `path` is a metrics.jsonl or its
-    records. Returns the PNG written, or None when none of the keys has a value."""
+    records; `extra_points` are (label, xs, ys) markers from elsewhere (held-out evaluations). Returns the PNG
+    written, or None when none of the keys has a value."""
     records = _records(path)
     lines = [(k, *_series(records, k)) for k in keys]
-    marks = [(k, *_series(records, k)) for k in points]
+    marks = [(k, *_series(records, k)) for k in points] + list(extra_points)
     if not any(xs for _, xs, _ in lines + marks):
         return None
     fig, ax = _figure(title, ylabel)
@@ -156,22 +159,75 @@ def plot_time_split(path: Union[PathLike, Records], out_png: PathLike, keys: Seq
     return _save(fig, out_png)
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One standard figure: what it plots and the title that says exactly that."""
+
+    file: str
+    keys: tuple[str, ...]
+    title: str
+    ylabel: str
+    points: tuple[str, ...] = ()
+    extra_points: tuple = ()
+
+
+def _present(records: Records, key: str) -> bool:
+    return any(_number(r.get(key)) is not None for r in records)
+
+
+def held_out_points(run_dir: PathLike, records: Records, metric: str = "mean@1") -> list[tuple[str, list[float], list[float]]]:
+    """Held-out `metric` of the run's evaluations as markers: the warm start before step 0 (x = 0) and the
+    trained model after the last step (x = last step + 1); empty when the run has no evaluation files."""
+    run_dir = Path(run_dir)
+    last = max((float(r["step"]) for r in records), default=-1.0)
+    points = []
+    for name, label, x in (("eval_warm_start.json", "held-out " + metric + ", warm start", 0.0),
+                           ("eval_final.json", "held-out " + metric + ", final", last + 1)):
+        path = run_dir / name
+        if path.exists():
+            try:
+                value = _number(json.loads(path.read_text()).get(metric))
+            except (OSError, ValueError, AttributeError):
+                log.warning("%s: not a readable evaluation; left out of the reward plot", path)
+                continue
+            if value is not None:
+                points.append((label, [x], [value]))
+    return points
+
+
+def standard_figures(records: Records, held_out: Sequence[tuple[str, list[float], list[float]]] = ()) -> list[Figure]:
+    """The figures of a run, each titled by what its data holds: the reward figure names held-out accuracy
+    only when there is some (`eval/mean@1` in the metrics or `held_out` markers), and the KL figure shows the
+    KL to the reference (when `grpo.kl_coef > 0`) or else the approximate KL to the rollout policy."""
+    has_eval = _present(records, "eval/mean@1") or bool(held_out)
+    reward_title = "Mean reward (train rollouts)" + (" and held-out mean@1" if has_eval else "")
+    kl = ("train/kl_ref",) if _present(records, "train/kl_ref") else ("train/approx_kl_old",)
+    kl_title = ("KL to the reference policy" if kl == ("train/kl_ref",)
+                else "Approximate KL to the rollout (old) policy")
+    return [
+        Figure("reward.png", ("reward/mean",), reward_title, "reward", ("eval/mean@1",), tuple(held_out)),
+        Figure("response_length.png", ("response_len/mean",), "Mean response length", "tokens"),
+        Figure("kl.png", kl, kl_title, "KL (nats/token)"),
+        Figure("entropy.png", ("train/entropy",), "Policy entropy", "nats/token"),
+        Figure("throughput.png", ("perf/tokens_per_s",), "Throughput", "tokens/s"),
+    ]
+
+
 def plot_metrics(metrics_jsonl_path: PathLike, out_dir: PathLike) -> list[Path]:
-    """Write the standard figures of a run into `out_dir`; returns the PNGs written (none for an empty file)."""
+    """Write the standard figures of a run into `out_dir`; returns the PNGs written (none for an empty file).
+    Held-out evaluations beside the metrics file (`eval_warm_start.json`, `eval_final.json`) join the reward
+    figure as markers."""
     records = read_metrics(metrics_jsonl_path)
     if not records:
         return []
     out = Path(out_dir)
-    jobs: Iterable[Optional[Path]] = (
-        plot_series(records, out / "reward.png", ["reward/mean"], "Mean reward (train rollouts) and eval mean@1",
-                    "reward", points=["eval/mean@1"]),
-        plot_series(records, out / "response_length.png", ["response_len/mean"], "Mean response length",
-                    "tokens"),
-        plot_series(records, out / "kl.png", ["train/kl_ref"], "KL to the reference policy", "KL (nats/token)"),
-        plot_series(records, out / "entropy.png", ["train/entropy"], "Policy entropy", "nats/token"),
-        plot_series(records, out / "throughput.png", ["perf/tokens_per_s"], "Throughput", "tokens/s"),
-        plot_time_split(records, out / "time_split.png"),
-    )
+    held_out = held_out_points(Path(metrics_jsonl_path).parent, records)
+    jobs: list[Optional[Path]] = [
+        plot_series(records, out / f.file, list(f.keys), f.title, f.ylabel, points=list(f.points),
+                    extra_points=list(f.extra_points))
+        for f in standard_figures(records, held_out)
+    ]
+    jobs.append(plot_time_split(records, out / "time_split.png"))
     return [p for p in jobs if p is not None]
 
 

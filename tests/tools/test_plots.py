@@ -90,3 +90,26 @@ def test_plot_series_helper_and_many_steps(tmp_path):
     paths = plot_metrics(src, tmp_path / "plots")  # 150 steps: time split as stacked areas
     assert len(paths) == 6
     check_png(tmp_path / "plots" / "time_split.png")
+
+
+def test_titles_say_what_the_figures_hold(tmp_path):
+    """The reward figure names held-out accuracy only when the run has some; the KL figure shows the KL to the
+    reference when it was computed, else the approximate KL to the rollout policy (the default, kl_coef 0)."""
+    from slime_ext.tools.plots import held_out_points, standard_figures
+
+    plain = [{"step": s, "reward/mean": 0.5, "train/approx_kl_old": 1e-6} for s in range(5)]
+    figs = {f.file: f for f in standard_figures(plain)}
+    assert figs["reward.png"].title == "Mean reward (train rollouts)"
+    assert figs["kl.png"].keys == ("train/approx_kl_old",) and "rollout" in figs["kl.png"].title
+    with_ref = [dict(r, **{"train/kl_ref": 0.01}) for r in plain]
+    assert {f.file: f for f in standard_figures(with_ref)}["kl.png"].title == "KL to the reference policy"
+
+    (tmp_path / "eval_warm_start.json").write_text(json.dumps({"mean@1": 0.62}))
+    (tmp_path / "eval_final.json").write_text(json.dumps({"mean@1": 0.65}))
+    points = held_out_points(tmp_path, plain)
+    assert points == [("held-out mean@1, warm start", [0.0], [0.62]), ("held-out mean@1, final", [5.0], [0.65])]
+    assert standard_figures(plain, points)[0].title == "Mean reward (train rollouts) and held-out mean@1"
+    src = tmp_path / "metrics.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in plain))
+    paths = {p.name for p in plot_metrics(src, tmp_path / "plots")}
+    assert {"reward.png", "kl.png"} <= paths  # the default job's metrics now give a KL figure too
