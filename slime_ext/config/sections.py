@@ -34,7 +34,7 @@ class RunConfig(Section):
     stages: list[Literal["data", "tokenizer", "check_references", "sft", "rl", "eval"]] = Field(
         default_factory=lambda: ["data", "tokenizer", "check_references", "sft", "rl", "eval"]
     )
-    log_every: int = Field(1, ge=1)  # a one-line metrics summary in the log every N RL steps
+    log_every: int = Field(10, ge=1)  # a one-line metrics summary in the log every N RL steps (the bar shows each)
     save_every: int = Field(1, ge=1)  # every step: a killed run loses at most the step in flight
 
 

@@ -44,9 +44,20 @@ WARM_FORMAT = "warmstart-v1"
 KEEP_CHECKPOINTS = 2
 
 
+class _DropRayTokenAuthNotice(logging.Filter):
+    """Ray >= 2.50 turns token authentication on for a new local instance and says so on every start. The
+    default stays on (it is the secure one); only this notice is dropped, since it asks for no action."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
 def init_ray(config: Config) -> None:
     if ray.is_initialized():
         return
+    notice_logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropRayTokenAuthNotice) for f in notice_logger.filters):
+        notice_logger.addFilter(_DropRayTokenAuthNotice())
     if config.cluster.ray_address:
         ray.init(address=config.cluster.ray_address, log_to_driver=True)
     else:
