@@ -68,7 +68,7 @@ def _parse(src: str) -> Any:
     local_dict: dict[str, Any] = {}
     for name in set(_identifiers(src)):
         if name in ("sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "asin", "acos", "atan",
-                    "sinh", "cosh", "tanh", "log", "exp", "pi", "oo"):
+                    "sinh", "cosh", "tanh", "log", "exp", "pi", "oo", "binomial", "factorial", "Matrix"):
             continue
         # Every other name is a plain symbol, so single letters such as N, S, O, Q (sympy
         # functions) cannot change meaning. e and i are read as the constants; both sides of a
@@ -76,6 +76,8 @@ def _parse(src: str) -> Any:
         local_dict[name] = {"e": sympy.E, "i": sympy.I}.get(name) or sympy.Symbol(name)
     transformations = standard_transformations + (implicit_multiplication_application,)
     expr = parse_expr(src, local_dict=local_dict, transformations=transformations, evaluate=True)
+    if isinstance(expr, sympy.MatrixBase):
+        return sympy.ImmutableMatrix(expr)
     if not isinstance(expr, sympy.Expr):
         raise TypeError(f"not an expression: {type(expr).__name__}")
     return expr
@@ -102,16 +104,26 @@ def compare_expressions(a_src: str, b_src: str) -> str:
 
     a = _parse(a_src)
     b = _parse(b_src)
+    a_matrix, b_matrix = isinstance(a, sympy.MatrixBase), isinstance(b, sympy.MatrixBase)
+    if a_matrix or b_matrix:  # entry by entry, with the scalar rules
+        if not (a_matrix and b_matrix) or a.shape != b.shape:
+            return NOT_EQUAL
+        pairs = zip(a, b)
+        return EQUAL if all(_scalars_equal(x, y) for x, y in pairs) else NOT_EQUAL
+    return EQUAL if _scalars_equal(a, b) else NOT_EQUAL
+
+
+def _scalars_equal(a: Any, b: Any) -> bool:
+    import sympy
+
     diff = a - b
     if diff == 0:
-        return EQUAL
+        return True
     has_float = a.has(sympy.Float) or b.has(sympy.Float)
     if has_float and not diff.free_symbols:
         # a decimal answer vs an exact one (sqrt(2)/2 vs 0.7071068): same tolerance as the fast path
-        return EQUAL if _numerically_close(a, b) else NOT_EQUAL
-    if sympy.simplify(diff) == 0:
-        return EQUAL
-    return NOT_EQUAL
+        return _numerically_close(a, b)
+    return bool(sympy.simplify(diff) == 0)
 
 
 def die_with_parent(parent_pid: int) -> None:
