@@ -32,6 +32,17 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
+# Best effort: the code verifier's sandbox uses bubblewrap (docs/rewards.md). Never fails setup.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+      && { apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+           || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; then
+    log "installed bubblewrap for the code sandbox"
+  else
+    log "bubblewrap (bwrap) is not installed: the code verifier falls back to a weaker sandbox (see docs/rewards.md)"
+  fi
+fi
+
 STAMP="$VENV/.slime_ext_install_stamp"
 WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16) extras=$EXTRAS cuda=$HAS_CUDA torch=$TORCH_VERSION"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import slime_ext, torch" >/dev/null 2>&1; then

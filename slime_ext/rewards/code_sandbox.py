@@ -1,26 +1,32 @@
-"""Run an untrusted Python program plus its assert-based tests in a throw-away, limited process.
+"""Run the candidate harness under real isolation and collect what it reports, never a verdict.
 
-Layers, each covering what the previous one misses:
-* a fresh ``python -I`` interpreter (no user site, no PYTHON* variables), a fresh temp dir as cwd,
-  an environment reduced to a minimal PATH;
-* rlimits set in ``preexec_fn``: address space (memory), CPU seconds, file size, no core dumps;
-  RLIMIT_NPROC is not used because it is per-user and does not apply to root;
-* a wall-clock deadline, enforced by killing the whole process group (``start_new_session``);
-* no network: the harness replaces ``socket.socket``, ``socket.create_connection`` and
-  ``socket.getaddrinfo`` before the program runs and, where ``unshare --net`` works on this
-  machine (probed once), the process also runs in an empty network namespace.
+Isolation (bubblewrap, ``bwrap``, when it is installed and works here):
+* namespaces: new PID, network, IPC, UTS (and cgroup) namespaces; the candidate cannot see or signal
+  any process outside, and has only a loopback-less network;
+* filesystem: an empty root with read-only binds of ``/usr`` (plus the ``/lib*``/``/bin`` links) and
+  the interpreter's prefix, a fresh ``/proc`` and ``/dev``, a tmpfs ``/tmp`` and one private writable
+  directory (``/sandbox``, the cwd). ``/etc``, ``/home``, ``/root``, the repository are absent;
+* process lifetime: ``--new-session`` (no terminal), ``--die-with-parent``, and because the PID
+  namespace dies with its init, every process the candidate started -- ``setsid`` or not -- is killed
+  when the candidate exits or the verifier kills the sandbox;
+* limits (rlimits, inherited by every process): address space, CPU seconds, file size (which also caps
+  stdout/stderr and the results file, all written to files outside the sandbox), no core dumps;
+  when the verifier runs as root the harness switches to a fresh unprivileged uid before any
+  candidate code runs, so ``RLIMIT_NPROC`` bounds the number of processes (a fork bomb fails fast);
+* a wall-clock deadline, after which the whole process group is killed.
 
-The verdict comes from a harness that runs the program and then the tests in one namespace and
-reports over a private pipe, tagged with a nonce passed on stdin. A program that calls
-``sys.exit(0)``/``os._exit(0)`` before the tests therefore does not pass. This is a guard against
-accidents and simple reward hacks, not a security boundary against code that introspects the
-harness's frames, and a child that calls ``setsid`` escapes the process-group kill.
+Fallback when bwrap is missing or cannot create namespaces: a plain ``python -I -S`` subprocess in a
+new session with the same rlimits, a fresh cwd and a minimal environment, plus an empty network
+namespace via ``unshare --net`` where that works and a Python-level socket block. That is a guard
+against accidents, not against a hostile program (it can read world-readable files and signal
+processes of the same user). A warning naming the missing tool is logged once.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import resource
@@ -31,96 +37,92 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 4096
 MAX_FILE_BYTES = 4 << 20
+MAX_PROCESSES = 32
 STARTUP_GRACE_S = 1.0
 """Added to the wall-clock limit for interpreter start, which is slow on a loaded machine."""
+SANDBOX_DIR = "/sandbox"
+_UID_RANGE = (1 << 20, 1 << 30)
+"""Fresh uids are drawn from here: unused by real accounts, so RLIMIT_NPROC counts only this run."""
 
-_HARNESS = r'''
-import json, os, sys, traceback
-
-
-def _block_network():
-    import socket
-
-    def _refuse(*args, **kwargs):
-        raise OSError("network disabled")
-
-    class _NoNetworkSocket(socket.socket):
-        def __init__(self, *args, **kwargs):
-            raise OSError("network disabled")
-
-    socket.socket = _NoNetworkSocket
-    socket.create_connection = _refuse
-    socket.getaddrinfo = _refuse
+_HARNESS_SOURCE = (Path(__file__).with_name("candidate_harness.py")).read_text(encoding="utf-8")
 
 
-def _failed_line(exc, filename, source):
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if frame.filename == filename and frame.lineno:
-            lines = source.splitlines()
-            if 0 < frame.lineno <= len(lines):
-                return lines[frame.lineno - 1].strip()
-    return ""
+@dataclass
+class RawOutcome:
+    """What came back from one sandbox run. ``records``: the harness's JSON lines, parsed."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+    timed_out: bool = False
+    isolation: str = "bwrap"
 
 
-def _main():
-    status_fd, solution_path, tests_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    nonce = sys.stdin.readline().strip()
-    sys.stdin.close()
-    sys.stdin = open(os.devnull)
+def _interpreter() -> tuple[str, str]:
+    """(real interpreter path, its prefix): the base interpreter, not a virtualenv's wrapper."""
+    exe = os.path.realpath(sys.executable)
+    return exe, os.path.realpath(sys.base_prefix)
 
-    def report(status, message=""):
-        payload = json.dumps({"nonce": nonce, "status": status, "message": str(message)[:2000]})
+
+def _bwrap_command(bwrap: str, workdir: str, as_root: bool) -> list[str]:
+    exe, prefix = _interpreter()
+    cmd = [bwrap]
+    if as_root:
+        # Root: no user namespace, so the harness can switch to a fresh uid (and RLIMIT_NPROC applies).
+        cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        cmd += ["--unshare-all"]
+    cmd += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / link
+        if path.is_symlink():
+            cmd += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            cmd += ["--ro-bind", str(path), str(path)]
+    if not prefix.startswith("/usr/"):
+        # Parents that bwrap would create are root-only (0700); the candidate's uid must traverse them.
+        for parent in reversed(Path(prefix).parents[:-1]):
+            cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", prefix, prefix]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, SANDBOX_DIR,
+            "--chdir", SANDBOX_DIR, "--clearenv"]
+    for key, value in _minimal_env(SANDBOX_DIR).items():
+        cmd += ["--setenv", key, value]
+    return cmd + ["--", exe, "-I", "-S"]
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_available() -> str | None:
+    """Path of a bwrap that can build our sandbox here, or None (then a one-time warning is logged)."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        log.warning("bubblewrap (bwrap) is not installed: code runs in the weaker fallback sandbox "
+                    "(rlimits + new session, no filesystem or PID isolation); install the 'bubblewrap' package")
+        return None
+    with tempfile.TemporaryDirectory(prefix="slime_bwrap_probe_") as tmp:
+        cmd = _bwrap_command(exe, tmp, os.geteuid() == 0) + ["-c", "pass"]
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:
-            pass
-        os.write(status_fd, payload.encode("utf-8", "replace"))
-        os._exit(0)  # do not wait for threads or atexit hooks the program left behind
-
-    _block_network()
-    with open(solution_path, encoding="utf-8") as f:
-        solution = f.read()
-    with open(tests_path, encoding="utf-8") as f:
-        tests = f.read()
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    phase = "solution"
-    try:
-        exec(compile(solution, "solution.py", "exec"), namespace)
-        phase = "tests"
-        exec(compile(tests, "tests.py", "exec"), namespace)
-    except MemoryError:
-        report("memory_limit", phase + ": MemoryError")
-    except AssertionError as exc:
-        if phase == "tests":
-            line = _failed_line(exc, "tests.py", tests)
-            report("tests_failed", line + (": " + str(exc) if str(exc) else ""))
+            probe = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            probe = None
+            why = str(exc)
         else:
-            report("runtime_error", "solution: AssertionError: " + str(exc))
-    except BaseException as exc:
-        traceback.print_exc()
-        report("runtime_error", phase + ": " + type(exc).__name__ + ": " + str(exc))
-    report("ok")
-
-
-_main()
-'''
-
-
-@dataclass(frozen=True)
-class SandboxOutcome:
-    """status: "ok", "tests_failed", "runtime_error", "memory_limit" or "time_limit"."""
-
-    status: str
-    message: str
-    stdout: str
-    stderr: str
-    returncode: int | None
+            why = probe.stderr.decode("utf-8", "replace").strip()[:300]
+    if probe is None or probe.returncode != 0:
+        log.warning("bubblewrap (%s) cannot create a sandbox here (%s): code runs in the weaker fallback "
+                    "sandbox (rlimits + new session, no filesystem or PID isolation)", exe, why)
+        return None
+    return exe
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,7 +133,7 @@ def unshare_prefix() -> tuple[str, ...]:
         return ()
     try:
         probe = subprocess.run(
-            [exe, "--net", sys.executable, "-I", "-c", "pass"],
+            [exe, "--net", sys.executable, "-I", "-S", "-c", "pass"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20,
         )
     except (OSError, subprocess.SubprocessError):
@@ -167,7 +169,7 @@ def _minimal_env(home: str) -> dict[str, str]:
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": home,
-        "TMPDIR": home,
+        "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "OMP_NUM_THREADS": "1",
@@ -188,27 +190,22 @@ def _tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:
     return prefix + data.decode("utf-8", "replace")
 
 
-def _read_status(fd: int, nonce: str) -> dict[str, str] | None:
-    """The harness's report, or None if absent, malformed or not carrying our nonce."""
-    os.set_blocking(fd, False)  # an escaped grandchild may still hold the write end open
-    chunks = []
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """The harness's JSON lines; malformed lines (the candidate may write here too) are skipped."""
+    records = []
     try:
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if sum(map(len, chunks)) > 65536:
-                break
-    except BlockingIOError:
-        pass
-    try:
-        status = json.loads(b"".join(chunks).decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    if not isinstance(status, dict) or status.get("nonce") != nonce:
-        return None
-    return status
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError:
+        return records
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def _kill_group(pid: int) -> None:
@@ -218,64 +215,52 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _looks_like_oom(stderr: str) -> bool:
-    return any(s in stderr for s in ("MemoryError", "Cannot allocate memory", "bad_alloc", "out of memory"))
-
-
-def run_sandboxed(program: str, tests: str, time_limit_s: float = 5.0, memory_limit_mb: int = 512) -> SandboxOutcome:
-    """Runs ``program`` then ``tests`` in a limited subprocess and classifies what happened."""
+def run_candidate(
+    solution: str,
+    steps: list[dict[str, Any]],
+    time_limit_s: float = 5.0,
+    memory_limit_mb: int = 512,
+) -> RawOutcome:
+    """Runs the harness on ``solution`` and ``steps`` (see candidate_harness) in the best sandbox here."""
+    bwrap = bwrap_available()
+    as_root = os.geteuid() == 0
+    uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0] if (bwrap and as_root) else None
+    plan = {"solution": solution, "steps": steps, "uid": uid, "nproc": MAX_PROCESSES,
+            "block_network": bwrap is None}
     with tempfile.TemporaryDirectory(prefix="slime_code_", ignore_cleanup_errors=True) as tmp_name:
         tmp = Path(tmp_name)
         workdir = tmp / "work"
         workdir.mkdir()
-        harness, solution, test_file = tmp / "harness.py", tmp / "solution.py", tmp / "tests.py"
-        harness.write_text(_HARNESS, encoding="utf-8")
-        solution.write_text(program, encoding="utf-8", errors="replace")
-        test_file.write_text(tests, encoding="utf-8", errors="replace")
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        plan_path, results_path = tmp / "plan.json", tmp / "results.jsonl"
+        plan_path.write_text(json.dumps(plan), encoding="utf-8", errors="replace")
         stdout_path, stderr_path = tmp / "stdout.txt", tmp / "stderr.txt"
-        nonce = secrets.token_hex(16)
-        status_r, status_w = os.pipe()
-        cmd = [*unshare_prefix(), sys.executable, "-I", str(harness), str(status_w), str(solution), str(test_file)]
+        results_fd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if bwrap:
+            cmd = _bwrap_command(bwrap, str(workdir), as_root)
+            env = None
+            cwd = None
+        else:
+            cmd = [*unshare_prefix(), sys.executable, "-I", "-S"]
+            env, cwd = _minimal_env(str(workdir)), workdir
+        cmd += ["-c", _HARNESS_SOURCE, str(results_fd)]
         try:
-            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            with open(plan_path, "rb") as plan_in, open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.PIPE,
-                    stdout=out,
-                    stderr=err,
-                    cwd=workdir,
-                    env=_minimal_env(str(workdir)),
-                    pass_fds=(status_w,),
-                    start_new_session=True,
+                    cmd, stdin=plan_in, stdout=out, stderr=err, cwd=cwd, env=env if env is not None else {},
+                    pass_fds=(results_fd,), start_new_session=True,
                     preexec_fn=_limits_preexec(time_limit_s, memory_limit_mb),
                 )
         finally:
-            os.close(status_w)
+            os.close(results_fd)
         timed_out = False
         try:
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(nonce.encode() + b"\n")
-                proc.stdin.close()
-            except OSError:
-                pass  # the child already died; the classification below says why
-            try:
-                proc.wait(timeout=time_limit_s + STARTUP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+            proc.wait(timeout=time_limit_s + STARTUP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            timed_out = True
         finally:
-            _kill_group(proc.pid)  # the program's own children too
+            _kill_group(proc.pid)  # bwrap and, through its PID namespace, everything inside
             proc.wait()
-            status = _read_status(status_r, nonce)
-            os.close(status_r)
-        stdout, stderr = _tail(stdout_path), _tail(stderr_path)
-    rc = proc.returncode
-    if status is not None:
-        return SandboxOutcome(str(status.get("status")), str(status.get("message", "")), stdout, stderr, rc)
-    if timed_out:
-        return SandboxOutcome("time_limit", f"wall-clock limit of {time_limit_s:g}s exceeded", stdout, stderr, rc)
-    if rc in (-signal.SIGXCPU, -signal.SIGKILL):
-        return SandboxOutcome("time_limit", f"CPU limit exceeded (signal {-rc})", stdout, stderr, rc)
-    if _looks_like_oom(stderr):
-        return SandboxOutcome("memory_limit", "out of memory", stdout, stderr, rc)
-    return SandboxOutcome("runtime_error", f"exited with code {rc} before the tests completed", stdout, stderr, rc)
+        return RawOutcome(_read_records(results_path), _tail(stdout_path), _tail(stderr_path), proc.returncode,
+                          timed_out, "bwrap" if bwrap else "fallback")

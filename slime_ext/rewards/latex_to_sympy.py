@@ -33,12 +33,13 @@ _GREEK = {
 }
 _GREEK["lambda"] = "lamda"  # "lambda" is a Python keyword
 
-FUNCTION_NAMES = frozenset(_FUNCTIONS.values()) | {"sqrt"}
+FUNCTION_NAMES = frozenset(_FUNCTIONS.values()) | {"sqrt", "binomial", "factorial", "Matrix"}
 CONSTANT_NAMES = frozenset(_CONSTANTS.values())
 SYMBOL_WORDS = frozenset(_GREEK.values())
 
 _CMD_RE = re.compile(r"\\([A-Za-z]+|.)", re.DOTALL)
-_ALLOWED_CHARS_RE = re.compile(r"^[0-9A-Za-z_+\-*/(). ]*$")
+_ALLOWED_CHARS_RE = re.compile(r"^[0-9A-Za-z_+\-*/(). !\[\],]*$")
+"""``!`` is the factorial (sympy's factorial_notation); ``[``, ``]`` and ``,`` only build Matrix rows."""
 _NUMBER_RE = re.compile(r"\d+\.\d*|\.\d+|\d+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYMBOL_RE = re.compile(r"[A-Za-z](?:_[A-Za-z0-9]+)?")
@@ -98,6 +99,16 @@ def _convert(s: str, depth: int) -> str:
                     out.append(f"sqrt({inner})")
                 else:
                     out.append(f"(({inner})**(1/({_convert(index, depth + 1)})))")
+            elif name == "binom":
+                n_arg, i = _read_argument(s, i)
+                k_arg, i = _read_argument(s, i)
+                out.append(f"binomial(({_convert(n_arg, depth + 1)}),({_convert(k_arg, depth + 1)}))")
+            elif name == "matrix":  # normalize_answer rewrites matrix environments to \matrix{a&b;c&d}
+                body, i = _read_argument(s, i)
+                rows = [[_convert(cell, depth + 1) for cell in row.split("&")] for row in body.split(";")]
+                if len({len(r) for r in rows}) != 1:
+                    raise UnsupportedExpression("ragged matrix")
+                out.append("Matrix([" + ",".join("[" + ",".join(f"({c})" for c in r) + "]" for r in rows) + "])")
             elif name in ("cdot", "times", "ast"):
                 out.append("*")
             elif name == "div":
@@ -226,8 +237,16 @@ def _tower_height(expr: str, depth: int = 0) -> int:
         i = max(end, j + 2)
 
 
+MAX_LITERAL_FACTORIAL = 10_000
+_FACTORIAL_LITERAL_RE = re.compile(r"(\d+)\s*\)*\s*!")
+
+
 def is_power_bomb(expr: str) -> bool:
-    """True for power towers taller than MAX_TOWER_HEIGHT or literal exponents above MAX_LITERAL_EXPONENT."""
+    """True for power towers taller than MAX_TOWER_HEIGHT, literal exponents above MAX_LITERAL_EXPONENT,
+    factorials of literals above MAX_LITERAL_FACTORIAL and factorials of factorials."""
+    if "!" in expr and ("!!" in expr.replace(" ", "") or any(
+            len(m.group(1)) > 6 or int(m.group(1)) > MAX_LITERAL_FACTORIAL for m in _FACTORIAL_LITERAL_RE.finditer(expr))):
+        return True
     try:
         return _tower_height(expr) > MAX_TOWER_HEIGHT
     except RecursionError:

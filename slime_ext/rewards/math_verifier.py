@@ -37,6 +37,8 @@ _INT_RE = re.compile(r"[+-]?\d+")
 _DECIMAL_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
 _SLASH_RE = re.compile(r"([+-]?\d+)/(\d+)")
 _FRAC_RE = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+_MIXED_RE = re.compile(r"([+-]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}")
+"""``1\frac{1}{2}`` is the mixed number 3/2 when the fraction is proper; ``2\sqrt{3}`` stays a product."""
 
 _VERDICTS = {
     sympy_worker.EQUAL: (True, "correct"),
@@ -58,6 +60,10 @@ def _parse_number(s: str) -> tuple[Fraction, bool] | None:
         m = _SLASH_RE.fullmatch(s)
         if m:
             return Fraction(int(m.group(1)), int(m.group(2))), False
+        m = _MIXED_RE.fullmatch(s)
+        if m and int(m.group(3)) < int(m.group(4)):
+            value = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
+            return (-value if m.group(1) == "-" else value), False
         m = _FRAC_RE.fullmatch(s)
         if m:
             value = Fraction(int(m.group(2)), int(m.group(3)))

@@ -4,6 +4,8 @@ Rules (each one exists because models and datasets write the same answer differe
 
 * math delimiters ``$..$``, ``\(..\)``, ``\[..\]``, a whole-answer ``\boxed{}``, ``\left``/``\right``,
   ``\displaystyle``, spacing commands (``\!``, ``\,``, ``\;``, ``\quad``, ``~``) and ``$`` signs go.
+* matrix environments (``pmatrix``, ``bmatrix``, ``Bmatrix``, ``matrix``) -> ``\matrix{a&b;c&d}``;
+  ``\dbinom``/``\tbinom`` -> ``\binom``.
 * ``\dfrac``/``\tfrac`` -> ``\frac``; brace-less arguments are braced: ``\frac12`` -> ``\frac{1}{2}``,
   ``\sqrt2`` -> ``\sqrt{2}``.
 * degrees (``^\circ``, ``°``) are dropped: ``30^\circ`` == ``30``.
@@ -28,6 +30,7 @@ import re
 
 from sglang_patches.boxed_answer import matching_brace, open_brace_after
 
+_MATRIX_ENV_RE = re.compile(r"\\begin\{([pbB]?matrix)\}(.*?)\\end\{\1\}", re.DOTALL)
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdot ", "\u03c0": "\\pi ",
             "\u221e": "\\infty ", "\u00a0": " "}
@@ -60,6 +63,12 @@ _CMD_BEFORE_LETTER_RE = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")
 _WS_RE = re.compile(r"\s+")
 _MAX_PEELS = 4
 """Wrappers/units peeled per kind; bounding the loops keeps hostile nesting linear-time."""
+
+
+def _matrix_to_command(m: re.Match[str]) -> str:
+    r"""``\begin{pmatrix}1&2\\3&4\end{pmatrix}`` -> ``\matrix{1&2;3&4}``, before ``\\`` reads as spacing."""
+    rows = [row.strip() for row in m.group(2).split("\\\\")]
+    return "\\matrix{" + ";".join(row for row in rows if row) + "}"
 
 
 def _unwrap_whole_box(s: str) -> str:
@@ -133,8 +142,10 @@ def normalize_answer(s: object) -> str:
     for src, dst in _UNICODE.items():
         s = s.replace(src, dst)
     s = _strip_delimiters(_unwrap_whole_box(s.strip()))
+    s = _MATRIX_ENV_RE.sub(_matrix_to_command, s)
     s = s.replace("\\$", "").replace("$", "")
     s = s.replace("\\displaystyle", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = s.replace("\\dbinom", "\\binom").replace("\\tbinom", "\\binom")
     s = _LEFT_RIGHT_RE.sub("", s)
     s = _SPACING_RE.sub(" ", s)
     s = _DEGREE_RE.sub("", s)

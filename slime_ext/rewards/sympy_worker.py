@@ -3,7 +3,9 @@
 Why a process and not a signal alarm: sympy can spend minutes inside one C-level big-integer
 operation (``10**(10**10)``), where a SIGALRM handler never gets to run. A separate process can
 always be killed. The worker is started lazily, kept alive between calls (importing sympy costs
-about a second), killed on timeout, and started again on the next call.
+about a second), killed on timeout, and started again on the next call. It never outlives its
+parent: Linux's parent-death signal kills it even in the middle of a computation (see
+``die_with_parent``), and EOF on its request pipe ends it between requests.
 
 Calls are serialised by a lock, so several threads may share the worker. The parent never imports
 sympy. The worker only receives strings that passed ``latex_to_sympy`` validation, because
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ STARTUP_TIMEOUT_S = 120.0
 WORKER_MEMORY_HEADROOM = 2 << 30
 """The worker may grow this much over its size at start; a runaway big-int then fails fast."""
 REL_TOL = 1e-6
+PR_SET_PDEATHSIG = 1
 
 EQUAL = "equal"
 NOT_EQUAL = "not_equal"
@@ -64,7 +68,7 @@ def _parse(src: str) -> Any:
     local_dict: dict[str, Any] = {}
     for name in set(_identifiers(src)):
         if name in ("sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "asin", "acos", "atan",
-                    "sinh", "cosh", "tanh", "log", "exp", "pi", "oo"):
+                    "sinh", "cosh", "tanh", "log", "exp", "pi", "oo", "binomial", "factorial", "Matrix"):
             continue
         # Every other name is a plain symbol, so single letters such as N, S, O, Q (sympy
         # functions) cannot change meaning. e and i are read as the constants; both sides of a
@@ -72,6 +76,8 @@ def _parse(src: str) -> Any:
         local_dict[name] = {"e": sympy.E, "i": sympy.I}.get(name) or sympy.Symbol(name)
     transformations = standard_transformations + (implicit_multiplication_application,)
     expr = parse_expr(src, local_dict=local_dict, transformations=transformations, evaluate=True)
+    if isinstance(expr, sympy.MatrixBase):
+        return sympy.ImmutableMatrix(expr)
     if not isinstance(expr, sympy.Expr):
         raise TypeError(f"not an expression: {type(expr).__name__}")
     return expr
@@ -98,22 +104,54 @@ def compare_expressions(a_src: str, b_src: str) -> str:
 
     a = _parse(a_src)
     b = _parse(b_src)
+    a_matrix, b_matrix = isinstance(a, sympy.MatrixBase), isinstance(b, sympy.MatrixBase)
+    if a_matrix or b_matrix:  # entry by entry, with the scalar rules
+        if not (a_matrix and b_matrix) or a.shape != b.shape:
+            return NOT_EQUAL
+        pairs = zip(a, b)
+        return EQUAL if all(_scalars_equal(x, y) for x, y in pairs) else NOT_EQUAL
+    return EQUAL if _scalars_equal(a, b) else NOT_EQUAL
+
+
+def _scalars_equal(a: Any, b: Any) -> bool:
+    import sympy
+
     diff = a - b
     if diff == 0:
-        return EQUAL
+        return True
     has_float = a.has(sympy.Float) or b.has(sympy.Float)
     if has_float and not diff.free_symbols:
         # a decimal answer vs an exact one (sqrt(2)/2 vs 0.7071068): same tolerance as the fast path
-        return EQUAL if _numerically_close(a, b) else NOT_EQUAL
-    if sympy.simplify(diff) == 0:
-        return EQUAL
-    return NOT_EQUAL
+        return _numerically_close(a, b)
+    return bool(sympy.simplify(diff) == 0)
 
 
-def serve(read_fd: int, write_fd: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Asks Linux to SIGKILL this process when its parent dies; exits now if the parent is gone already.
+
+    EOF on the request pipe only ends the worker between requests; a worker busy inside sympy would
+    otherwise run on (and burn CPU) after its parent was killed. The ``getppid`` check closes the
+    race of a parent that died before the ``prctl`` call. Elsewhere than Linux only that check runs.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def serve(read_fd: int, write_fd: int, parent_pid: int | None = None) -> None:
     """Worker main loop: (a, b) requests in, verdict strings out, until EOF or None."""
     import signal
 
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     requests = Connection(read_fd, writable=False)
     replies = Connection(write_fd, readable=False)
@@ -153,8 +191,11 @@ _BOOTSTRAP = (
     "spec = importlib.util.spec_from_file_location('_slime_sympy_worker', sys.argv[3])\n"
     "module = importlib.util.module_from_spec(spec)\n"
     "spec.loader.exec_module(module)\n"
-    "module.serve(int(sys.argv[1]), int(sys.argv[2]))\n"
+    "module.serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]))\n"
 )
+# Linux sends the parent-death signal when the *thread* that forked the worker exits, so workers are
+# forked from one long-lived thread rather than from whichever short-lived thread first needed one.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sympy-worker-spawner")
 
 
 class SympyWorker:
@@ -206,14 +247,15 @@ class SympyWorker:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, str(req_r), str(rep_w), _THIS_FILE],
+            self._proc = _spawner.submit(
+                subprocess.Popen,
+                [sys.executable, "-c", _BOOTSTRAP, str(req_r), str(rep_w), _THIS_FILE, str(os.getpid())],
                 pass_fds=(req_r, rep_w),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 close_fds=True,
-            )
-        except OSError:
+            ).result()
+        except (OSError, RuntimeError):
             for fd in (req_r, req_w, rep_r, rep_w):
                 os.close(fd)
             return False
@@ -257,6 +299,9 @@ class SympyWorker:
 
     def _forget_after_fork(self) -> None:
         # In a forked child the worker belongs to the parent: drop the handles, never kill it.
+        # The spawner's thread did not survive the fork either, so the child gets a new one.
+        global _spawner
+        _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sympy-worker-spawner")
         self._lock = threading.Lock()
         for conn in (self._requests, self._replies):
             if conn is not None:

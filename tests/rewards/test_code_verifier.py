@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from slime_ext.rewards import extract_code_block, get_verifier, verify_code
-from slime_ext.rewards.code_sandbox import unshare_prefix
+from slime_ext.rewards.code_sandbox import bwrap_available, unshare_prefix
 
 
 def fenced(code: str, lang: str = "python") -> str:
@@ -102,9 +102,9 @@ def test_network_is_disabled_inside_the_program() -> None:
 
 @pytest.mark.timeout(30)
 def test_raw_socket_cannot_reach_host_listener() -> None:
-    """Bypassing the Python-level patch (``_socket``) still fails when unshare --net is available."""
-    if not unshare_prefix():
-        pytest.skip("unshare --net is not available on this machine")
+    """Bypassing the Python-level patch (``_socket``) still fails under bwrap or ``unshare --net``."""
+    if not (bwrap_available() or unshare_prefix()):
+        pytest.skip("neither bwrap nor unshare --net is available on this machine")
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
