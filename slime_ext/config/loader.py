@@ -141,12 +141,15 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
     return parts, value
 
 
-def _set_path(data: dict, path: KeyPath, value: Any, where: str) -> None:
+def _set_path(data: dict, path: KeyPath, value: Any, where: str, sources: dict[KeyPath, str]) -> None:
+    """Set `path` to `value`; a section the override creates is recorded as coming from it (so an unknown
+    section in `foo.bar=1` names the override, not the file or the defaults)."""
     node = data
     for i, part in enumerate(path[:-1]):
         child = node.get(part)
         if child is None:
             child = node[part] = {}
+            sources[path[: i + 1]] = where
         if not isinstance(child, dict):
             raise ConfigError([f"{where}: '{'.'.join(path[: i + 1])}' is a value, not a section"])
         node = child
@@ -204,10 +207,26 @@ def _source_for(loc: KeyPath, sources: dict[KeyPath, str]) -> str:
     return "defaults"
 
 
+def _check_sources(loc: KeyPath, err: dict, sources: dict[KeyPath, str]) -> str | None:
+    """Where the keys a failed cross-field check names were set (a `ConfigCheckError`'s `keys`, relative
+    to the model that raised it), so the message points at the override or file that must change."""
+    exc = (err.get("ctx") or {}).get("error")
+    keys = getattr(exc, "keys", None)
+    if not keys:
+        return None
+    found: list[str] = []
+    for key in keys:
+        where = _source_for(loc + tuple(key.split(".")), sources)
+        if where not in found:
+            found.append(where)
+    return ", ".join(found)
+
+
 def _explain(err: dict, sources: dict[KeyPath, str]) -> str:
     loc = tuple(err["loc"])
     dotted = ".".join(str(p) for p in loc)
-    where = _source_for(tuple(str(p) for p in loc), sources)
+    str_loc = tuple(str(p) for p in loc)
+    where = _check_sources(str_loc, err, sources) or _source_for(str_loc, sources)
     if err["type"] == "extra_forbidden":
         parent, _ = _field_at(loc)
         valid = sorted(parent.model_fields) if parent else []
@@ -218,6 +237,9 @@ def _explain(err: dict, sources: dict[KeyPath, str]) -> str:
         else:
             hint = f"valid keys here: {', '.join(valid)}"
         return f"{where}: unknown key '{dotted}'; {hint}"
+    if err["type"] == "value_error":  # a cross-field check: its own message says what to change
+        exc = (err.get("ctx") or {}).get("error")
+        return f"{where}: {dotted + ': ' if dotted else ''}{exc if exc is not None else err['msg']}"
     _, info = _field_at(loc)
     got = err.get("input")
     if info is not None and loc:
@@ -234,7 +256,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> ResolvedConf
     for text in overrides:
         key, value = parse_override(text)
         where = f"command line override '{text}'"
-        _set_path(data, key, value, where)
+        _set_path(data, key, value, where, sources)
         sources[key] = where
         _record_sources(value, key, where, sources)
     try:

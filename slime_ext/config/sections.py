@@ -9,12 +9,31 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
+import json
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, assignments are validated."""
+# The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.LEVELS; a test keeps the two equal).
+# Named here because the config may not import the task code, and a typo must fail at `--check`.
+SyntheticLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5"]
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+class ConfigCheckError(ValueError):
+    """A check across keys failed. `keys` (dotted, relative to the section that raises) lets the loader
+    name the file or command-line override that set them."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.keys = tuple(keys)
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are validated, and no float
+    may be NaN or infinite (`.inf` is valid YAML, and a run with an infinite temperature or lr fails
+    late or, worse, not at all)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     def check_run(self, config: Any) -> None:
         """Checks across sections, run when the configured method uses this section (raise ValueError)."""
@@ -63,15 +82,29 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _check_heads(self) -> "ModelConfig":
         if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ValueError(
+            raise ConfigCheckError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
+                f"num_key_value_heads ({self.num_key_value_heads})", ("num_attention_heads", "num_key_value_heads")
             )
         if self.arch == "qwen3_moe" and self.num_experts_per_tok > max(self.num_experts, 1):
-            raise ValueError(
-                f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})"
+            raise ConfigCheckError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})",
+                ("num_experts_per_tok", "num_experts"),
             )
         return self
+
+    def context_length(self) -> tuple[int, str]:
+        """(tokens the model can attend over, where that number comes from). With `hf_path` the checkpoint's
+        config.json wins (as when the model is built); a path that is not there yet falls back to the YAML."""
+        hf_config = Path(self.hf_path) / "config.json" if self.hf_path else None
+        if hf_config is not None and hf_config.is_file():
+            try:
+                value = json.loads(hf_config.read_text()).get("max_position_embeddings")
+            except (OSError, ValueError):
+                value = None
+            if isinstance(value, int) and value > 0:
+                return value, f"max_position_embeddings of {hf_config}"
+        return self.max_position_embeddings, "model.max_position_embeddings"
 
 
 class TokenizerConfig(Section):
@@ -81,8 +114,8 @@ class TokenizerConfig(Section):
 
 
 class SyntheticDataConfig(Section):
-    train_levels: list[str] = Field(default_factory=lambda: ["L2"])
-    eval_levels: list[str] = Field(default_factory=lambda: ["L2"])
+    train_levels: list[SyntheticLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
+    eval_levels: list[SyntheticLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
     n_train: int = Field(20000, ge=1)
     n_eval: int = Field(512, ge=1)
     seed: int = Field(0, ge=0)
@@ -107,7 +140,7 @@ class DataConfig(Section):
     @model_validator(mode="after")
     def _check_paths(self) -> "DataConfig":
         if self.source == "jsonl" and not self.train_path:
-            raise ValueError("data.source is 'jsonl' but data.train_path is not set")
+            raise ConfigCheckError("data.source is 'jsonl' but data.train_path is not set", ("source", "train_path"))
         return self
 
 
@@ -216,7 +249,8 @@ class EvalConfig(Section):
     def _check_k(self) -> "EvalConfig":
         bad = [k for k in self.k if k < 1 or k > self.n_samples]
         if bad:
-            raise ValueError(f"eval.k values {bad} must lie in [1, eval.n_samples={self.n_samples}]")
+            raise ConfigCheckError(f"eval.k values {bad} must lie in [1, eval.n_samples={self.n_samples}]",
+                                   ("k", "n_samples"))
         return self
 
 
@@ -271,3 +305,18 @@ class CoreConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _check_context(self) -> "CoreConfig":
+        """A prompt and its response must fit the model's context together: the engine and the trainer
+        see `max_prompt_len + max_response_len` tokens (rollouts, SFT rows), and past the context the
+        positions are ones the model never learned (or the engine refuses the request)."""
+        r = self.rollout
+        context, source = self.model.context_length()
+        if r.max_prompt_len + r.max_response_len > context:
+            raise ConfigCheckError(
+                f"rollout.max_prompt_len + rollout.max_response_len = {r.max_prompt_len} + {r.max_response_len} = "
+                f"{r.max_prompt_len + r.max_response_len} exceeds the model's context ({source} = {context})",
+                ("rollout.max_prompt_len", "rollout.max_response_len", "model.max_position_embeddings"),
+            )
+        return self

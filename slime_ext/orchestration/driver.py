@@ -17,7 +17,8 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
-from slime_ext.orchestration.run_dir import create_run_dir, write_json
+from slime_ext.orchestration.run_dir import create_run_dir, remove_if_unused, write_json
+from slime_ext.tasks.dataset import DatasetError
 from slime_ext.tasks.prepare import PreparedData, prepare_data
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
@@ -36,6 +37,7 @@ class Job:
         self.tokenizer_path: Path | None = None
         self.warm_dir: Path | None = None
         self.reports: dict[str, Any] = {}
+        self.sft_report: Any = None  # the SFT rows' skips (LoadReport), once SFT has built its rows
         self._job: Any = None  # the TrainingJob, built once (its method's config errors surface before SFT)
         self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
 
@@ -46,6 +48,11 @@ class Job:
         self.data = prepare_data(self.cfg.data, self.cfg.run.cache_dir, data_transform(self.cfg))
         for report in self.data.reports:
             log.info("data: %s", report.summary())
+        self._record_skips()
+        return self._data_counts()
+
+    def _data_counts(self) -> dict:
+        """The data stage's record: rows kept and skipped per file (updated when too-long rows are dropped)."""
         return {
             "train_rows": len(self.data.train),
             "eval_rows": len(self.data.eval),
@@ -66,6 +73,7 @@ class Job:
             path = Path(tok_cfg.path)
         self.tokenizer = load_tokenizer(path)
         self.tokenizer_path = Path(path)
+        too_long = self._drop_too_long_rows()
         template = get_template(self.cfg.data.template)
         sample = data.eval[:200]
         lengths = [len(self.tokenizer(template.format(r["prompt"]) + str(r.get("solution", r["label"])))["input_ids"]) for r in sample]
@@ -75,10 +83,36 @@ class Job:
             "word_initial_marker": word_initial_marker(self.tokenizer),
             "mean_tokens_prompt_plus_solution": round(statistics.mean(lengths), 1),
             "max_tokens_prompt_plus_solution": max(lengths),
+            "too_long_rows": too_long,
         }
         if info["max_tokens_prompt_plus_solution"] > self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len:
             log.warning("some reference solutions are longer than max_prompt_len + max_response_len")
         return info
+
+    def _drop_too_long_rows(self) -> dict[str, int]:
+        """Skip train and eval rows whose prompt exceeds rollout.max_prompt_len (counted in the loader's
+        reports, like malformed rows); returns how many of each split."""
+        from slime_ext.tasks.lengths import LengthLimits, drop_too_long
+
+        data = self._need_data()
+        limits = LengthLimits.from_config(self.cfg)
+        train_report, eval_report = data.reports[0], data.reports[-1]  # one report when eval is held out
+        n_train, n_eval = len(data.train), len(data.eval)
+        data.train = drop_too_long(data.train, self.tokenizer, self.cfg.data.template, limits, train_report)
+        data.eval = drop_too_long(data.eval, self.tokenizer, self.cfg.data.template, limits, eval_report)
+        self._record_skips()
+        if "data" in self.summary["stages"]:
+            self.summary["stages"]["data"].update(self._data_counts())
+        return {"train": n_train - len(data.train), "eval": n_eval - len(data.eval)}
+
+    def _record_skips(self) -> None:
+        """`summary.json`'s `skipped_rows`: every skipped row of the run so far (data files, SFT rows), by reason."""
+        reports = list(self.data.reports if self.data else []) + ([self.sft_report] if self.sft_report else [])
+        total: dict[str, int] = {}
+        for report in reports:
+            for reason, n in report.skipped_by_reason.items():
+                total[reason] = total.get(reason, 0) + n
+        self.summary["skipped_rows"] = dict(sorted(total.items()))
 
     def stage_check_references(self) -> dict:
         """Reference solutions must score 1 and solutions with a wrong final answer must score 0."""
@@ -122,8 +156,12 @@ class Job:
         return self._job
 
     def stage_sft(self) -> dict:
-        self.warm_dir = self._training().run_sft()
-        return {"warm_start": str(self.warm_dir)}
+        training = self._training()
+        self.warm_dir = training.run_sft()
+        self.sft_report = training.sft_report  # None: the warm start came from the cache
+        self._record_skips()
+        report = self.sft_report
+        return {"warm_start": str(self.warm_dir), "skipped_rows": dict(report.skipped_by_reason) if report else {}}
 
     def stage_rl(self) -> dict:
         training = self._training()
@@ -224,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     log.info("config %s (%s) -> %s", config, resolved.describe(), run_dir)
     try:
         return Job(resolved, run_dir).run()
+    except DatasetError as exc:
+        # The data cannot be used as it is: the message says which file and why; a traceback adds nothing,
+        # and a run directory holding only the config of a run that never started is clutter.
+        print(f"error: {exc}", file=sys.stderr)
+        if not resolved.config.run.resume:
+            remove_if_unused(run_dir)
+        return 1
     except KeyboardInterrupt:
         log.warning("interrupted; the last checkpoint is kept. Resume with: bash scripts/run.sh resume=%s", run_dir)
         return 130

@@ -18,6 +18,8 @@ from slime_ext.data.generation import GenerateRequest, GenerateResult
 from slime_ext.methods.base import Method
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.data_source import DataSource
+from slime_ext.tasks.dataset import LoadReport
+from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long
 from slime_ext.tasks.templates import get_template
 
 STATUS_BY_FINISH = {
@@ -53,7 +55,8 @@ class RolloutManager:
             return self.data
         if name not in self.phase_sources:
             seed = self.config.run.seed + int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
-            source = DataSource(self.method.phase_train_rows(name), seed, self.config.data.shuffle)
+            source = DataSource(self._fitting(self.method.phase_train_rows(name), f"phase {name}"), seed,
+                                self.config.data.shuffle)
             if name in self._pending_phase_states:
                 source.load_state_dict(self._pending_phase_states.pop(name))
             self.phase_sources[name] = source
@@ -67,10 +70,21 @@ class RolloutManager:
             return ray.get(call(requests))
         return self.engine.generate(requests)
 
+    def _fitting(self, rows: list[dict], what: str) -> list[dict]:
+        """A method's own rows (a phase's data, loaded after the data stage) without the too-long ones."""
+        report = LoadReport(path=f"{what} training rows", n_rows_ok=len(rows))
+        return drop_too_long(rows, self.tokenizer, self.config.data.template, LengthLimits.from_config(self.config),
+                             report)
+
     def prompt_ids(self, prompt: str) -> list[int]:
+        """The templated prompt's ids. Too-long rows were skipped when the data was prepared: one that
+        still arrives is an error, never cut (a left-truncated question is a different question)."""
         ids = self.tokenizer(self.template.format(prompt))["input_ids"]
         limit = self.config.rollout.max_prompt_len
-        return ids[-limit:]
+        if len(ids) > limit:
+            raise PromptTooLong(f"a prompt of {len(ids)} tokens exceeds rollout.max_prompt_len={limit}; rows that "
+                                f"long are skipped when the data is prepared, this one was not: {prompt[:80]!r}...")
+        return ids
 
     def rollout(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         """One step's rollouts, scored and with advantages; plus metrics (including timings)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,18 @@ def create_run_dir(resolved: ResolvedConfig) -> Path:
     run_dir.mkdir(parents=True)
     resolved.write(run_dir)
     return run_dir
+
+
+UNUSED_RUN_FILES = {"config.yaml", "summary.json", "summary.json.tmp"}
+
+
+def remove_if_unused(run_dir: Path) -> bool:
+    """Delete a run directory that holds nothing but its config and summary (a run that failed before it
+    produced anything); True when it was removed. A directory with any other file is kept."""
+    if not run_dir.is_dir() or any(p.name not in UNUSED_RUN_FILES for p in run_dir.iterdir()):
+        return False
+    shutil.rmtree(run_dir)
+    return True
 
 
 def write_json(path: Path, data: Any) -> None:

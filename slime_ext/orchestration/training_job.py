@@ -36,7 +36,8 @@ from slime_ext.orchestration.placement import actor_groups, build_placement, ray
 from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.trainer_settings import trainer_settings
-from slime_ext.tasks.templates import get_template
+from slime_ext.tasks.dataset import LoadReport
+from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids, sft_token_ids
 from slime_ext.orchestration.train_group import TrainGroup
 
 log = logging.getLogger("slime_ext.orchestration.training_job")
@@ -67,12 +68,16 @@ def init_ray(config: Config) -> None:
 
 
 def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, prefix: str) -> list[Sample]:
-    """Prompt (masked out) + reference solution + EOS (trained) for each row."""
-    tmpl = get_template(template)
+    """Prompt (masked out) + reference solution + EOS (trained, cut at `max_len` in all) for each row. Rows
+    too long were skipped when the SFT rows were built (`TrainingJob.sft_rows`); a prompt that fills
+    `max_len` by itself is an error, never a batch padded to it."""
     out = []
     for i, row in enumerate(rows):
-        prompt = tokenizer(tmpl.format(row["prompt"]))["input_ids"]
-        response = tokenizer(str(row.get("solution", row["label"])))["input_ids"] + [tokenizer.eos_token_id]
+        prompt = prompt_token_ids(tokenizer, template, row["prompt"])
+        if len(prompt) >= max_len:
+            raise PromptTooLong(f"SFT row {row.get('row_id', i)}: a prompt of {len(prompt)} tokens leaves no room "
+                                f"for its solution in {max_len} tokens (too-long rows are skipped earlier)")
+        response = sft_token_ids(tokenizer, row)
         out.append(Sample(f"{prefix}{i}", prompt, response[: max(1, max_len - len(prompt))]))
     return out
 
@@ -134,6 +139,7 @@ class TrainingJob:
         self.hf_config = hf_config_from_model_config(config.model, len(tokenizer))
         self.sizes = ParallelSizes.from_config(config.train.parallel)
         self.peak_gib = 0.0
+        self.sft_report: Optional[LoadReport] = None  # set when the SFT rows are built
         # The driver's copy of the method: what the loop asks of it (warm start, loss, models, evaluation).
         # The rollout manager builds its own, which holds the controllers' state.
         self.method = build_run_method(config, tokenizer)
@@ -152,8 +158,12 @@ class TrainingJob:
         return self.cfg.sft.seed if self.cfg.sft.seed is not None else self.cfg.run.seed
 
     def sft_rows(self) -> list[dict]:
-        """The warm start's rows: the training data, or what the method trains its warm start on."""
-        return self.method.warm_start_rows(self.train_rows, self.sft_seed)
+        """The warm start's rows: the training data, or what the method trains its warm start on, without
+        the rows too long for the prompt limit or the model's context (counted in `sft_report`)."""
+        rows = self.method.warm_start_rows(self.train_rows, self.sft_seed)
+        self.sft_report = LoadReport(path="SFT rows", n_rows_ok=len(rows))
+        limits = LengthLimits.from_config(self.cfg, sft=True)
+        return drop_too_long(rows, self.tokenizer, self.cfg.data.template, limits, self.sft_report)
 
     def warm_start_dir(self) -> Path:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()

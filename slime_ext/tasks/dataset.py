@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-__all__ = ["LoadReport", "DatasetError", "iter_jsonl", "load_jsonl", "get_path"]
+__all__ = ["LoadReport", "DatasetError", "DatasetNotFound", "iter_jsonl", "load_jsonl", "get_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +33,17 @@ NOT_AN_OBJECT = "not_an_object"
 MISSING_KEY = "missing_key"
 WRONG_TYPE = "wrong_type"
 EMPTY_PROMPT = "empty_prompt"
+EMPTY_LABEL = "empty_label"
+NON_FINITE_LABEL = "non_finite_label"  # NaN / Infinity: valid to Python's json, never a gradeable answer
 
 
 class DatasetError(ValueError):
-    """A dataset file that cannot be used at all (no valid rows, too many bad rows)."""
+    """A dataset file that cannot be used at all (missing, no valid rows, too many bad rows). The driver
+    prints its message alone: it names the file and the reason, a traceback adds nothing."""
+
+
+class DatasetNotFound(DatasetError, FileNotFoundError):
+    """The dataset file does not exist (a FileNotFoundError too, for callers that catch that)."""
 
 
 @dataclass
@@ -101,6 +109,17 @@ def _label_to_str(value: Any) -> str | None:
     return None
 
 
+def _label_problem(value: Any, label_key: str) -> tuple[str, str] | None:
+    """(reason, detail) when a label cannot be graded: not a string or number, empty, NaN or infinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return NON_FINITE_LABEL, f"{label_key!r} is {value!r}"
+    if _label_to_str(value) is None:
+        return WRONG_TYPE, f"{label_key!r} is {type(value).__name__}, not str or number"
+    if isinstance(value, str) and not value.strip():
+        return EMPTY_LABEL, f"{label_key!r} is empty"
+    return None
+
+
 def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, raw bytes without line ending), streaming."""
     with path.open("rb") as f:
@@ -125,7 +144,7 @@ def iter_jsonl(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise DatasetNotFound(f"dataset file not found: {path}")
     consumed = {prompt_key, label_key}
     for line_no, raw in _iter_lines(path):
         try:
@@ -155,12 +174,11 @@ def iter_jsonl(
             report.record_skip(line_no, EMPTY_PROMPT, f"{prompt_key!r} is empty")
             continue
         raw_label = get_path(obj, label_key)
-        label = _label_to_str(raw_label)
-        if label is None:
-            report.record_skip(
-                line_no, WRONG_TYPE, f"{label_key!r} is {type(raw_label).__name__}, not str or number"
-            )
+        bad_label = _label_problem(raw_label, label_key)
+        if bad_label is not None:
+            report.record_skip(line_no, *bad_label)
             continue
+        label = _label_to_str(raw_label)
         row_id = obj.get(id_key)
         row: dict[str, Any] = {
             "prompt": prompt,

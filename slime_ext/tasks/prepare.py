@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from slime_ext.config.sections import DataConfig
-from slime_ext.tasks.dataset import LoadReport, load_jsonl
+from slime_ext.tasks.dataset import DatasetError, LoadReport, load_jsonl
 from slime_ext.tasks.synthetic_math import generate_dataset, write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def prepare_data(cfg: DataConfig, cache_dir: str | Path, row_transform: Optional
     else:
         n_hold = min(256, max(1, len(train) // 20))
         if len(train) < 2:
-            raise ValueError(f"{train_path}: need at least 2 valid rows to hold out an eval set (set data.eval_path)")
+            raise DatasetError(f"{train_path}: need at least 2 valid rows to hold out an eval set (set data.eval_path)")
         train, evals = train[:-n_hold], train[-n_hold:]
         logger.warning("data.eval_path not set: holding out the last %d rows of %s for evaluation", n_hold, train_path)
     return PreparedData(train=train, eval=evals, train_path=train_path, eval_path=eval_path, reports=reports)

@@ -351,8 +351,10 @@ def test_warm_start_is_shared_across_phase_orders_steps_targets_and_the_local_on
             return 256
 
     def job(*overrides):
+        # one character per token: L4 prompts reach ~300 tokens, so the prompt limit is raised to keep them
         cfg = load_config(CONFIGS / "dagrpo.yaml", [f"run.cache_dir={tmp_path}", "data.synthetic.n_train=30",
-                                                    "data.synthetic.n_eval=8", *overrides]).config
+                                                    "data.synthetic.n_eval=8", "rollout.max_prompt_len=600",
+                                                    *overrides]).config
         return TrainingJob(cfg, tmp_path, [], [], LenTok(), tmp_path / "tok")
 
     base = job()

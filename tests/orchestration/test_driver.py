@@ -84,3 +84,55 @@ def test_default_paths_point_at_the_repository():
     assert driver.DEFAULT_CONFIG.is_file() and eval_checkpoint.DEFAULT_CONFIG == driver.DEFAULT_CONFIG
     assert (study.REPO / "configs" / "grpo.yaml").is_file()
     assert driver.parse_args([]) == (driver.DEFAULT_CONFIG, [])
+
+
+# -- issue 15 item 3: rows the run cannot use ----------------------------------------------------------------
+def jsonl_job(tmp_path: Path, rows: list[str], *stages: str) -> int:
+    """Run the data stages on a JSONL file of `rows` (raw lines); the exit code."""
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(r + "\n" for r in rows))
+    return main([str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+                 "data.source=jsonl", f"data.train_path={path}", "tokenizer.n_training_texts=100",
+                 f"run.stages=[{','.join(stages or ('data', 'tokenizer'))}]"])
+
+
+def good_rows(n: int) -> list[str]:
+    return [json.dumps({"prompt": f"What is {i} + {i}?", "label": 2 * i, "solution": f"{i} + {i} = {2 * i}\n\\boxed{{{2 * i}}}"})
+            for i in range(n)]
+
+
+def test_long_and_bad_rows_are_skipped_and_counted_in_the_summary(tmp_path):
+    long_row = json.dumps({"prompt": "What is 1 + 1? " * 700, "label": 2})
+    rows = good_rows(30)
+    rows[4:4] = [long_row, json.dumps({"prompt": "x", "label": ""}), '{"prompt": "y", "label": NaN}']
+    assert jsonl_job(tmp_path, rows) == 0
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["skipped_rows"] == {"empty_label": 1, "non_finite_label": 1, "prompt_too_long": 1}
+    assert summary["stages"]["tokenizer"]["too_long_rows"] == {"train": 1, "eval": 0}
+    assert summary["stages"]["data"]["train_rows"] == 30 - 1 and summary["stages"]["data"]["eval_rows"] == 1
+    assert summary["stages"]["tokenizer"]["max_tokens_prompt_plus_solution"] < 256
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([], "no rows (the file is empty or blank)"),
+    (['{"prompt": "y", "label": NaN}', '{"prompt": "x", "label": ""}', '{"prompt": "z", "label": Infinity}'],
+     "no valid rows; 3 skipped, most common reason 'non_finite_label' (2x)"),
+    ([json.dumps({"prompt": "What is 1 + 1? " * 700, "label": 2})] * 3 + ["not json"],
+     "no row fits the run's limits"),
+])
+def test_an_unusable_dataset_stops_with_the_message_alone_and_no_run_dir(tmp_path, capsys, rows, message):
+    rc = jsonl_job(tmp_path, rows)
+    err = capsys.readouterr().err
+    assert rc == 1
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert message in line and "Traceback" not in err
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_missing_dataset_file_is_one_line_too(tmp_path, capsys):
+    rc = main([str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", "data.source=jsonl",
+               f"data.train_path={tmp_path / 'nope.jsonl'}", "run.stages=[data]"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"error: dataset file not found: {tmp_path / 'nope.jsonl'}" in err and "Traceback" not in err
+    assert list((tmp_path / "runs").iterdir()) == []

@@ -155,8 +155,10 @@ def test_existing_checkpoint_config_wins(tmp_path):
     hf = hf_config_from_model_config(tiny.model, tokenizer_vocab=tiny.tokenizer.vocab_size)
     ckpt = tmp_path / "ckpt"
     hf.save_pretrained(ckpt)
+    # the tiny checkpoint's context (1024 tokens) must hold prompt + response: validation checks it
     plan = build_plan(reference_config(tmp_path, "train.parallel.tensor_model_parallel_size=2",
-                                       "train.parallel.data_parallel_size=4", "sglang.tp_size=4", ckpt=str(ckpt)))
+                                       "train.parallel.data_parallel_size=4", "sglang.tp_size=4",
+                                       "rollout.max_prompt_len=256", "rollout.max_response_len=512", ckpt=str(ckpt)))
     assert plan.model.source == "hf_path" and plan.model.hidden == 128
     assert plan.model.params_total == parameter_counts(hf)["total"]
     assert not any("does not exist" in w for w in plan.warnings)

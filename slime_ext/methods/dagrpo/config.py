@@ -6,12 +6,12 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from slime_ext.config.sections import Section
+from slime_ext.config.sections import ConfigCheckError, Section, SyntheticLevel
 
 
 class DAGRPOPhase(Section):
     name: str
-    levels: list[str] = Field(default_factory=lambda: ["L2"])
+    levels: list[SyntheticLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
     train_path: Optional[str] = None
     eval_path: Optional[str] = None
     steps: int = Field(100, ge=0)
@@ -41,9 +41,17 @@ class DAGRPOConfig(Section):
     local_only: bool = False
 
     def check_run(self, config: Any) -> None:
-        """The phases run back to back: the RL steps must be exactly their steps."""
+        """The phases run back to back (the RL steps must be exactly their steps), and a run that may ask
+        needs somewhere to send the question (only the local-only baseline never calls the cloud)."""
         if self.phases:
             total = sum(p.steps for p in self.phases)
             if total != config.train.steps:
-                raise ValueError(f"train.steps ({config.train.steps}) must equal the sum of dagrpo.phases[*].steps "
-                                 f"({' + '.join(str(p.steps) for p in self.phases)} = {total}); set both together")
+                raise ConfigCheckError(
+                    f"train.steps ({config.train.steps}) must equal the sum of dagrpo.phases[*].steps "
+                    f"({' + '.join(str(p.steps) for p in self.phases)} = {total}); set both together",
+                    ("train.steps", "dagrpo.phases"))
+        if not self.local_only and not (self.cloud_url or "").strip():
+            raise ConfigCheckError(
+                f"method {config.method} needs dagrpo.cloud_url (an OpenAI-compatible endpoint, e.g. python -m "
+                "slime_ext.tools.serve --model STRONGER_MODEL, or solver:synthetic_math_answer); only "
+                "dagrpo.local_only=true runs without one", ("dagrpo.cloud_url",))

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from slime_ext.config.sections import Section
+from slime_ext.config.sections import ConfigCheckError, Section
 
 
 class DapoConfig(Section):
@@ -19,6 +19,7 @@ class DapoConfig(Section):
     def check_run(self, config: Any) -> None:
         """The overlong buffer must leave a penalty-free zone."""
         if self.overlong_buffer >= config.rollout.max_response_len:
-            raise ValueError(f"dapo.overlong_buffer ({self.overlong_buffer}) must be smaller than "
-                             f"rollout.max_response_len ({config.rollout.max_response_len}): the soft penalty "
-                             "would reach into every response")
+            raise ConfigCheckError(f"dapo.overlong_buffer ({self.overlong_buffer}) must be smaller than "
+                                   f"rollout.max_response_len ({config.rollout.max_response_len}): the soft "
+                                   "penalty would reach into every response",
+                                   ("dapo.overlong_buffer", "rollout.max_response_len"))

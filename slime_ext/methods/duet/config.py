@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from slime_ext.config.sections import Section
+from slime_ext.config.sections import ConfigCheckError, Section
 
 
 class DuetConfig(Section):
@@ -33,7 +33,8 @@ class DuetConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> "DuetConfig":
         if self.n_min > self.n_max:
-            raise ValueError(f"n_min ({self.n_min}) must be <= n_max ({self.n_max})")
+            raise ConfigCheckError(f"n_min ({self.n_min}) must be <= n_max ({self.n_max})", ("n_min", "n_max"))
         if self.k1_quantile >= self.k2_quantile:
-            raise ValueError("k1_quantile must be smaller than k2_quantile")
+            raise ConfigCheckError(f"k1_quantile ({self.k1_quantile}) must be smaller than k2_quantile "
+                                   f"({self.k2_quantile})", ("k1_quantile", "k2_quantile"))
         return self

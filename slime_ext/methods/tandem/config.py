@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import Field
 
-from slime_ext.config.sections import Section
+from slime_ext.config.sections import ConfigCheckError, Section
 
 
 class TandemConfig(Section):
@@ -21,3 +21,10 @@ class TandemConfig(Section):
     # the study turns it on for the GRPO baseline too) on the first `eval_prompts` held-out prompts.
     eval_axes: bool = False
     eval_prompts: int = Field(256, ge=1)
+
+    def check_run(self, config: Any) -> None:
+        """SGLang workers read the handoff boundary set from the checkpoint's tokenizer, so they need it."""
+        if config.rollout.engine == "sglang" and not config.model.hf_path:
+            raise ConfigCheckError(f"method {config.method} on rollout.engine=sglang needs model.hf_path (the "
+                                   "engine workers read the handoff boundary set from its tokenizer)",
+                                   ("rollout.engine", "model.hf_path"))

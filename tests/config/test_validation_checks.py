@@ -1,0 +1,146 @@
+"""Issue 15 item 4: what a run rejects, `--check` rejects first, and an error names the override that caused it."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+import typing
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from slime_ext.config import ConfigError, load_config
+from slime_ext.config.__main__ import main as config_main
+from slime_ext.config.schema import config_model
+from slime_ext.config.sections import Section, SyntheticLevel
+from slime_ext.tasks.synthetic_math import LEVELS
+from tests.conftest import CONFIGS
+
+GRPO = CONFIGS / "grpo.yaml"
+
+
+def problem(config, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(config, list(overrides))
+    (msg,) = info.value.problems
+    return msg
+
+
+# -- the four cases of the issue, through the CLI that scripts run before a job -----------------------------
+@pytest.mark.parametrize("config, override, expected", [
+    (GRPO, "data.synthetic.train_levels=[L9]", "Input should be 'L0', 'L1', 'L2', 'L3', 'L4' or 'L5'"),
+    (CONFIGS / "dagrpo.yaml", "dagrpo.cloud_url=null", "method dagrpo needs dagrpo.cloud_url"),
+    (GRPO, "rollout.temperature=.inf", "Input should be a finite number"),
+    (GRPO, "rollout.max_response_len=5000", "256 + 5000 = 5256 exceeds the model's context "
+                                            "(model.max_position_embeddings = 1024)"),
+])
+def test_check_cli_rejects_what_the_run_would(config, override, expected, capsys):
+    assert config_main(["--check", str(config), override]) == 2
+    err = capsys.readouterr().err
+    assert f"command line override '{override}'" in err and expected in err
+
+
+# -- synthetic levels ---------------------------------------------------------------------------------------
+def test_level_names_are_the_generators_levels():
+    assert typing.get_args(SyntheticLevel) == tuple(LEVELS)
+
+
+@pytest.mark.parametrize("override", ["data.synthetic.eval_levels=[L2, l3]", "data.synthetic.train_levels=[]"])
+def test_bad_or_empty_level_lists_are_rejected(override):
+    assert problem(GRPO, override).startswith(f"command line override '{override}': key 'data.synthetic.")
+
+
+def test_dagrpo_phase_levels_are_checked():
+    override = "dagrpo.phases=[{name: a, levels: [L7], steps: 40}]"
+    msg = problem(CONFIGS / "dagrpo.yaml", override)
+    assert msg.startswith(f"command line override '{override}': key 'dagrpo.phases.0.levels.0' = 'L7'")
+
+
+# -- DA-GRPO's cloud ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["dagrpo.yaml", "collab_grpo.yaml"])
+@pytest.mark.parametrize("url", ["null", "''"])
+def test_methods_that_ask_the_cloud_need_its_url(name, url):
+    assert f"needs dagrpo.cloud_url" in problem(CONFIGS / name, f"dagrpo.cloud_url={url}")
+
+
+def test_local_only_baseline_needs_no_cloud_url():
+    cfg = load_config(CONFIGS / "dagrpo_local_only.yaml", ["dagrpo.cloud_url=null"]).config
+    assert cfg.dagrpo.local_only is True and cfg.dagrpo.cloud_url is None
+    # a section the method does not read is not checked: plain GRPO with no cloud is fine
+    assert load_config(GRPO, ["dagrpo.cloud_url=null"]).config.method == "grpo"
+
+
+# -- finite floats, every section -----------------------------------------------------------------------------
+def _float_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every float key of the schema (nested sections included; list-of-model fields are skipped)."""
+    keys = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        args = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+        if float in args:
+            keys.append(prefix + (name,))
+        for arg in args:
+            if isinstance(arg, type) and issubclass(arg, Section):
+                keys += _float_keys(arg, prefix + (name,))
+    return keys
+
+
+def test_no_float_key_accepts_inf_or_nan():
+    keys = _float_keys(config_model())
+    assert len(keys) > 40 and ("rollout", "temperature") in keys and ("train", "parallel") not in keys
+    for key in keys:
+        for bad in (math.inf, -math.inf, math.nan):
+            data: dict = {}
+            node = data
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = bad
+            with pytest.raises(ValidationError) as info:
+                config_model().model_validate(data)
+            assert [e["type"] for e in info.value.errors()] == ["finite_number"], key
+
+
+@pytest.mark.parametrize("phase", ["{name: a, steps: 40, tau_schedule: [[0, .nan]]}", "{name: a, steps: 40, tau: .inf}"])
+def test_floats_inside_list_items_are_finite_too(phase):
+    assert "Input should be a finite number" in problem(CONFIGS / "dagrpo.yaml", f"dagrpo.phases=[{phase}]")
+
+
+# -- the context ----------------------------------------------------------------------------------------------
+def test_prompt_plus_response_must_fit_the_yaml_context():
+    assert load_config(GRPO, ["rollout.max_prompt_len=864", "rollout.max_response_len=160"])  # exactly 1024
+    assert problem(GRPO, "rollout.max_prompt_len=865") == (
+        "command line override 'rollout.max_prompt_len=865', configs/base.yaml, configs/models/tiny-qwen3-moe.yaml: "
+        "rollout.max_prompt_len + rollout.max_response_len = 865 + 160 = 1025 exceeds the model's context "
+        "(model.max_position_embeddings = 1024)")
+
+
+def test_an_hf_checkpoint_context_wins_over_the_yaml(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 400}))
+    msg = problem(GRPO, f"model.hf_path={tmp_path}")
+    assert f"256 + 160 = 416 exceeds the model's context (max_position_embeddings of {tmp_path / 'config.json'} = 400)" in msg
+    ok = load_config(GRPO, [f"model.hf_path={tmp_path}", "rollout.max_prompt_len=240"]).config
+    assert ok.model.context_length() == (400, f"max_position_embeddings of {tmp_path / 'config.json'}")
+
+
+# -- other checks that used to wait for the run ---------------------------------------------------------------
+def test_tandem_on_sglang_needs_the_checkpoint():
+    msg = problem(CONFIGS / "tandem.yaml", "rollout.engine=sglang")
+    assert "method tandem on rollout.engine=sglang needs model.hf_path" in msg
+    assert msg.startswith("command line override 'rollout.engine=sglang'")
+
+
+# -- where a value came from -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("override, unknown", [("foo.bar=1", "'foo'"), ("rollout.foo.bar=2", "'rollout.foo'"),
+                                               ("foo=1", "'foo'")])
+def test_unknown_keys_from_overrides_name_the_override(override, unknown):
+    assert problem(GRPO, override).startswith(f"command line override '{override}': unknown key {unknown};")
+
+
+def test_cross_field_checks_name_every_place_their_keys_were_set():
+    assert problem(CONFIGS / "duet.yaml", "duet.n_min=40") == \
+        "command line override 'duet.n_min=40', configs/duet.yaml: duet: n_min (40) must be <= n_max (32)"
+    msg = problem(CONFIGS / "dapo.yaml", "dapo.overlong_buffer=500")
+    assert msg.startswith("command line override 'dapo.overlong_buffer=500', configs/base.yaml: dapo.overlong_buffer (500)")
+    msg = problem(CONFIGS / "dagrpo.yaml", "train.steps=30")
+    assert msg.startswith("command line override 'train.steps=30', configs/dagrpo.yaml: train.steps (30) must equal")
