@@ -4,6 +4,7 @@ like an SGLang server. Same admission and limits as the OpenAI routes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,6 +22,19 @@ router = APIRouter()
 @router.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+def _decode_specs(value: Any) -> list[dict[str, Any]]:
+    """`custom_params.sampler_specs` as SGLangEngineClient sends it (a JSON list of specs). Not
+    sglang_adapter.decode_specs: importing that module imports sglang, seconds on the event loop."""
+    try:
+        specs = json.loads(value) if isinstance(value, str) else value
+    except (ValueError, RecursionError):
+        specs = None
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise bad_request("custom_params.sampler_specs must be a JSON list of sampler specs",
+                          param="sampling_params.custom_params")
+    return specs
 
 
 @router.post("/generate")
@@ -41,12 +55,7 @@ async def generate(request: Request) -> Response:
         specs = None
         custom = sp.custom_params or {}
         if custom.get("sampler_specs"):
-            from sglang_patches.sglang_adapter import decode_specs
-
-            try:
-                specs = decode_specs(custom["sampler_specs"])
-            except ValueError as exc:
-                raise bad_request(f"custom_params.sampler_specs: {exc}", param="sampling_params.custom_params") from None
+            specs = _decode_specs(custom["sampler_specs"])
             state.check_specs(specs, seed)
         req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=body.rid)
         if max_new == 0:  # nothing to generate: SGLang answers an empty output finished by length

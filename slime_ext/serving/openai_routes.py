@@ -119,11 +119,12 @@ async def _openai(request: Request, chat: bool) -> Response:
         out = _Reply(state, req, chat, len(ids))
         if req.stream:
             stream = TokenStream(state.batcher, reqs[0]) if reqs else None
+            release_slot = release
 
             def on_close() -> None:
                 if stream is not None:
                     stream.close()
-                release()
+                release_slot()
 
             response = SSEResponse(out.events(stream, speak_only), on_close)
             release = None  # the response owns the slot now
