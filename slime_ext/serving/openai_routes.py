@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sglang_patches.decoding import SamplingParams
-from slime_ext.data.generation import GenerateRequest, GenerateResult
+from slime_ext.data.generation import GenerateResult
 from slime_ext.serving.body import parse_json_object, read_body
 from slime_ext.serving.errors import APIError, bad_request
 from slime_ext.serving.schemas import ChatRequest, CompletionRequest, parse

@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Optional
 
 import uvicorn
 

@@ -113,6 +113,8 @@ def main(argv: Optional[list[str]] = None) -> int:
              ", API key required" if config.api_key else "")
     try:
         serve_forever(state, args.host, args.port)
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled after its graceful shutdown
+        log.info("stopped")
     finally:
         state.batcher.close()
     return 0
