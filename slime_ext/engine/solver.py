@@ -31,6 +31,7 @@ class CharTokenizer:
     """Unicode code points as token ids; id 0 is the end of sequence."""
 
     eos_token_id = 0
+    vocab_size = 0x110000  # every code point; the server refuses larger ids before chr() would
 
     def __call__(self, text: str) -> dict[str, list[int]]:
         return {"input_ids": [ord(c) for c in text]}

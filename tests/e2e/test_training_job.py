@@ -146,7 +146,8 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
 
     cloud_dir = tmp_path / "cloud"
     tok = train_tokenizer(["Step 1: 1 + 2 = 3.\n\\boxed{3}"] * 20, vocab_size=280, out_dir=cloud_dir)
-    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok))).save_pretrained(cloud_dir)
+    # room for whole task prompts: the server refuses prompts past the model's positions (issue 15)
+    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), max_position_embeddings=2048)).save_pretrained(cloud_dir)
     state = ServerState(EmbeddedEngine.from_pretrained(str(cloud_dir)), load_tokenizer(cloud_dir), "cloud", max_tokens=8)
     srv = serve(state)
     try:

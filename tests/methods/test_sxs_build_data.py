@@ -127,7 +127,8 @@ def judge_server(tmp_path_factory):
                           vocab_size=300, out_dir=d)
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok)))
+    # judge prompts run to ~500 tokens: the server now refuses prompts past the model's positions (issue 15)
+    model = AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), max_position_embeddings=2048))
     one, eos = tok("1")["input_ids"], tok.eos_token_id
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from slime_ext.clients.openai_client import CallFailed, OpenAIClient
+from slime_ext.tools.serve import ServerState, serve
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,6 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir):
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.tools.serve import ServerState, serve
     from slime_ext.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)
@@ -192,3 +192,61 @@ def test_speak_only_streams_exactly_the_visible_projection(server):
         nonempty += bool(visible)
         assert out[0] in (tags["think_open"], tags["speak_open"], state.tokenizer.eos_token_id)  # enforced
     assert nonempty >= 1
+
+
+@pytest.mark.timeout(120)
+def test_real_model_limits_and_edge_cases(server):
+    """Issue 15: max_tokens past the model's positions is refused (it used to generate past them), seeds
+    at the ends of the int64/uint64 range reach torch's generator, 2**70 is a 400 (it used to be a 500)."""
+    srv, state = server
+    assert state.context_length == 256
+    code, body = post(srv, "/v1/chat/completions", {"messages": MSG, "max_tokens": 3000})
+    assert code == 400 and "3000" in body["error"]["message"] and "256" in body["error"]["message"]
+    assert body["error"]["code"] == "context_length_exceeded"
+    code, body = post(srv, "/generate", {"input_ids": [5] * 250, "sampling_params": {"max_new_tokens": 12}})
+    assert code == 400 and "262" in body["error"]["message"]
+    code, body = post(srv, "/generate", {"input_ids": [5] * 250, "sampling_params": {"max_new_tokens": 6}})
+    assert code == 200 and body["meta_info"]["completion_tokens"] <= 6
+    for seed in (2 ** 64 - 1, -(2 ** 63)):
+        code, body = post(srv, "/v1/chat/completions", {"messages": MSG, "seed": seed, "max_tokens": 3})
+        assert code == 200, body
+    code, body = post(srv, "/v1/chat/completions", {"messages": MSG, "seed": 2 ** 70})
+    assert code == 400 and body["error"]["param"] == "seed"
+    code, body = post(srv, "/v1/chat/completions", {"messages": MSG, "model": "other"})
+    assert code == 404 and body["error"]["code"] == "model_not_found"
+    # n=2: choice i is the n=1 answer for seed + i; logprobs are the engine's (the native route's) values
+    code, both = post(srv, "/v1/completions", {"prompt": "the cat", "max_tokens": 6, "seed": 3, "n": 2, "logprobs": 0})
+    assert code == 200 and len(both["choices"]) == 2
+    for i in range(2):
+        code, one = post(srv, "/v1/completions", {"prompt": "the cat", "max_tokens": 6, "seed": 3 + i})
+        assert one["choices"][0]["text"] == both["choices"][i]["text"]
+    code, native = post(srv, "/generate", {"input_ids": state.encode("the cat"), "return_logprob": True,
+                                           "sampling_params": {"max_new_tokens": 6, "sampling_seed": 3}})
+    lps = [t[0] for t in native["meta_info"]["output_token_logprobs"] if t[1] != state.tokenizer.eos_token_id]
+    assert both["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(lps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_1000_concurrent_requests_against_the_real_model(model_dir):
+    """The load test of test_serve_limits with the tiny real model behind the server (about 20 s on 2 cores)."""
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.serving import ServeConfig
+    from slime_ext.tokenizer import load_tokenizer
+    from tests.tools.test_serve_limits import _blast
+
+    import asyncio
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4352)), hard))
+    state = ServerState(EmbeddedEngine.from_pretrained(str(model_dir)), load_tokenizer(model_dir), "tiny", max_tokens=2,
+                        config=ServeConfig(max_concurrency=128, max_queue=400))
+    srv = serve(state)
+    try:
+        statuses, errors, wall, _ = asyncio.run(_blast(srv.url, 1000, {"prompt": "the cat", "max_tokens": 2}))
+        print(f"\nreal-model load test: 1000 concurrent -> {statuses}, connection errors {len(errors)}, wall {wall:.1f}s")
+        assert not errors and set(statuses) <= {200, 429} and sum(statuses.values()) == 1000 and statuses.get(200)
+    finally:
+        srv.shutdown()
+        state.batcher.close()

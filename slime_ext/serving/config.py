@@ -1,0 +1,35 @@
+"""Limits and knobs of the server, one place for the CLI, tests and in-process users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class ServeConfig:
+    """Everything that bounds what one request or many requests can cost the server.
+
+    `context_length` None means: take it from the engine (`max_position_embeddings` of the model's HF
+    config); an engine without one (the exact solver) has no token limit beyond `max_prompt_tokens`.
+    """
+
+    max_request_bytes: int = 4 << 20  # request bodies larger than this are refused before being read
+    max_prompt_tokens: Optional[int] = None  # None: the context length
+    context_length: Optional[int] = None  # prompt + max tokens must fit; None: from the engine
+    max_concurrency: int = 128  # requests admitted to tokenisation + generation at once
+    max_queue: int = 256  # requests waiting for a slot; beyond it: 429
+    queue_timeout_s: float = 60.0  # a queued request waiting longer gets 429
+    body_timeout_s: float = 30.0  # time to receive a request body once its headers arrived
+    header_timeout_s: float = 15.0  # a connection that sends no complete request within this is closed
+    keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
+    max_connections: int = 4096  # uvicorn's limit_concurrency: new requests beyond it get 503
+    backlog: int = 2048  # listen backlog (the kernel caps it at net.core.somaxconn)
+    max_n: int = 16  # choices per OpenAI request
+    api_key: Optional[str] = None  # if set, every route but /health needs `Authorization: Bearer KEY`
+    model_aliases: tuple[str, ...] = ("default",)  # model names accepted besides the served one
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "max_concurrency", "max_queue", "max_connections", "backlog", "max_n"):
+            if int(getattr(self, name)) < (0 if name == "max_queue" else 1):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

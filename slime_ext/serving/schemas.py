@@ -1,0 +1,98 @@
+"""Request bodies as pydantic models: wrong types and out-of-range values become a 400 naming the field.
+
+Unknown fields are ignored (OpenAI SDKs send many this server has no use for, e.g. `user`); fields whose
+meaning the server cannot honour are refused explicitly in the routes instead of being dropped silently.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from slime_ext.serving.errors import bad_request
+
+# torch.Generator.manual_seed and SGLang's sampling_seed take int64 or uint64 values: anything else is refused
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: Optional[Annotated[Finite, Field(ge=0)]] = None
+    top_p: Optional[Annotated[Finite, Field(gt=0, le=1)]] = None
+    top_k: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[Annotated[int, Field(ge=0)]]] = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v != -1 and v < 1:
+            raise ValueError("top_k must be -1 (off) or >= 1")
+        return v
+
+
+class _OpenAIRequest(_Sampling):
+    model: Optional[str] = None
+    max_tokens: Optional[Annotated[int, Field(ge=0)]] = None
+    seed: Optional[Seed] = None
+    n: Optional[Annotated[int, Field(ge=1)]] = None
+    stream: Optional[bool] = None
+    speak_only: Optional[bool] = None  # extension: SxS speak channel only
+    enforce_tags: Optional[bool] = None
+
+
+class ChatRequest(_OpenAIRequest):
+    messages: Any = None  # checked by ServerState.render_chat (its messages name the offending index)
+    max_completion_tokens: Optional[Annotated[int, Field(ge=0)]] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0)]] = None
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: Any = None  # a string or a list of token ids, checked by the route
+    logprobs: Optional[Annotated[int, Field(ge=0)]] = None
+    echo: Optional[bool] = None
+
+
+class NativeSampling(_Sampling):
+    max_new_tokens: Optional[Annotated[int, Field(ge=0)]] = None
+    sampling_seed: Optional[Seed] = None
+    custom_params: Optional[dict[str, Any]] = None
+
+
+class GenerateBody(BaseModel):
+    """SGLang's GenerateReqInput, the subset this server implements (other fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: Optional[str] = None
+    input_ids: Any = None
+    text: Any = None
+    sampling_params: Optional[NativeSampling] = None
+    return_logprob: Optional[bool] = None
+    stream: Optional[bool] = None
+
+
+class AbortBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rid: Optional[str] = None
+    abort_all: Optional[bool] = None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], body: dict[str, Any]) -> M:
+    """`model` validated from `body`, or a 400 whose `param` is the first offending field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        first = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
+        message = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5])
+        raise bad_request(f"invalid request: {message}", param=first, code="invalid_value") from None

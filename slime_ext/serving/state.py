@@ -1,0 +1,191 @@
+"""The engine, tokenizer, template and limits behind the routes, and the checks that need them."""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import threading
+import uuid
+from typing import Any, Callable, Optional
+
+from sglang_patches.decoding import SamplingParams
+from slime_ext.data.generation import GenerateRequest, GenerateResult
+from slime_ext.serving.admission import Admission
+from slime_ext.serving.batcher import Batcher
+from slime_ext.serving.config import ServeConfig
+from slime_ext.serving.errors import APIError, bad_request
+from slime_ext.serving.schemas import SEED_MAX, SEED_MIN
+
+FINISH_OPENAI = {"stop": "stop", "sampler": "stop", "length": "length", "abort": "abort", "failed": "error"}
+
+
+class BadRequest(APIError):
+    """Kept for callers of the old module: a 400 with an OpenAI error body."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(400, message, param=param)
+
+
+def engine_context_length(engine: Any) -> Optional[int]:
+    """The most positions the engine's model can attend over (None: unbounded, e.g. the exact solver)."""
+    explicit = getattr(engine, "max_context_length", None)
+    if explicit:
+        return int(explicit)
+    config = getattr(getattr(engine, "model", None), "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def engine_vocab_size(engine: Any, tokenizer: Any) -> Optional[int]:
+    """Token ids must be below this (an id past the embedding table crashes the forward pass)."""
+    config = getattr(getattr(engine, "model", None), "config", None)
+    value = getattr(config, "vocab_size", None) or getattr(tokenizer, "vocab_size", None)
+    return int(value) if value else None
+
+
+class ServerState:
+    """Everything a route needs; one per server (the routes find it at `app.state.serve`)."""
+
+    def __init__(self, engine: Any, tokenizer: Any, model_name: str, template: str = "plain",
+                 max_tokens: int = 256, max_batch: int = 64, config: Optional[ServeConfig] = None):
+        from slime_ext.tasks.templates import get_template
+
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.template_name = template
+        self.template = get_template(template)
+        self.max_tokens = int(max_tokens)
+        self.config = config or ServeConfig()
+        self.context_length = self.config.context_length or engine_context_length(engine)
+        self.max_prompt_tokens = self.config.max_prompt_tokens or self.context_length
+        self.vocab_size = engine_vocab_size(engine, tokenizer)
+        self.batcher = Batcher(engine, max_batch=max_batch)
+        self.admission = Admission(self.config.max_concurrency, self.config.max_queue, self.config.queue_timeout_s)
+        self._seeds = itertools.count(1)
+        self.lock = threading.Lock()
+        self.openai_requests = 0  # chat/completion requests served (tests count cloud calls with it)
+
+    # -- checks -------------------------------------------------------------------------------------
+    def authorized(self, header: Optional[str]) -> bool:
+        key = self.config.api_key
+        if not key:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+    def check_model(self, name: Optional[str]) -> None:
+        if name is None or name == self.model_name or name in self.config.model_aliases:
+            return
+        raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                       param="model", code="model_not_found")
+
+    def check_ids(self, ids: Any, param: str) -> list[int]:
+        if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+            raise bad_request(f"'{param}' must be a non-empty list of token ids", param=param)
+        bad = [t for t in ids if t < 0 or (self.vocab_size is not None and t >= self.vocab_size)]
+        if bad:
+            raise bad_request(f"'{param}' has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
+                              param=param)
+        return ids
+
+    def token_budget(self, prompt_len: int, requested: Optional[int], param: str) -> int:
+        """The max new tokens for a prompt: the request's, checked against the context, or the default
+        clipped to what the context leaves. Refuses prompts over --max-prompt-tokens."""
+        if self.max_prompt_tokens is not None and prompt_len > self.max_prompt_tokens:
+            raise bad_request(f"the prompt has {prompt_len} tokens, more than the limit of {self.max_prompt_tokens} "
+                              f"prompt tokens (--max-prompt-tokens)", code="context_length_exceeded")
+        ctx = self.context_length
+        if requested is None:
+            budget = self.max_tokens if ctx is None else min(self.max_tokens, ctx - prompt_len)
+            if budget < 1:
+                raise bad_request(f"the prompt has {prompt_len} tokens and leaves no room to generate in the "
+                                  f"model's context length of {ctx} tokens", code="context_length_exceeded")
+            return budget
+        if ctx is not None and prompt_len + requested > ctx:
+            raise bad_request(f"the prompt ({prompt_len} tokens) plus {param} ({requested}) is "
+                              f"{prompt_len + requested} tokens, more than the model's context length of {ctx} "
+                              f"tokens", param=param, code="context_length_exceeded")
+        return requested
+
+    # -- prompts ------------------------------------------------------------------------------------
+    def render_chat(self, messages: Any) -> str:
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list of {role, content}", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or \
+                    not isinstance(m.get("content"), str):
+                raise BadRequest(f"messages[{i}] must be {{role: system|user|assistant, content: string}}",
+                                 param=f"messages.{i}")
+        if self.template_name == "qwen_chat":
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            return text + "<|im_start|>assistant\n"
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        if not users:
+            raise BadRequest("messages need at least one user message", param="messages")
+        system = "\n".join(m["content"] for m in messages if m["role"] == "system")
+        return self.template.format((system + "\n" if system else "") + users[-1])
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer(text)["input_ids"]
+        if not ids:
+            raise BadRequest("the prompt is empty after tokenisation")
+        return ids
+
+    # -- requests -----------------------------------------------------------------------------------
+    def seed(self, seed: Optional[int], offset: int = 0) -> int:
+        """The request's seed (or a fresh one), shifted by `offset` for the n-th choice, kept in range."""
+        base = next(self._seeds) if seed is None else int(seed)
+        value = base + offset
+        return value - 2 ** 64 if value > SEED_MAX else max(value, SEED_MIN)
+
+    def request(self, ids: list[int], sampling: SamplingParams, seed: int, specs: Optional[list] = None,
+                rid: Optional[str] = None) -> GenerateRequest:
+        return GenerateRequest(rid or f"req-{uuid.uuid4().hex[:12]}", ids, sampling, seed, specs or [],
+                               return_logprob=True)
+
+    def check_specs(self, specs: list, seed: int) -> None:
+        """Sampler specs are built here first: a bad one must fail its own request, not the whole batch."""
+        from sglang_patches.request_sampler import SamplerChain
+
+        try:
+            chain = SamplerChain.from_specs(specs, seed)
+        except Exception as exc:  # noqa: BLE001 - any construction failure is the request's fault
+            raise bad_request(f"sampler specs: {type(exc).__name__}: {exc}", param="custom_params") from None
+        if chain.needs_partner and getattr(self.engine, "partner", None) is None:
+            raise bad_request("a sampler needs a partner model but this server has none", param="custom_params")
+        if chain.needs_decode and getattr(self.engine, "decode", None) is None:
+            raise bad_request("a sampler decodes text but this engine has no tokenizer", param="custom_params")
+
+    # -- SxS speak channel --------------------------------------------------------------------------
+    def sxs_spec(self, enforce: bool = True) -> dict:
+        from sglang_patches.sxs import tag_ids
+
+        try:
+            return {"kind": "sxs_channel", **tag_ids(self.tokenizer), "enforce": enforce}
+        except ValueError as exc:
+            raise BadRequest(f"speak_only: {exc}", param="speak_only") from None
+
+    def visible_text(self, res: GenerateResult) -> str:
+        from sglang_patches.sxs import tag_ids, visible_token_ids
+
+        channels = [int(a.get("channel", 0)) for a in res.annotations]
+        return self.tokenizer.decode(visible_token_ids(res.output_ids, channels, tag_ids(self.tokenizer)),
+                                     skip_special_tokens=True)
+
+    def completion_text(self, res: GenerateResult) -> str:
+        ids = [t for t in res.output_ids if t != self.tokenizer.eos_token_id]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def channel_tracker(self) -> Callable[[int], bool]:
+        """A per-stream function: feed each emitted token, get whether the user may see it."""
+        from sglang_patches.request_sampler import RequestView
+        from sglang_patches.sxs import SPEAK, SxSChannelSampler, tag_ids
+
+        tags = tag_ids(self.tokenizer)
+        tracker = SxSChannelSampler(0, **tags, enforce=False)
+        view = RequestView("stream", 0, [], [], self.tokenizer.eos_token_id)
+        tag_set = set(tags.values())
+
+        def visible(tok: int) -> bool:
+            return tracker.on_token(tok, view)["channel"] == SPEAK and tok not in tag_set
+
+        return visible
