@@ -154,7 +154,7 @@ class HTTPStatusError(RuntimeError):
 
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, HTTPStatusError):
-        return exc.status >= 500
+        return exc.status >= 500 or exc.status == 429  # 429: the server's queue is full, back off and retry
     return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout, OSError))
 
 
@@ -189,8 +189,10 @@ class SGLangEngineClient:
         tp_size: int = 1,
         partner_vocab: Optional[int] = None,
         validate: Optional[bool] = None,
+        api_key: Optional[str] = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key  # sent as `Authorization: Bearer`, for servers started with --api-key
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
         self.eos_token_id = eos_token_id
@@ -221,8 +223,10 @@ class SGLangEngineClient:
 
     def _request(self, method: str, path: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
         data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(self._url(path), data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data is not None else {})
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self._url(path), data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
                 body = resp.read().decode()

@@ -363,6 +363,13 @@ def test_retries_after_two_503_then_success(fake):
     assert m["retries"] == 2 and m["failed"] == 0
 
 
+def test_a_full_server_queue_429_is_retried(fake):
+    fake.status_plan["busy"] = [429]
+    [res] = client_for(fake).generate([req("busy", [1, 2])])
+    assert res.finish_reason != "failed"
+    assert [p["rid"] for path, p in fake.log if path == "/generate"] == ["busy", "busy#retry1"]
+
+
 def test_failure_after_retries_is_returned_and_counted(fake):
     fake.status_plan["down"] = [503] * 10
     fake.status_plan["bad"] = [400]

@@ -214,6 +214,15 @@ def test_api_key():
         from slime_ext.clients.openai_client import OpenAIClient
 
         assert OpenAIClient(srv.url, api_key="s3cret").chat(MSG, max_tokens=2).text
+        from sglang_patches.decoding import SamplingParams
+        from slime_ext.data.generation import GenerateRequest
+        from slime_ext.engine.sglang_client import SGLangEngineClient
+
+        reqs = [GenerateRequest("k0", [1, 2], SamplingParams(temperature=0.0, max_new_tokens=2), seed=1)]
+        [refused] = SGLangEngineClient(srv.url, max_retries=0, validate=False).generate(reqs)
+        assert refused.finish_reason == "failed" and "401" in refused.error
+        [ok] = SGLangEngineClient(srv.url, api_key="s3cret", validate=False).generate(reqs)
+        assert ok.finish_reason != "failed" and ok.output_ids
     finally:
         srv.shutdown()
         state.batcher.close()
