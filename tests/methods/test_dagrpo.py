@@ -30,9 +30,21 @@ def test_dual_advantage_is_the_group_advantage_of_the_shaped_reward():
         for norm in (True, False):
             got = dual_advantages(r, c, groups, lam, normalize_std=norm)
             want = grouped_advantages([ri - lam * ci for ri, ci in zip(r, c)], groups, normalize_std=norm, eps=1e-6)
-            assert np.allclose(got, np.asarray(want), atol=1e-5)  # the core computes in float32
+            assert np.allclose(got, np.asarray(want), atol=1e-5)  # the GRPO core returns float32
     # by hand: one group, r = [1, 0], c = [1, 0], lambda 0.5 -> A = [0.5 - 0.25, -0.5 + 0.25]
     assert dual_advantages([1, 0], [1, 0], [0, 0], 0.5, normalize_std=False) == pytest.approx([0.25, -0.25])
+
+
+def test_dual_advantage_of_a_group_without_variance_is_exactly_zero():
+    # constant rewards not exact in binary and no cost: no signal, with or without std division (before,
+    # float64 rounding left -1.4e-11 for three 0.1s and 1.1e-10 for seven 0.7s)
+    for norm in (True, False):
+        for v, n in ((0.1, 3), (0.2, 8), (0.7, 7)):
+            assert np.array_equal(dual_advantages([v] * n, [0] * n, [0] * n, 0.3, normalize_std=norm), np.zeros(n))
+    # r and c vary but r - lambda c ties (0.7 - 0.3 = 0.4 - 0, up to rounding): no signal, so 0 (before: -8.3e-11)
+    assert np.array_equal(dual_advantages([0.7, 0.4], [1, 0], [0, 0], 0.3), np.zeros(2))
+    # a real difference far below any reward scale still counts: [0.4 + 1e-9, 0.4] is not a tie
+    assert dual_advantages([0.4 + 1e-9, 0.4], [0, 0], [0, 0], 0.3, normalize_std=False) == pytest.approx([5e-10, -5e-10])
 
 
 def test_dual_update_is_projected_and_tau_schedules():
