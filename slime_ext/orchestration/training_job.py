@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 import sys
 import time
@@ -97,16 +98,32 @@ def stop_on_actor_failure(what: str, run_dir: Path, ckpt_dir: Path) -> Iterator[
 
 def actor_failure_message(what: str, exc: BaseException, run_dir: Path, ckpt_dir: Path) -> str:
     """One paragraph: what died during what, the last intact checkpoint, the resume command."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    reason = (lines[0][:300] if lines else "no details")
     intact = latest_checkpoint(ckpt_dir)
     where = (f"the last intact checkpoint is {intact} (a save that did not finish is never marked latest)"
              if intact is not None else "no checkpoint was completed yet, so the run restarts from its first step")
     memory = (" Ray's memory monitor killed a worker: the machine ran low on memory; free some (or lower "
               "rollout.threads / train.threads) before resuming." if isinstance(exc, ray.exceptions.OutOfMemoryError)
               or "low on memory" in str(exc) else "")
-    return (f"a Ray actor died during {what} ({exc.__class__.__name__}: {reason}); {where}.{memory} "
-            f"Resume with: {resume_command(run_dir)}")
+    return f"a Ray actor died during {what} ({_describe(exc)}); {where}.{memory} Resume with: {resume_command(run_dir)}"
+
+
+def _describe(exc: BaseException) -> str:
+    """`Class: first line`; for an error passed on by another actor (a manager whose engine died), the
+    original error and the method it surfaced in instead of Ray's colored task header."""
+    cause = vars(exc).get("cause") if isinstance(exc, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, BaseException):
+        method = re.search(r"ray::([\w.]+)\(", _plain(str(exc)))  # Ray's header: ray::Class.method() (pid=...)
+        return f"{type(cause).__name__}{' in ' + method.group(1) if method else ''}: {_first_line(cause)}"
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colors its task headers
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in _plain(str(exc)).splitlines() if line.strip()]
+    return lines[0][:300] if lines else "no details"
 
 
 def _prune_checkpoints(directory: Path, keep: int = KEEP_CHECKPOINTS) -> None:

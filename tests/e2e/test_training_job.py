@@ -203,20 +203,24 @@ LONG_RUN = ["sft.steps=2", "train.steps=200", "run.stages=[data,tokenizer,sft,rl
 
 
 @pytest.mark.timeout(600)
-def test_engine_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path):
+@pytest.mark.parametrize("actor", ["EmbeddedEngineActor", "TrainWorker"])
+def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, actor):
+    """An engine or a trainer rank killed mid-run (as Ray's memory monitor would): exit 1 with one message
+    naming the intact checkpoint and the resume command, without Ray's traceback."""
     import psutil
 
     env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
     proc = _run_cli(job_args(tmp_path, *LONG_RUN), env)
     run_dir = _wait_for_steps(tmp_path / "runs", 2, proc)
-    engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
-               if "EmbeddedEngineActor" in " ".join(p.cmdline())]
-    assert engines, "no engine actor process found"
-    for p in engines:
+    victims = [p for p in psutil.Process(proc.pid).children(recursive=True) if actor in " ".join(p.cmdline())]
+    assert victims, f"no {actor} process found"
+    for p in victims:
         p.kill()
-    assert proc.wait(timeout=300) != 0
+    assert proc.wait(timeout=300) == 1
     err = proc.stderr.read()
-    assert "a Ray actor died during step" in err and f"resume={run_dir}" in err, err[-3000:]
+    assert "run stopped: a Ray actor died during " in err and f"Resume with: bash scripts/run.sh resume={run_dir}" in err, \
+        err[-3000:]
+    assert "the last intact checkpoint is " in err and "Traceback" not in err, err[-3000:]
     assert (run_dir / "checkpoints" / "latest").exists()
     done = len(read_metrics(run_dir))
     assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()).exists()

@@ -179,14 +179,19 @@ def test_memory_monitor_kill_mid_step_stops_with_the_resume_command(tmp_path):
     assert str(tmp_path / "checkpoints" / "iter_0000001") in msg and steps_of(tmp_path) == [0]
 
 
-@pytest.mark.parametrize("exc", [
-    ray.exceptions.WorkerCrashedError(),
-    ray.exceptions.RayTaskError("rollout", "Traceback ...", ray.exceptions.ActorDiedError()).as_instanceof_cause(),
+@pytest.mark.parametrize("exc, described", [
+    (ray.exceptions.WorkerCrashedError(), "(WorkerCrashedError: The worker died unexpectedly while executing this task."),
+    # the manager actor passing on its dead engine: the cause and where it surfaced, not Ray's colored header
+    (ray.exceptions.RayTaskError("rollout", "\x1b[36mray::RolloutManager.rollout()\x1b[39m (pid=1)",
+                                 ray.exceptions.ActorDiedError()).as_instanceof_cause(),
+     "(ActorDiedError in RolloutManager.rollout: The actor died unexpectedly before finishing this task.)"),
 ])
-def test_other_dead_worker_errors_stop_the_same_way(tmp_path, exc):
-    with pytest.raises(RunStopped, match="no checkpoint was completed yet, so the run restarts from its first step"):
+def test_other_dead_worker_errors_stop_the_same_way(tmp_path, exc, described):
+    with pytest.raises(RunStopped) as info:
         with stop_on_actor_failure("step 0", tmp_path, tmp_path / "checkpoints"):
             raise exc
+    assert f"a Ray actor died during step 0 {described}" in str(info.value)
+    assert "no checkpoint was completed yet, so the run restarts from its first step" in str(info.value)
 
 
 def test_a_bug_in_the_trainer_keeps_its_traceback(tmp_path):
