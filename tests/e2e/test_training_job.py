@@ -164,6 +164,8 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
     assert [m["dagrpo/phase"] for m in metrics] == [0.0, 1.0]
     for m in metrics:  # lambda <- max(0, lambda + eta (rate - tau))
         assert m["dagrpo/lambda_next"] == pytest.approx(max(0.0, m["dagrpo/lambda"] + 0.05 * (m["dagrpo/cloud_rate"] - 0.2)))
+        # a live endpoint: every call answered, nothing skipped by the breaker
+        assert m["dagrpo/cloud_failures"] == m["dagrpo/cloud_skipped"] == m["dagrpo/cloud_degraded"] == 0.0
     for k in (0, 1):
         after = json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
         assert set(after) == {"easy", "hard"} and all(v["n"] == 4 for v in after.values())
@@ -171,6 +173,7 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
             for key in ("joint_accuracy", "cloud_rate"):
                 assert v[key] * 4 == pytest.approx(round(v[key] * 4), abs=1e-9)
         assert all("router_clf_joint_accuracy" in v and "random_router_joint_accuracy" in v for v in after.values())
+        assert all(v["cloud_calls"] == 4 and v["cloud_failures"] == v["cloud_skipped"] == 0 for v in after.values())
     table = (run_dir / "continual_table.md").read_text()
     assert "| easy |" in table and "| hard |" in table
 
