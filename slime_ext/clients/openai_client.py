@@ -1,9 +1,14 @@
 """A small client for OpenAI-compatible endpoints (our `slime_ext.tools.serve`, SGLang's `/v1`, hosted APIs).
 
 Chat completions with timeouts, retries with exponential backoff (connection errors, timeouts, 429 and
-5xx; a 4xx is final), a concurrency cap for batches, and per-call accounting. A failed call raises
-`CallFailed` naming the endpoint and the last error; batch helpers return the exception in its slot
-instead, so one failure never sinks a batch. The SxS judge and DA-GRPO's cloud model use it.
+5xx; a 4xx is final), a concurrency cap for batches, an optional circuit breaker, and per-call
+accounting. A failed call raises `CallFailed` naming the endpoint and the last error; batch helpers
+return the exception in its slot instead, so one failure never sinks a batch. The SxS judge and
+DA-GRPO's cloud model use it.
+
+Worst case of one call to a dead endpoint: (max_retries + 1) x timeout_s plus the backoff sleeps. With a
+`CircuitBreaker` each attempt asks it first: once it is open, retries stop and new calls fail at once with
+`CallSkipped` (no attempt made) until its cool-down ends.
 """
 
 from __future__ import annotations
@@ -17,9 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
+from slime_ext.clients.circuit_breaker import CircuitBreaker
+
 
 class CallFailed(RuntimeError):
     """An endpoint call that did not succeed after its retries."""
+
+
+class CallSkipped(CallFailed):
+    """A call not attempted at all: the circuit breaker was open (the endpoint failed repeatedly)."""
 
 
 @dataclass
@@ -39,7 +50,8 @@ def _retryable(exc: BaseException) -> bool:
 
 class OpenAIClient:
     def __init__(self, base_url: str, model: str = "default", api_key: Optional[str] = None, timeout_s: float = 60.0,
-                 max_retries: int = 3, backoff_s: float = 0.5, backoff_max_s: float = 8.0, max_concurrency: int = 16):
+                 max_retries: int = 3, backoff_s: float = 0.5, backoff_max_s: float = 8.0, max_concurrency: int = 16,
+                 breaker: Optional[CircuitBreaker] = None):
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -47,8 +59,10 @@ class OpenAIClient:
         self.timeout_s, self.max_retries = float(timeout_s), int(max_retries)
         self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
         self.max_concurrency = int(max_concurrency)
+        self.breaker = breaker
         self._lock = threading.Lock()
-        self.stats = {"calls": 0, "failed": 0, "retries": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.stats = {"calls": 0, "failed": 0, "skipped": 0, "retries": 0, "attempts": 0, "prompt_tokens": 0,
+                      "completion_tokens": 0}
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
@@ -73,28 +87,45 @@ class OpenAIClient:
     def chat(self, messages: Sequence[dict], **params: Any) -> ChatResult:
         """One chat completion (`params`: temperature, max_tokens, stop, seed, top_p ...)."""
         payload = {"model": self.model, "messages": list(messages), **params}
-        start, last = time.perf_counter(), "not sent"
+        start, last, made = time.perf_counter(), "not sent", 0
         self._count(calls=1)
         for attempt in range(self.max_retries + 1):
             if attempt:
-                self._count(retries=1)
                 time.sleep(min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s))
+            if self.breaker is not None and not self.breaker.allow():
+                if not made:
+                    self._count(skipped=1)
+                    raise CallSkipped(f"{self.base_url}/chat/completions not called: the circuit breaker is open "
+                                      f"after {self.breaker.failures} failed attempts in a row")
+                last += " (no more retries: the circuit breaker opened)"
+                break
+            if attempt:
+                self._count(retries=1)
+            made += 1
+            self._count(attempts=1)
             try:
                 body = self._post("/chat/completions", payload)
                 choice = body["choices"][0]
                 usage = body.get("usage") or {}
                 self._count(prompt_tokens=int(usage.get("prompt_tokens", 0)),
                             completion_tokens=int(usage.get("completion_tokens", 0)))
+                self._breaker_record(ok=True)
                 return ChatResult(choice["message"]["content"] or "", choice.get("finish_reason") or "stop", usage,
                                   attempt + 1, time.perf_counter() - start)
             except Exception as exc:  # noqa: BLE001
                 last = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, urllib.error.HTTPError):
                     last += f" ({exc.read().decode(errors='replace')[:300]})"
+                # a final error (4xx, a malformed body) came back at once: not the stall the breaker guards against
+                self._breaker_record(ok=not _retryable(exc))
                 if not _retryable(exc):
                     break
         self._count(failed=1)
-        raise CallFailed(f"{self.base_url}/chat/completions failed after {attempt + 1} attempt(s): {last}")
+        raise CallFailed(f"{self.base_url}/chat/completions failed after {made} attempt(s): {last}")
+
+    def _breaker_record(self, ok: bool) -> None:
+        if self.breaker is not None:
+            (self.breaker.record_success if ok else self.breaker.record_failure)()
 
     def chat_many(self, conversations: Sequence[Sequence[dict]], **params: Any) -> list[ChatResult | CallFailed]:
         """Many chats with at most `max_concurrency` in flight; failures come back in their slots."""

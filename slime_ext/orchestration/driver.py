@@ -17,7 +17,8 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
-from slime_ext.orchestration.run_dir import create_run_dir, remove_if_unused, write_json
+from slime_ext.orchestration.run_dir import (RunStopped, create_run_dir, finished_run_message, remove_if_unused,
+                                             write_json)
 from slime_ext.tasks.dataset import DatasetError
 from slime_ext.tasks.prepare import PreparedData, prepare_data
 
@@ -168,7 +169,8 @@ class Job:
         if self.warm_dir is None:
             self.warm_dir = training.run_sft()
         self.reports = training.run_rl(self.warm_dir, with_eval="eval" in self.cfg.run.stages)
-        return {"final_weights": str(self.run_dir / "hf"), "peak_rss_gib": round(training.peak_gib, 2)}
+        peak = training.peak_gib  # None when no step was measured: never a made-up 0.0
+        return {"final_weights": str(self.run_dir / "hf"), "peak_rss_gib": None if peak is None else round(peak, 2)}
 
     def stage_eval(self) -> dict:
         """The final table (warm start vs trained) and the plots of metrics.jsonl."""
@@ -204,6 +206,10 @@ class Job:
             "rl": self.stage_rl,
             "eval": self.stage_eval,
         }
+        finished = finished_run_message(self.run_dir) if self.cfg.run.resume else None
+        if finished:  # re-running would repeat the evaluation and overwrite summary.json
+            log.warning("%s", finished)
+            return 0
         for name in self.cfg.run.stages:
             start = time.perf_counter()
             result = stages[name]()
@@ -272,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted; the last checkpoint is kept. Resume with: bash scripts/run.sh resume=%s", run_dir)
         return 130
+    except RunStopped as exc:  # a dead actor: the message says what to do, Ray's traceback would bury it
+        log.error("run stopped: %s", exc)
+        return 1
     finally:
         _shutdown_ray()
 

@@ -6,7 +6,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from slime_ext.config import ResolvedConfig
 
@@ -46,3 +46,68 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     tmp.replace(path)
+
+
+# -- resume -----------------------------------------------------------------------------------------
+PEAK_RSS_KEY = "memory/peak_rss_gib"
+
+
+def resume_command(run_dir: Path) -> str:
+    return f"bash scripts/run.sh resume={run_dir}"
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on a failure it survives on disk (a Ray actor died, Ray's memory monitor killed a
+    worker): the message names what was running, the last intact checkpoint and the resume command. The
+    driver prints it without a traceback and exits non-zero."""
+
+
+def truncate_metrics(path: Path, before_step: int) -> None:
+    """Keep only the rows of steps before `before_step` (the step a resumed run starts at, 0 when no
+    checkpoint was written), so the resumed rows continue the kept ones without duplicates. Unparsable
+    lines (a row cut by the kill) are dropped."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("step", -1) < before_step:
+            keep.append(line)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in keep))
+    tmp.replace(path)
+
+
+def peak_rss_from_metrics(path: Path) -> Optional[float]:
+    """The largest peak RSS the metrics rows recorded (None when no row measured it): a resumed run
+    starts its peak from the steps it kept instead of from 0."""
+    if not path.exists():
+        return None
+    peaks = []
+    for line in path.read_text().splitlines():
+        try:
+            value = json.loads(line).get(PEAK_RSS_KEY)
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and value > 0:
+            peaks.append(float(value))
+    return max(peaks) if peaks else None
+
+
+def finished_run_message(run_dir: Path) -> Optional[str]:
+    """What to tell a user who resumes a run whose `summary.json` says complete (None if it is not):
+    there is nothing to resume, and re-running the evaluation would overwrite its results."""
+    summary = run_dir / "summary.json"
+    try:
+        complete = json.loads(summary.read_text()).get("complete") is True
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if not complete:
+        return None
+    results = " and ".join(str(run_dir / name) for name in ("summary.json", "final_table.md") if (run_dir / name).exists())
+    return (f"run already finished: {run_dir} (summary.json says complete); nothing to resume and nothing was "
+            f"changed. Its results are in {results}. Evaluate its weights again with "
+            f"`python -m slime_ext.tools.eval_checkpoint {run_dir}`; to train further, start a new run")

@@ -78,6 +78,12 @@ class RunLogger:
             keys = ("reward/mean", "response_len/mean", "train/pg_loss", "time/step", "perf/tokens_per_s")
             log.info("step %d: %s", step, ", ".join(f"{k}={scalars[k]:.4g}" for k in keys if k in scalars))
 
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()

@@ -7,7 +7,11 @@ One RL step (docs/architecture.md):
   method.update:   controllers
 A checkpoint (trainer ranks + rollout manager state + step) is written every `run.save_every` steps
 (default: every step, so a killed run loses at most the step in flight); `metrics.jsonl` is truncated
-to the checkpointed step on resume, so the resumed metrics continue the original ones.
+to the checkpointed step on every start (to empty when no checkpoint exists yet), so the resumed
+metrics continue the original ones. When a Ray actor dies (or Ray's memory monitor kills a worker) in
+setup, a step, a checkpoint save or the final export, the run stops with `RunStopped`: what was
+running, the last intact checkpoint (one whose save did not finish is never `latest`) and the resume
+command.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import ray
 from tqdm import tqdm
@@ -27,6 +33,7 @@ from tqdm import tqdm
 from megatron_glue.hf_config import hf_config_from_model_config
 from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.trainer import TrainerSettings
+from megatron_glue.trainer_checkpoint import latest_checkpoint
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
@@ -35,6 +42,8 @@ from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.run_logger import RunLogger
+from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, peak_rss_from_metrics, resume_command,
+                                             truncate_metrics)
 from slime_ext.orchestration.trainer_settings import trainer_settings
 from slime_ext.tasks.dataset import LoadReport
 from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids, sft_token_ids
@@ -43,6 +52,13 @@ from slime_ext.orchestration.train_group import TrainGroup
 log = logging.getLogger("slime_ext.orchestration.training_job")
 WARM_FORMAT = "warmstart-v1"
 KEEP_CHECKPOINTS = 2
+# Ray's ways of saying an actor or its worker process is gone (a Python error inside an actor method is a
+# RayTaskError and stays a traceback). RayActorError covers ActorDiedError and ActorUnavailableError, and a
+# RayTaskError caused by one (a manager whose engine died); OutOfMemoryError is the memory monitor's kill.
+ACTOR_FAILURES: tuple[type[BaseException], ...] = (
+    ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError, ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError, ray.exceptions.ObjectLostError,
+)
 
 
 class _DropRayTokenAuthNotice(logging.Filter):
@@ -87,17 +103,44 @@ def _append_jsonl(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _truncate_metrics(path: Path, before_step: int) -> None:
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", -1) < before_step:
-                keep.append(line)
-        except json.JSONDecodeError:
-            continue
-    path.write_text("".join(k + "\n" for k in keep))
+@contextmanager
+def stop_on_actor_failure(what: str, run_dir: Path, ckpt_dir: Path) -> Iterator[None]:
+    """Turn a dead actor or worker during `what` into `RunStopped` naming the last intact checkpoint
+    and the resume command, instead of Ray's raw traceback (the checkpoints on disk are fine)."""
+    try:
+        yield
+    except ACTOR_FAILURES as exc:
+        raise RunStopped(actor_failure_message(what, exc, run_dir, ckpt_dir)) from exc
+
+
+def actor_failure_message(what: str, exc: BaseException, run_dir: Path, ckpt_dir: Path) -> str:
+    """One paragraph: what died during what, the last intact checkpoint, the resume command."""
+    intact = latest_checkpoint(ckpt_dir)
+    where = (f"the last intact checkpoint is {intact} (a save that did not finish is never marked latest)"
+             if intact is not None else "no checkpoint was completed yet, so the run restarts from its first step")
+    memory = (" Ray's memory monitor killed a worker: the machine ran low on memory; free some (or lower "
+              "rollout.threads / train.threads) before resuming." if isinstance(exc, ray.exceptions.OutOfMemoryError)
+              or "low on memory" in str(exc) else "")
+    return f"a Ray actor died during {what} ({_describe(exc)}); {where}.{memory} Resume with: {resume_command(run_dir)}"
+
+
+def _describe(exc: BaseException) -> str:
+    """`Class: first line`; for an error passed on by another actor (a manager whose engine died), the
+    original error and the method it surfaced in instead of Ray's colored task header."""
+    cause = vars(exc).get("cause") if isinstance(exc, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, BaseException):
+        method = re.search(r"ray::([\w.]+)\(", _plain(str(exc)))  # Ray's header: ray::Class.method() (pid=...)
+        return f"{type(cause).__name__}{' in ' + method.group(1) if method else ''}: {_first_line(cause)}"
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colors its task headers
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in _plain(str(exc)).splitlines() if line.strip()]
+    return lines[0][:300] if lines else "no details"
 
 
 def _prune_checkpoints(directory: Path, keep: int = KEEP_CHECKPOINTS) -> None:
@@ -138,7 +181,7 @@ class TrainingJob:
         self.tokenizer_path = tokenizer_path
         self.hf_config = hf_config_from_model_config(config.model, len(tokenizer))
         self.sizes = ParallelSizes.from_config(config.train.parallel)
-        self.peak_gib = 0.0
+        self.peak_gib: Optional[float] = None  # GiB; None until a step measured it (or a resumed run's rows did)
         self.sft_report: Optional[LoadReport] = None  # set when the SFT rows are built
         # The driver's copy of the method: what the loop asks of it (warm start, loss, models, evaluation).
         # The rollout manager builds its own, which holds the controllers' state.
@@ -190,7 +233,8 @@ class TrainingJob:
         settings.lr_decay_style = "cosine"
         settings.min_lr = s.lr * 0.1
         try:
-            weights = self._sft_steps(group, settings, base, out)
+            with stop_on_actor_failure("the SFT warm start", self.run_dir, out / "trainer_ckpt"):
+                weights = self._sft_steps(group, settings, base, out)
         finally:
             group.shutdown()
         save_hf_checkpoint(hf_dir, self.hf_config, weights)
@@ -214,6 +258,7 @@ class TrainingJob:
         max_len = self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len
         bar = tqdm(range(start, s.steps), desc="SFT warm start", unit="step", file=sys.stderr, initial=start, total=s.steps)
         metrics_path = out / "sft_metrics.jsonl"
+        truncate_metrics(metrics_path, start)  # the rows after the checkpoint are about to be written again
         for step in bar:
             batch = sft_samples(data.next_batch(s.batch_size), self.tokenizer, self.cfg.data.template, max_len, f"sft{step}-")
             t0 = time.perf_counter()
@@ -253,15 +298,38 @@ class TrainingJob:
         cfg = self.cfg
         init_ray(cfg)
         ckpt_dir = self.run_dir / "checkpoints"
-        metrics_path = self.run_dir / "metrics.jsonl"
         partner = self.method.partner_dir(warm_dir) if self.method.needs_partner else None
         engine_handle = ray.remote(EmbeddedEngineActor).options(
             **ray_options(self.actors["engine"]), max_concurrency=2,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
         ).remote(str(warm_dir), cfg.rollout.threads, str(partner) if partner else None)
         engine = RemoteEngine(engine_handle)
-        group = self.train_group(threads=cfg.train.threads)
-        settings = trainer_settings(cfg, self.method.loss_spec())
+        group: Optional[TrainGroup] = None
+        manager_actor = None
+        try:
+            with self._stopping("the trainer's setup and the resume", ckpt_dir):
+                group = self.train_group(threads=cfg.train.threads)
+                self._setup_trainer(group, warm_dir)
+                manager, manager_actor = self._rollout_manager(engine)
+                start = self._resume(group, manager, engine, ckpt_dir)
+            with self._stopping("the warm start evaluation", ckpt_dir):
+                reports = self._warm_start_report(engine, with_eval, start)
+            self._rl_loop(start, manager, group, engine, ckpt_dir)
+            with self._stopping("the final weight export and evaluation", ckpt_dir):
+                reports.update(self._finish(group, engine, warm_dir, with_eval))
+        finally:
+            if group is not None:
+                group.shutdown()
+            ray.kill(engine_handle)
+            if manager_actor is not None:
+                ray.kill(manager_actor)
+        return reports
+
+    def _stopping(self, what: str, ckpt_dir: Path) -> Any:
+        return stop_on_actor_failure(what, self.run_dir, ckpt_dir)
+
+    def _setup_trainer(self, group: TrainGroup, warm_dir: Path) -> None:
+        settings = trainer_settings(self.cfg, self.method.loss_spec())
         self.kl_active = settings.kl_coef > 0
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, warm_dir)
         if self.kl_active:
@@ -273,68 +341,77 @@ class TrainingJob:
                 group.call("load_hf", str(warm_dir))
             else:
                 group.call("snapshot_reference")
-        manager_actor = None
-        if cfg.rollout.manager == "actor":
-            manager_actor = ray.remote(RolloutManager).options(
-                **ray_options(self.actors["manager"]), runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
-            ).remote(cfg, self.train_rows, self.tokenizer, engine)
-            manager = RemoteRolloutManager(manager_actor)
-        else:
-            manager = RolloutManager(cfg, self.train_rows, self.tokenizer, engine)
+
+    def _rollout_manager(self, engine: RemoteEngine) -> tuple[RolloutManager | RemoteRolloutManager, Any]:
+        """The rollout manager (in this process or as an actor) and its actor handle (None in-process)."""
+        cfg = self.cfg
+        if cfg.rollout.manager != "actor":
+            return RolloutManager(cfg, self.train_rows, self.tokenizer, engine), None
+        actor = ray.remote(RolloutManager).options(
+            **ray_options(self.actors["manager"]), runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+        ).remote(cfg, self.train_rows, self.tokenizer, engine)
+        return RemoteRolloutManager(actor), actor
+
+    def _resume(self, group: Any, manager: Any, engine: Any, ckpt_dir: Path) -> int:
+        """The step to start at (0 without a checkpoint), with trainer, manager and engine restored and
+        `metrics.jsonl` cut to the steps before it: also when no checkpoint exists yet, since a run killed
+        after step 0's row but before the first checkpoint starts again at 0. The peak RSS starts from
+        the kept rows' measurements."""
+        metrics_path = self.run_dir / "metrics.jsonl"
         start = 0
-        if (ckpt_dir / "latest").exists():
+        if (ckpt_dir / "latest").exists():  # a stale marker (its iteration gone) is an error in load, not a restart
             extra = group.first("load", str(ckpt_dir))
             start = extra["step"]
             manager.load_state_dict(extra["manager"])
             engine.update_weights_from_tensor(group.export_hf())
-            _truncate_metrics(metrics_path, start)
             log.info("resumed RL at step %d from %s", start, ckpt_dir)
-        reports: dict[str, Any] = {}
+        truncate_metrics(metrics_path, start)
+        self.peak_gib = peak_rss_from_metrics(metrics_path)
+        return start
+
+    def _warm_start_report(self, engine: Any, with_eval: bool, start: int) -> dict[str, Any]:
+        """The warm start's evaluation: run at step 0, read back from `eval_warm_start.json` on resume."""
         warm_eval = self.run_dir / "eval_warm_start.json"
         if with_eval and start == 0:
-            reports["warm start (SFT)"] = self.evaluate(engine, "warm_start")
-        elif with_eval and warm_eval.exists():
+            return {"warm start (SFT)": self.evaluate(engine, "warm_start")}
+        if with_eval and warm_eval.exists():
             from slime_ext.evaluation import load_report
 
-            reports["warm start (SFT)"] = load_report(warm_eval)
+            return {"warm start (SFT)": load_report(warm_eval)}
+        return {}
+
+    def _rl_loop(self, start: int, manager: Any, group: Any, engine: Any, ckpt_dir: Path) -> None:
+        """Steps `start` .. train.steps - 1: a metrics row each, a checkpoint every `run.save_every`."""
+        cfg = self.cfg
         bar = tqdm(range(start, cfg.train.steps), desc=f"{self.method.name} RL", unit="step", file=sys.stderr,
                    initial=start, total=cfg.train.steps)
-        run_logger = RunLogger(self.run_dir, cfg.logging, cfg.run.log_every, start_step=start, run_name=self.run_dir.name,
-                               config=cfg.model_dump(mode="json"))
-        try:
+        with RunLogger(self.run_dir, cfg.logging, cfg.run.log_every, start_step=start, run_name=self.run_dir.name,
+                       config=cfg.model_dump(mode="json")) as run_logger:
             for step in bar:
-                try:
+                with self._stopping(f"step {step}", ckpt_dir):
                     row = self._rl_step(step, manager, group, engine)
-                except ray.exceptions.RayActorError as exc:
-                    saved = (ckpt_dir / "latest").read_text().strip() if (ckpt_dir / "latest").exists() else "none"
-                    raise RuntimeError(
-                        f"a Ray actor died during step {step} ({exc.__class__.__name__}); the last checkpoint "
-                        f"({saved}) is intact: resume with `bash scripts/run.sh resume={self.run_dir}`"
-                    ) from exc
-                run_logger.log(row)  # metrics.jsonl, TensorBoard, W&B
-                self.method.evaluate_after_step(row, engine, self.run_dir)
+                    run_logger.log(row)  # metrics.jsonl, TensorBoard, W&B
+                    self.method.evaluate_after_step(row, engine, self.run_dir)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")
                 if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.train.steps:
-                    group.call("save", str(ckpt_dir), {"step": step + 1, "manager": manager.state_dict()})
+                    with self._stopping(f"the checkpoint save after step {step}", ckpt_dir):
+                        group.call("save", str(ckpt_dir), {"step": step + 1, "manager": manager.state_dict()})
                     _prune_checkpoints(ckpt_dir)
-            final_hf = self.run_dir / "hf"
-            from megatron_glue.checkpoint_io import save_hf_checkpoint
 
-            save_hf_checkpoint(final_hf, self.hf_config, dict(group.export_hf()))
-            self.tokenizer.save_pretrained(final_hf)
-            if with_eval:
-                reports[self.method.name.upper()] = self.evaluate(engine, "final")
-            if with_eval:
-                from slime_ext.engine.embedded import EmbeddedEngine
+    def _finish(self, group: TrainGroup, engine: Any, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
+        """Final HF weights, the final evaluation and the method's own final evaluations."""
+        from megatron_glue.checkpoint_io import save_hf_checkpoint
 
-                self.method.final_evaluations(final_hf, warm_dir, self.run_dir, self.eval_rows, EmbeddedEngine.from_pretrained)
-        finally:
-            run_logger.close()
-            group.shutdown()
-            ray.kill(engine_handle)
-            if manager_actor is not None:
-                ray.kill(manager_actor)
+        final_hf = self.run_dir / "hf"
+        save_hf_checkpoint(final_hf, self.hf_config, dict(group.export_hf()))
+        self.tokenizer.save_pretrained(final_hf)
+        if not with_eval:
+            return {}
+        from slime_ext.engine.embedded import EmbeddedEngine
+
+        reports = {self.method.name.upper(): self.evaluate(engine, "final")}
+        self.method.final_evaluations(final_hf, warm_dir, self.run_dir, self.eval_rows, EmbeddedEngine.from_pretrained)
         return reports
 
     def _rl_step(self, step: int, manager: RolloutManager | RemoteRolloutManager, group: TrainGroup,
@@ -351,8 +428,8 @@ class TrainingJob:
         row.update(manager.update(train, step))
         row.update({f"train/{k}": v for k, v in train.items()})
         tokens = sum(s.total_len for s in samples)
-        self.peak_gib = max(self.peak_gib, _peak_rss_gib())
+        self.peak_gib = max(self.peak_gib or 0.0, _peak_rss_gib())
         row.update({"step": step, "time/train": t1 - t0, "time/sync": t2 - t1, "time/step": t2 - t_start,
-                    "perf/tokens_per_s": tokens / (t2 - t_start), "memory/peak_rss_gib": self.peak_gib})
+                    "perf/tokens_per_s": tokens / (t2 - t_start), PEAK_RSS_KEY: self.peak_gib})
         return row
 

@@ -39,6 +39,27 @@ def test_uniform_group_and_singleton_have_zero_advantage():
     assert torch.equal(group_advantages([0.7]), torch.zeros(1))
 
 
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_constant_group_that_float32_cannot_represent_has_exactly_zero_advantage(normalize_std):
+    """0.2 is not a float32: the float32 mean of eight 0.2s is 0.20000002 and the old code gave every
+    rollout -0.0147 (normalised). A group with no variance carries no signal: exactly 0."""
+    for rewards in ([0.2] * 8, torch.full((8,), 0.2, dtype=torch.float32), [0.1] * 3 + [0.1]):
+        assert torch.equal(group_advantages(rewards, normalize_std=normalize_std), torch.zeros(len(rewards)))
+    # collab_grpo's fixed 0.2 assistance reward: a constant group next to a normal one in one batch
+    adv = grouped_advantages([0.2] * 8 + [1.0, 0.0], [0] * 8 + [1, 1], normalize_std=normalize_std, eps=0.0)
+    assert torch.equal(adv[:8], torch.zeros(8))
+    # [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / 0.70710678 = +-0.70710678
+    want = torch.tensor([0.70710678, -0.70710678]) if normalize_std else torch.tensor([0.5, -0.5])
+    assert torch.allclose(adv[8:], want, atol=1e-7)
+    assert adv.dtype == torch.float32
+
+
+def test_non_representable_rewards_keep_their_hand_values():
+    # [0.2, 0.2, 0.2, 0.7]: mean 0.325, centred [-0.125] * 3 + [0.375], unbiased var 0.1875 / 3 -> std 0.25
+    adv = group_advantages([0.2, 0.2, 0.2, 0.7], eps=0.0)
+    assert torch.allclose(adv, torch.tensor([-0.5, -0.5, -0.5, 1.5]), atol=1e-7)
+
+
 def test_grouped_advantages_respect_group_membership():
     rewards = [1.0, 5.0, 0.0, 7.0, 3.0, 5.0]
     groups = ["a", "b", "a", "b", "c", "c"]

@@ -165,6 +165,8 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
     assert [m["dagrpo/phase"] for m in metrics] == [0.0, 1.0]
     for m in metrics:  # lambda <- max(0, lambda + eta (rate - tau))
         assert m["dagrpo/lambda_next"] == pytest.approx(max(0.0, m["dagrpo/lambda"] + 0.05 * (m["dagrpo/cloud_rate"] - 0.2)))
+        # a live endpoint: every call answered, nothing skipped by the breaker
+        assert m["dagrpo/cloud_failures"] == m["dagrpo/cloud_skipped"] == m["dagrpo/cloud_degraded"] == 0.0
     for k in (0, 1):
         after = json.loads((run_dir / f"eval_after_phase_{k}.json").read_text())
         assert set(after) == {"easy", "hard"} and all(v["n"] == 4 for v in after.values())
@@ -172,6 +174,7 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
             for key in ("joint_accuracy", "cloud_rate"):
                 assert v[key] * 4 == pytest.approx(round(v[key] * 4), abs=1e-9)
         assert all("router_clf_joint_accuracy" in v and "random_router_joint_accuracy" in v for v in after.values())
+        assert all(v["cloud_calls"] == 4 and v["cloud_failures"] == v["cloud_skipped"] == 0 for v in after.values())
     table = (run_dir / "continual_table.md").read_text()
     assert "| easy |" in table and "| hard |" in table
 
@@ -204,20 +207,24 @@ LONG_RUN = ["sft.steps=2", "train.steps=200", "run.stages=[data,tokenizer,sft,rl
 
 
 @pytest.mark.timeout(600)
-def test_engine_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path):
+@pytest.mark.parametrize("actor", ["EmbeddedEngineActor", "TrainWorker"])
+def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, actor):
+    """An engine or a trainer rank killed mid-run (as Ray's memory monitor would): exit 1 with one message
+    naming the intact checkpoint and the resume command, without Ray's traceback."""
     import psutil
 
     env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
     proc = _run_cli(job_args(tmp_path, *LONG_RUN), env)
     run_dir = _wait_for_steps(tmp_path / "runs", 2, proc)
-    engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
-               if "EmbeddedEngineActor" in " ".join(p.cmdline())]
-    assert engines, "no engine actor process found"
-    for p in engines:
+    victims = [p for p in psutil.Process(proc.pid).children(recursive=True) if actor in " ".join(p.cmdline())]
+    assert victims, f"no {actor} process found"
+    for p in victims:
         p.kill()
-    assert proc.wait(timeout=300) != 0
+    assert proc.wait(timeout=300) == 1
     err = proc.stderr.read()
-    assert "a Ray actor died during step" in err and f"resume={run_dir}" in err, err[-3000:]
+    assert "run stopped: a Ray actor died during " in err and f"Resume with: bash scripts/run.sh resume={run_dir}" in err, \
+        err[-3000:]
+    assert "the last intact checkpoint is " in err and "Traceback" not in err, err[-3000:]
     assert (run_dir / "checkpoints" / "latest").exists()
     done = len(read_metrics(run_dir))
     assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()).exists()

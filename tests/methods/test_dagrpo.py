@@ -30,9 +30,21 @@ def test_dual_advantage_is_the_group_advantage_of_the_shaped_reward():
         for norm in (True, False):
             got = dual_advantages(r, c, groups, lam, normalize_std=norm)
             want = grouped_advantages([ri - lam * ci for ri, ci in zip(r, c)], groups, normalize_std=norm, eps=1e-6)
-            assert np.allclose(got, np.asarray(want), atol=1e-5)  # the core computes in float32
+            assert np.allclose(got, np.asarray(want), atol=1e-5)  # the GRPO core returns float32
     # by hand: one group, r = [1, 0], c = [1, 0], lambda 0.5 -> A = [0.5 - 0.25, -0.5 + 0.25]
     assert dual_advantages([1, 0], [1, 0], [0, 0], 0.5, normalize_std=False) == pytest.approx([0.25, -0.25])
+
+
+def test_dual_advantage_of_a_group_without_variance_is_exactly_zero():
+    # constant rewards not exact in binary and no cost: no signal, with or without std division (before,
+    # float64 rounding left -1.4e-11 for three 0.1s and 1.1e-10 for seven 0.7s)
+    for norm in (True, False):
+        for v, n in ((0.1, 3), (0.2, 8), (0.7, 7)):
+            assert np.array_equal(dual_advantages([v] * n, [0] * n, [0] * n, 0.3, normalize_std=norm), np.zeros(n))
+    # r and c vary but r - lambda c ties (0.7 - 0.3 = 0.4 - 0, up to rounding): no signal, so 0 (before: -8.3e-11)
+    assert np.array_equal(dual_advantages([0.7, 0.4], [1, 0], [0, 0], 0.3), np.zeros(2))
+    # a real difference far below any reward scale still counts: [0.4 + 1e-9, 0.4] is not a tie
+    assert dual_advantages([0.4 + 1e-9, 0.4], [0, 0], [0, 0], 0.3, normalize_std=False) == pytest.approx([5e-10, -5e-10])
 
 
 def test_dual_update_is_projected_and_tau_schedules():
@@ -375,3 +387,201 @@ def test_warm_start_is_shared_across_phase_orders_steps_targets_and_the_local_on
     assert {r["id"] for r in mixed_train} <= {r["id"] for r in base.sft_rows()}
     assert job("dagrpo.phases=[{name: a, levels: [L2], steps: 20}, {name: b, levels: [L4], steps: 20}]").warm_start_key() \
         != base.warm_start_key()
+
+
+# -- a slow or dead cloud: circuit breaker, per-step counts, warnings --------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_circuit_breaker_opens_cools_down_and_probes():
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+
+    clock = FakeClock()
+    b = CircuitBreaker(failures=3, cooldown_s=10.0, clock=clock)
+    b.record_failure(), b.record_failure()
+    assert b.allow() and b.state == "closed"
+    b.record_success()  # a success resets the count: failures must be consecutive
+    b.record_failure(), b.record_failure()
+    assert b.allow()
+    b.record_failure()
+    assert b.state == "open" and not b.allow() and b.opened == 1
+    clock.t = 9.9
+    assert not b.allow()
+    clock.t = 10.0
+    assert b.allow() and b.state == "half_open" and not b.allow()  # one probe only
+    b.record_failure()  # the probe failed: open again at once, for a new cool-down
+    assert b.state == "open" and b.opened == 2 and not b.allow()
+    clock.t = 20.0
+    assert b.allow()
+    b.record_success()
+    assert b.state == "closed" and b.allow() and b.allow()
+    with pytest.raises(ValueError, match="failures must be >= 1"):
+        CircuitBreaker(failures=0)
+
+
+def _dead_endpoint(monkeypatch, clock: FakeClock, timeout_s: float) -> list[float]:
+    """OpenAIClient._post that times out after `timeout_s` of the fake clock; backoff sleeps advance it too.
+    Returns the list of attempt start times."""
+    from slime_ext.clients import openai_client
+
+    attempts: list[float] = []
+
+    def post(self, path, payload, stream=False):
+        attempts.append(clock.t)
+        clock.t += timeout_s
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(openai_client.OpenAIClient, "_post", post)
+    monkeypatch.setattr(openai_client.time, "sleep", lambda s: setattr(clock, "t", clock.t + s))
+    return attempts
+
+
+def test_eight_failing_calls_cost_at_most_n_attempts_with_the_breaker(monkeypatch):
+    """At the defaults (30 s timeout, 3 retries, backoff 0.5/1/2 s) one failing call costs 4 x 30 + 3.5 =
+    123.5 s; 8 of them one at a time 988 s (248 s at concurrency 4, the issue's figure) and 32 attempts.
+    With the breaker (5 failures, 60 s): call 1 fails its 4 attempts (123.5 s), call 2 its first (30 s +
+    the 0.5 s backoff before the refused retry), the breaker opens and calls 3-8 are skipped at once."""
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+    from slime_ext.clients.openai_client import CallSkipped, OpenAIClient
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+
+    convs = [f"question {i}" for i in range(8)]
+    clock = FakeClock()
+    attempts = _dead_endpoint(monkeypatch, clock, 30.0)
+    plain = CloudHelper(OpenAIClient("http://cloud", timeout_s=30, max_retries=3, max_concurrency=1))
+    answers, tally = plain.ask(convs)
+    assert answers == [None] * 8 and (tally.calls, tally.failed, tally.skipped) == (8, 8, 0)
+    assert len(attempts) == 32 and clock.t == pytest.approx(8 * 123.5)
+
+    clock.t, attempts[:] = 0.0, []
+    client = OpenAIClient("http://cloud", timeout_s=30, max_retries=3, max_concurrency=1,
+                          breaker=CircuitBreaker(5, 60.0, clock=clock))
+    answers, tally = CloudHelper(client).ask(convs)
+    assert answers == [None] * 8 and (tally.calls, tally.failed, tally.skipped) == (8, 2, 6)
+    assert len(attempts) == 5 and clock.t == pytest.approx(123.5 + 30.5)
+    assert tally.failure_rate == 1.0 and client.stats["skipped"] == 6 and client.stats["attempts"] == 5
+    # still open: the next step's calls are skipped without an attempt
+    with pytest.raises(CallSkipped, match="circuit breaker is open after 5 failed attempts"):
+        client.chat([{"role": "user", "content": "q"}])
+    assert len(attempts) == 5
+    # after the cool-down one probe goes out (and fails: open again); the rest of the batch is skipped
+    clock.t += 60.0
+    _, tally = CloudHelper(client).ask(convs[:3])
+    assert len(attempts) == 6 and (tally.failed, tally.skipped) == (1, 2)
+
+
+def test_breaker_bounds_attempts_with_concurrent_calls(monkeypatch):
+    """With 4 calls in flight the attempts already running when the breaker opens still finish:
+    at most N + concurrency - 1 attempts in all."""
+    from slime_ext.clients import openai_client
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+
+    attempts = []
+
+    def post(self, path, payload, stream=False):
+        attempts.append(1)
+        raise ConnectionError("refused")
+
+    monkeypatch.setattr(openai_client.OpenAIClient, "_post", post)
+    monkeypatch.setattr(openai_client.time, "sleep", lambda s: None)
+    client = openai_client.OpenAIClient("http://cloud", max_retries=3, max_concurrency=4, breaker=CircuitBreaker(5, 60.0))
+    _, tally = CloudHelper(client).ask([f"q{i}" for i in range(8)])
+    assert 5 <= len(attempts) <= 5 + 3 and tally.calls == 8 and tally.unanswered == 8 and tally.skipped >= 1
+
+
+class ScriptedClient:
+    """chat_many answering each conversation with the next scripted outcome: 'ok', 'fail' or 'skip'."""
+
+    def __init__(self, outcomes: list[str]):
+        self.outcomes = list(outcomes)
+
+    def chat_many(self, convs, **params):
+        from slime_ext.clients.openai_client import CallFailed, CallSkipped, ChatResult
+
+        made = {"ok": lambda: ChatResult("Step 2: 1 + 2 = 3.\n\\boxed{3}", "stop"), "fail": lambda: CallFailed("timeout"),
+                "skip": lambda: CallSkipped("breaker open")}
+        return [made[self.outcomes.pop(0)]() for _ in convs]
+
+
+def test_step_metrics_count_failed_and_skipped_calls_and_warn_past_the_rate(cloud_server, caplog):
+    from slime_ext.config import load_config
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.methods.dagrpo.method import DAGRPO
+    from tests.conftest import CONFIGS
+
+    _, _, tok = cloud_server
+    asked = "Step 1: " + TRIGGER
+    groups = lambda: [[_sample(f"{g}a", g, asked, tok, True), _sample(f"{g}b", g, "\\boxed{3}", tok, False)]  # noqa: E731
+                      for g in ("g1", "g2", "g3")]
+    cfg = load_config(CONFIGS / "dagrpo.yaml", ["dagrpo.cloud_failure_warn_rate=0.5"]).config
+    method = DAGRPO(cfg, tok, cloud=CloudHelper(ScriptedClient(["ok", "fail", "skip", "ok", "ok", "fail"])))
+    with caplog.at_level("WARNING", logger="slime_ext.methods.dagrpo.cloud"):
+        gs = groups()
+        m = method.finish(gs, 7)
+        # 3 groups asked: one answered, one failed, one skipped by the breaker -> 2/3 unanswered > 0.5
+        assert (m["dagrpo/cloud_calls"], m["dagrpo/cloud_failures"], m["dagrpo/cloud_skipped"]) == (3.0, 1.0, 1.0)
+        assert m["dagrpo/cloud_failure_rate"] == pytest.approx(2 / 3) and m["dagrpo/cloud_degraded"] == 1.0
+        assert [g[0].metadata["cloud_answered"] for g in gs] == [True, False, False]  # skipped = unanswered
+        m = method.finish(groups(), 8)  # ok, ok, fail: 1/3 <= 0.5, no warning
+        assert m["dagrpo/cloud_failure_rate"] == pytest.approx(1 / 3) and m["dagrpo/cloud_degraded"] == 0.0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith("DA-GRPO step 7: 2 of 3 cloud calls got no answer (1 failed, 1 skipped")
+    assert method.cloud.calls == 6 and method.cloud.failures == 2 and method.cloud.skipped == 1
+
+
+def test_phase_evaluation_counts_cloud_failures_and_reports_them(cloud_server, tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from slime_ext.config import load_config
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.methods.dagrpo.continual import evaluate_phases
+    from slime_ext.methods.dagrpo.method import DAGRPO
+    from tests.conftest import CONFIGS
+
+    _, _, tok = cloud_server
+    texts = ["Step 1: " + TRIGGER, "Step 1: 1 + 2 = 3.\n\\boxed{3}", "Step 1: " + TRIGGER, "\\boxed{4}"]
+
+    class FakeEngine:
+        def generate(self, reqs):
+            return [SimpleNamespace(output_ids=tok(t)["input_ids"] + [tok.eos_token_id],
+                                    annotations=[{"asked_for_help": True}] if "assistance" in t else [{}])
+                    for t in texts[:len(reqs)]]
+
+    cfg = load_config(CONFIGS / "dagrpo.yaml", ["eval.n_prompts=4"]).config
+    rows = [{"prompt": f"what is 1 + 2? ({i})", "label": "3"} for i in range(4)]
+    # the two that asked: one answered, one failed; the router baselines ask for the two that did not: both skipped
+    method = DAGRPO(cfg, tok, cloud=CloudHelper(ScriptedClient(["ok", "fail", "skip", "skip"])))
+    out = method.evaluate_rows(FakeEngine(), rows, cfg.data.template)
+    assert (out["cloud_calls"], out["cloud_failures"], out["cloud_skipped"]) == (4.0, 1.0, 2.0)
+    assert out["cloud_failure_rate"] == 0.75 and out["joint_accuracy"] == 0.5  # the answered ask and the local 3
+    # evaluate_phases writes the counts, warns, and the table says its accuracies are lower bounds
+    method.phase_rows = lambda k: ([], rows)
+    method.cloud = CloudHelper(ScriptedClient(["ok", "fail", "skip", "skip"] * len(cfg.dagrpo.phases)))
+    with caplog.at_level("WARNING", logger="slime_ext.methods.dagrpo.cloud"):
+        evaluate_phases(method, FakeEngine(), 0, tmp_path)
+    first = cfg.dagrpo.phases[0].name
+    saved = __import__("json").loads((tmp_path / "eval_after_phase_0.json").read_text())
+    assert saved[first]["cloud_failures"] == 1.0 and saved[first]["cloud_skipped"] == 2.0
+    assert any(f"DA-GRPO evaluation of {first} after phase 0: 3 of 4 cloud calls" in r.getMessage() for r in caplog.records)
+    n = len(cfg.dagrpo.phases)
+    assert f"{3 * n} of {4 * n} cloud calls of the last evaluation got no answer" in (tmp_path / "continual_table.md").read_text()
+
+
+def test_breaker_and_warning_keys_are_used_and_validated():
+    from slime_ext.config import ConfigError, load_config
+    from slime_ext.methods.dagrpo.method import cloud_client
+    from tests.conftest import CONFIGS
+
+    d = load_config(CONFIGS / "dagrpo.yaml", ["dagrpo.cloud_breaker_failures=7", "dagrpo.cloud_breaker_cooldown_s=12.5",
+                                              "dagrpo.cloud_timeout_s=9", "dagrpo.cloud_retries=1"]).config.dagrpo
+    client = cloud_client(d)
+    assert (client.breaker.failures, client.breaker.cooldown_s, client.timeout_s, client.max_retries) == (7, 12.5, 9.0, 1)
+    for bad in ("dagrpo.cloud_breaker_failures=0", "dagrpo.cloud_breaker_cooldown_s=0", "dagrpo.cloud_failure_warn_rate=1.5"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
+            load_config(CONFIGS / "dagrpo.yaml", [bad])

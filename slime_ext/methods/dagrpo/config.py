@@ -30,6 +30,13 @@ class DAGRPOConfig(Section):
     cloud_timeout_s: float = Field(30.0, gt=0)
     cloud_retries: int = Field(3, ge=0)
     cloud_concurrency: int = Field(4, ge=1)
+    # Circuit breaker (slime_ext.clients.circuit_breaker): after this many failed attempts in a row the
+    # cloud is not called for the cool-down; the calls it skips count as unanswered requests.
+    cloud_breaker_failures: int = Field(5, ge=1)
+    cloud_breaker_cooldown_s: float = Field(60.0, gt=0)
+    # A step (or phase evaluation) whose share of failed or skipped cloud calls exceeds this logs a warning
+    # and sets `dagrpo/cloud_degraded`.
+    cloud_failure_warn_rate: float = Field(0.2, ge=0, le=1)
     phases: list[DAGRPOPhase] = Field(default_factory=list)
     hierarchical_reward: float = Field(0.2, ge=0, le=1)  # collab_grpo baseline's fixed assistance reward
     require_tags: bool = False  # format rule: <think>..</think><answer>..</answer> (off for the synthetic task)

@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+from slime_ext.methods.dagrpo.cloud import CloudTally, warn_if_cloud_degraded
+
 log = logging.getLogger(__name__)
 
 
@@ -19,6 +21,10 @@ def evaluate_phases(method: Any, engine: Any, ended: int, run_dir: Path) -> dict
         rows = method.phase_rows(k)[1][: cfg.eval.n_prompts]
         out[phase.name] = method.evaluate_rows(engine, rows, cfg.data.template, seed=cfg.run.seed)
         log.info("after phase %d, held-out %s: %s", ended, phase.name, out[phase.name])
+        r = out[phase.name]  # unanswered cloud calls lower joint and cloud-alone accuracy: say so
+        tally = CloudTally(int(r.get("cloud_calls", 0)), int(r.get("cloud_failures", 0)), int(r.get("cloud_skipped", 0)))
+        warn_if_cloud_degraded(tally, cfg.dagrpo.cloud_failure_warn_rate,
+                               f"evaluation of {phase.name} after phase {ended}")
     (run_dir / f"eval_after_phase_{ended}.json").write_text(json.dumps(out, indent=2) + "\n")
     write_continual_table(run_dir, [p.name for p in cfg.dagrpo.phases])
     return out
@@ -44,6 +50,11 @@ def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
         lines.append(f"| {name} | {cell(during)} | {cell(post)} | {cell(forget)} | {cell(row.get('local_only_accuracy'))} "
                      f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} "
                      f"| {cell(row.get('random_router_joint_accuracy'))} | {cell(row.get('router_clf_joint_accuracy'))} |")
+    unanswered = sum(int(r.get("cloud_failures", 0)) + int(r.get("cloud_skipped", 0)) for r in last.values())
+    if unanswered:
+        calls = sum(int(r.get("cloud_calls", 0)) for r in last.values())
+        lines.append(f"\n{unanswered} of {calls} cloud calls of the last evaluation got no answer (failed, or skipped "
+                     "by the circuit breaker): its joint and cloud-alone accuracies are lower bounds.")
     path = run_dir / "continual_table.md"
     path.write_text("\n".join(lines) + "\n")
     return path

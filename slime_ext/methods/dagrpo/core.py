@@ -45,20 +45,29 @@ def composed_reward(correct: bool, well_formatted: bool, badly_formatted_reward:
 def dual_advantages(rewards: Sequence[float], costs: Sequence[float], group_ids: Sequence[Any], lam: float,
                     normalize_std: bool = True, eps: float = 1e-6) -> np.ndarray:
     """A = (r - mean_G r) - lambda (c - mean_G c), divided by the group's (n - 1) std of r - lambda c when
-    normalising (the GRPO core's convention)."""
+    normalising (the GRPO core's convention). A group whose shaped rewards r - lambda c tie gets 0 (as the
+    GRPO core): rounding noise over a zero std must not become an advantage."""
     r, c = np.asarray(rewards, dtype=np.float64), np.asarray(costs, dtype=np.float64)
     out = np.zeros_like(r)
     groups: dict[Any, list[int]] = {}
     for i, g in enumerate(group_ids):
         groups.setdefault(g, []).append(i)
     for idx in groups.values():
-        if len(idx) <= 1:
-            continue  # a group of one has nothing to compare with (as the GRPO core)
+        shaped = r[idx] - lam * c[idx]
+        if len(idx) <= 1 or _ties(r[idx], lam * c[idx], shaped):
+            continue  # a group of one, or without variance, has nothing to compare with (as the GRPO core)
         a = (r[idx] - r[idx].mean()) - lam * (c[idx] - c[idx].mean())
         if normalize_std:  # the GRPO core's convention: unbiased (n - 1) std of the group
-            a = a / (np.std(r[idx] - lam * c[idx], ddof=1) + eps)
+            a = a / (np.std(shaped, ddof=1) + eps)
         out[idx] = a
     return out
+
+
+def _ties(r: np.ndarray, lam_c: np.ndarray, shaped: np.ndarray) -> bool:
+    """Whether the shaped rewards r - lambda c are equal up to the rounding of that subtraction (a few
+    ulps of the operands): 0.7 - 0.3 x 1 is 0.39999999999999997, not 0.4, yet the group has no signal."""
+    scale = max(float(np.abs(r).max()), float(np.abs(lam_c).max()))
+    return float(shaped.max() - shaped.min()) <= 4 * np.finfo(np.float64).eps * scale
 
 
 def dual_update(lam: float, cloud_rate: float, tau: float, eta: float) -> float:

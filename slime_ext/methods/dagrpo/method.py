@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from slime_ext.algo import grouped_advantages
 from slime_ext.config.schema import Config
-from slime_ext.methods.dagrpo.cloud import CloudHelper
+from slime_ext.methods.dagrpo.cloud import CloudHelper, CloudTally, warn_if_cloud_degraded
 from slime_ext.methods.dagrpo.continual import evaluate_phases
 from slime_ext.methods.dagrpo.core import (composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at,
                                            with_trigger_examples)
@@ -80,6 +80,16 @@ def _rate_by_level(levels: list[Optional[str]], asked: list[bool], prefix: str) 
     return {f"{prefix}{name}": mean(float(a) for lvl, a in zip(levels, asked) if lvl == name) for name in names}
 
 
+def cloud_client(d: Any) -> Any:
+    """The OpenAI client for `dagrpo.cloud_url` with the configured timeout, retries, concurrency and breaker."""
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+    from slime_ext.clients.openai_client import OpenAIClient
+
+    breaker = CircuitBreaker(d.cloud_breaker_failures, d.cloud_breaker_cooldown_s)
+    return OpenAIClient(d.cloud_url, timeout_s=d.cloud_timeout_s, max_retries=d.cloud_retries,
+                        max_concurrency=d.cloud_concurrency, breaker=breaker)
+
+
 class DAGRPO(GRPO):
     name = "dagrpo"
 
@@ -102,11 +112,7 @@ class DAGRPO(GRPO):
             if d.cloud_url.startswith("solver:"):
                 raise ValueError(f"dagrpo.cloud_url={d.cloud_url}: a solver endpoint is started by the process that "
                                  "builds the method (slime_ext.orchestration.local_endpoints.build_run_method)")
-            from slime_ext.clients.openai_client import OpenAIClient
-
-            cloud = CloudHelper(OpenAIClient(d.cloud_url, timeout_s=d.cloud_timeout_s, max_retries=d.cloud_retries,
-                                             max_concurrency=d.cloud_concurrency),
-                                max_tokens=config.rollout.max_response_len)
+            cloud = CloudHelper(cloud_client(d), max_tokens=config.rollout.max_response_len)
         self.cloud = cloud
 
     @property
@@ -167,7 +173,7 @@ class DAGRPO(GRPO):
                                 self.specs(), return_logprob=False) for i, r in enumerate(rows)]
         results = engine.generate(reqs)
         asked = [any(a.get("asked_for_help") for a in res.annotations) for res in results]
-        completions = self.cloud.answer([r["prompt"] if a else None for r, a in zip(rows, asked)])
+        completions, tally = self.cloud.ask([r["prompt"] if a else None for r, a in zip(rows, asked)])
         eos = self.tokenizer.eos_token_id
         correct, local = [], []
         for row, res, a, cloud_text in zip(rows, results, asked, completions):
@@ -182,11 +188,14 @@ class DAGRPO(GRPO):
                "cloud_rate": mean(asked), "n": float(len(rows))}
         out.update(_rate_by_level([r.get("level") for r in rows], asked, "cloud_rate/"))
         if baselines and rows and not self.config.dagrpo.local_only:
-            out.update(self._router_baselines(rows, correct, asked, completions, seed))
+            baseline_metrics, baseline_tally = self._router_baselines(rows, correct, asked, completions, seed)
+            out.update(baseline_metrics)
+            tally = tally + baseline_tally
+        out.update(tally.as_dict("cloud_"))  # cloud_calls, cloud_failures, cloud_skipped, cloud_failure_rate
         return out
 
     def _router_baselines(self, rows: list[dict], correct: list[float], asked: list[bool],
-                          completions: list[Optional[str]], seed: int) -> dict[str, float]:
+                          completions: list[Optional[str]], seed: int) -> tuple[dict[str, float], CloudTally]:
         """Random router and a router classifier at DA-GRPO's own cloud rate, on the same prompts: the
         local answer where kept (a prompt where the model asked counts as a local failure), the cloud's
         where routed. The classifier is cross-fitted (two folds) on the prompts' features. Reuses the
@@ -197,7 +206,7 @@ class DAGRPO(GRPO):
                                               routed_scores)
 
         local = np.array([0.0 if a else ok for ok, a in zip(correct, asked)])
-        missing = self.cloud.answer([None if a else row["prompt"] for row, a in zip(rows, asked)])
+        missing, tally = self.cloud.ask([None if a else row["prompt"] for row, a in zip(rows, asked)])
         cloud_texts = [c if a else m for c, m, a in zip(completions, missing, asked)]
         cloud = np.array([float(t is not None and self.verify(t, row["label"]).score > 0) for row, t in zip(rows, cloud_texts)])
         feats = np.stack([prompt_features(row["prompt"]) for row in rows])
@@ -213,7 +222,7 @@ class DAGRPO(GRPO):
         rnd = routed_scores(local, cloud, random_route(len(rows), rate, seed))
         clf = routed_scores(local, cloud, route_by_score(scores, rate))
         return {"random_router_joint_accuracy": rnd["joint_accuracy"], "router_clf_joint_accuracy": clf["joint_accuracy"],
-                "cloud_alone_accuracy": float(cloud.mean()), "local_alone_accuracy": float(local.mean())}
+                "cloud_alone_accuracy": float(cloud.mean()), "local_alone_accuracy": float(local.mean())}, tally
 
     def specs(self) -> list[dict]:
         return [] if self.config.dagrpo.local_only else [dict(self.spec)]
@@ -229,9 +238,8 @@ class DAGRPO(GRPO):
         reasons = ReasonCounter()
         asked = [[any(n.get("asked_for_help") for n in (s.metadata.get("annotations") or [])) for s in g] for g in groups]
         questions = [g[0].metadata.get("question") if any(a) else None for g, a in zip(groups, asked)]
-        completions = self.cloud.answer(questions)
-        self._step = {"calls": sum(q is not None for q in questions), "groups": len(groups),
-                      "failures": sum(q is not None and c is None for q, c in zip(questions, completions))}
+        completions, tally = self.cloud.ask(questions)
+        self._step = {"groups": len(groups), "tally": tally}
         for group, flags, cloud_text in zip(groups, asked, completions):
             for s, a in zip(group, flags):
                 s.cost = 1.0 if a else 0.0
@@ -273,11 +281,11 @@ class DAGRPO(GRPO):
             "reward/mean": mean(s.reward for s in samples), "reward/correct": mean(s.rewards.get("correct", 0) for s in samples),
             "reward/format": mean(s.rewards.get("format", 0) for s in samples),
             "dagrpo/lambda": self.lam, "dagrpo/tau": self.tau(), "dagrpo/cloud_rate": rate,
-            "dagrpo/cloud_calls_per_group": self._step["calls"] / max(self._step["groups"], 1),
+            "dagrpo/cloud_calls_per_group": self._step["tally"].calls / max(self._step["groups"], 1),
             # groups where some asked and some did not: the only ones whose cost advantage is non-zero (at
             # 0 the dual variable has no lever left on the policy: asking always or never is absorbing)
             "dagrpo/groups_split_on_asking": mean(float(0 < sum(s.cost for s in g) < len(g)) for g in groups),
-            "dagrpo/cloud_failures": float(self._step["failures"]),
+            **self._step["tally"].as_dict("dagrpo/cloud_"),  # calls, failures, skipped, failure_rate
             "dagrpo/local_only_accuracy": mean([s.rewards.get("correct", 0) for s in samples if not s.cost] or [float("nan")]),
             "dagrpo/phase": float(self.phase_index),
             "response_len/mean": mean(s.response_len for s in samples),
@@ -286,6 +294,8 @@ class DAGRPO(GRPO):
                                       "dagrpo/cloud_rate/"))
         for reason, count in reasons.as_dict().items():
             metrics[f"verifier/{reason}"] = count / len(samples)
+        metrics["dagrpo/cloud_degraded"] = float(warn_if_cloud_degraded(
+            self._step["tally"], self.config.dagrpo.cloud_failure_warn_rate, f"step {step}"))
         self._last_rate = rate
         self._unsplit_steps = 0 if metrics["dagrpo/groups_split_on_asking"] > 0 else self._unsplit_steps + 1
         if self._unsplit_steps == STUCK_STEPS and self.name == "dagrpo" and not self.config.dagrpo.local_only:

@@ -122,15 +122,33 @@ def knapsack_allocation(s: Sequence[float], L: Sequence[float], budget: float, n
     prob = pulp.LpProblem("duet_allocation", pulp.LpMinimize)
     choices = range(n_min, n_max + 1)
     x = {(q, k): pulp.LpVariable(f"x_{q}_{k}", cat="Binary") for q in range(len(s_arr)) for k in choices}
-    prob += pulp.lpSum(float(s_arr[q] ** 2 / k) * x[q, k] for q, k in x)
+    weights = _scaled_objective_weights(s_arr, n_min)
+    prob += pulp.lpSum(float(weights[q] / k) * x[q, k] for q, k in x)
     for q in range(len(s_arr)):
         prob += pulp.lpSum(x[q, k] for k in choices) == 1
     prob += pulp.lpSum(float(k * L_arr[q]) * x[q, k] for q, k in x) <= budget
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    # gapRel=gapAbs=0: stop only at a proven optimum. CBC's preprocessing (Cgl) is off: on some instances
+    # it fixes variables wrongly and reports a worse allocation as Optimal (see the test with [242, 289, 721])
+    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.0,
+                                          options=["preprocess off"]))
     if pulp.LpStatus[status] != "Optimal":
         raise BudgetError(f"knapsack allocation: solver status {pulp.LpStatus[status]} (B={budget:.0f})")
     n = [next(k for k in choices if (x[q, k].value() or 0) > 0.5) for q in range(len(s_arr))]
-    return Allocation(n, float("nan"), float(sum(k * L_arr[q] for q, k in enumerate(n))), budget)
+    cost = float(sum(k * L_arr[q] for q, k in enumerate(n)))
+    if cost > budget:  # CBC accepts constraint violations up to its primal tolerance; we do not
+        raise BudgetError(f"knapsack allocation: solver returned cost {cost:.6g} above B={budget:.6g}")
+    return Allocation(n, float("nan"), cost, budget)
+
+
+def _scaled_objective_weights(s: np.ndarray, n_min: int) -> np.ndarray:
+    """s_q^2 divided by the largest objective coefficient (max s_q^2 / n_min), so coefficients are O(1).
+
+    CBC compares objective values against absolute tolerances (about 1e-6 to 1e-9); with raw s_q^2 at
+    small signals (s = 1e-3 gives 1e-6) different allocations look equally good to it and it stops at a
+    non-optimal one. Dividing every coefficient by one positive constant leaves the argmin unchanged.
+    """
+    squares = s * s
+    return squares / (float(squares.max()) / n_min)
 
 
 def objective(s: Sequence[float], n: Sequence[int]) -> float:
