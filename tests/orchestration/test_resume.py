@@ -86,7 +86,9 @@ class FakeEngine:
 
 def fake_job(run_dir: Path, steps: int) -> TrainingJob:
     job = TrainingJob.__new__(TrainingJob)  # the loop's collaborators only; no model, tokenizer or Ray
-    job.cfg = SimpleNamespace(train=SimpleNamespace(steps=steps), run=SimpleNamespace(save_every=1))
+    from slime_ext.config.schema import Config
+
+    job.cfg = Config(train={"steps": steps}, run={"save_every": 1})
     job.run_dir = run_dir
     job.method = SimpleNamespace(name="grpo", evaluate_after_step=lambda row, engine, run_dir: None)
     job.kl_active = False
