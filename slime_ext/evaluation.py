@@ -21,7 +21,7 @@ Every report also keeps one record per prompt (`records`: prompt id, level, each
 and finish reason, the greedy sample's), written by `save_report` to `<name>.records.jsonl` beside the
 aggregate `<name>.json`, so later comparisons can pair models prompt by prompt: `compare_table` gives
 each mean@k its standard error over prompts and the delta row a paired bootstrap interval
-(`slime_ext.eval_stats`) when both reports carry records of the same prompts.
+(`slime_ext.algo.eval_stats`) when both reports carry records of the same prompts.
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ def _delta(a: Optional[float], b: Optional[float], scale: float = 100.0) -> str:
 
 def _stderr_cell(report: EvalReport, k: int) -> str:
     """` ± SE` of mean@k over prompts: from the records when present, else mean@1's stored standard error."""
-    from slime_ext.eval_stats import stderr_over_prompts
+    from slime_ext.algo.eval_stats import stderr_over_prompts
 
     scores = report.prompt_scores(k)
     if scores is not None:
@@ -343,7 +343,7 @@ def _stderr_cell(report: EvalReport, k: int) -> str:
 
 def _paired(a: EvalReport, b: EvalReport, k: int | str) -> Optional[Any]:
     """Paired bootstrap difference of b - a on metric k when both carry records of the same prompts."""
-    from slime_ext.eval_stats import paired_difference
+    from slime_ext.algo.eval_stats import paired_difference
 
     if not a.records or not b.records or a.prompt_ids() != b.prompt_ids():
         return None
@@ -365,7 +365,7 @@ def compare_table(reports: Mapping[str, EvalReport]) -> str:
     When both ends carry per-prompt records of the same prompts, each mean@k and greedy delta is paired:
     `+d ± SE [95% bootstrap CI]`, marked "(n.s.)" when the interval contains zero, and a note under the
     table says so; without records the delta is the plain difference."""
-    from slime_ext.eval_stats import CONFIDENCE, N_RESAMPLES
+    from slime_ext.algo.eval_stats import CONFIDENCE, N_RESAMPLES
 
     if not reports:
         raise ValueError("compare_table needs at least one report")

@@ -31,6 +31,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext.engine": BASE + ("slime_ext.engine", "megatron_glue"),
     "slime_ext.methods": BASE + ("slime_ext.methods", "slime_ext.evaluation", "megatron_glue"),
     "slime_ext.evaluation": BASE + ("slime_ext.evaluation",),
+    # the server: HTTP over any engine object it is given, so it needs no engine module
+    "slime_ext.serving": BASE + ("slime_ext.serving",),
     # the top: orchestration and the user tools may use everything
     "slime_ext.orchestration": PACKAGES,
     "slime_ext.tools": PACKAGES,

@@ -82,14 +82,12 @@ def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference:
     seed order for every arm), pooled over seeds: mean ± SE and a 95% paired bootstrap interval, "no
     measured difference" when it holds 0. Appended to `out/table.md`; returns the markdown section.
     `k`: mean of the first k samples per prompt (None: all samples)."""
-    from slime_ext.eval_stats import describe_difference, paired_difference
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.evaluation import load_report
 
-    def scores(path: Path) -> tuple[list[str], list[float]]:
+    def scores(path: Path) -> Optional[tuple[list[str], list[float]]]:
         report = load_report(path)
-        if not report.records:
-            raise ValueError(f"{path}: no per-prompt records (evaluated before they were written)")
-        return report.prompt_ids(), report.prompt_scores(k)
+        return (report.prompt_ids(), report.prompt_scores(k)) if report.records else None
 
     what = "mean over samples" if k is None else f"mean@{k}"
     lines = [f"## Difference to {reference} (held-out, per-prompt {what}, paired within seeds)", "",
@@ -100,13 +98,16 @@ def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference:
         a: list[float] = []
         b: list[float] = []
         for ref_path, path in zip(arm_evals[reference], paths):
-            ids_a, sa = scores(Path(ref_path))
-            ids_b, sb = scores(Path(path))
-            if ids_a != ids_b:
+            ref, this = scores(Path(ref_path)), scores(Path(path))
+            if ref is None or this is None:  # evaluated before per-prompt records were written
+                a = []
+                break
+            if ref[0] != this[0]:
                 raise ValueError(f"{arm}: {path} and {ref_path} evaluated different prompts; cannot pair them")
-            a += sa
-            b += sb
-        lines.append(f"| {arm} | {describe_difference(paired_difference(a, b))} |")
+            a += ref[1]
+            b += this[1]
+        cell = describe_difference(paired_difference(a, b)) if a else "- (no per-prompt records in these runs)"
+        lines.append(f"| {arm} | {cell} |")
     section = "\n".join(lines)
     table_md = out / "table.md"
     table_md.write_text((table_md.read_text() if table_md.exists() else "") + "\n" + section + "\n")

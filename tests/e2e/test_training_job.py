@@ -286,10 +286,12 @@ def test_missing_model_path_is_a_clear_error(tmp_path, capsys):
         main(job_args(tmp_path, "model.hf_path=/nonexistent/ckpt", "run.stages=[data,tokenizer,sft]"))
 
 
-def test_method_config_errors_surface_before_sft(tmp_path):
+def test_method_config_errors_surface_before_sft(tmp_path, capsys):
     from slime_ext.orchestration.driver import main
 
-    with pytest.raises(ValueError, match="dagrpo.cloud_url"):
-        main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
-              *TINY, "run.stages=[data,tokenizer,sft,rl]", "dagrpo.cloud_url=null"])
-    assert not (tmp_path / "c" / "warmstart").exists()
+    code = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+                 *TINY, "run.stages=[data,tokenizer,sft,rl]", "dagrpo.cloud_url=null"])
+    err = capsys.readouterr().err
+    # a validation error now (the same one `--check` reports), naming the override; nothing ran
+    assert code == 2 and "command line override 'dagrpo.cloud_url=null'" in err and "Traceback" not in err
+    assert not (tmp_path / "c" / "warmstart").exists() and not (tmp_path / "runs").exists()

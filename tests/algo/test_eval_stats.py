@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from slime_ext.eval_stats import describe_difference, paired_difference, stderr_over_prompts
+from slime_ext.algo.eval_stats import describe_difference, paired_difference, stderr_over_prompts
 
 
 def test_stderr_is_sample_std_over_sqrt_n():
@@ -94,3 +94,7 @@ def test_study_difference_table_pairs_within_seeds(tmp_path):
     bad = {"GRPO": paths["GRPO"], "other": [save_report(_report(base, [f"q{i}" for i in range(40)]), tmp_path / "q.json")] * 2}
     with pytest.raises(ValueError, match="different prompts"):
         difference_table(tmp_path, bad, "GRPO")
+    old_run = _report(base, ids)
+    old_run.records = []  # a run evaluated before per-prompt records existed
+    old = {"GRPO": paths["GRPO"][:1], "old": [save_report(old_run, tmp_path / "old.json")]}
+    assert "| old | - (no per-prompt records in these runs) |" in difference_table(tmp_path, old, "GRPO")
