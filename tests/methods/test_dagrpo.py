@@ -571,6 +571,11 @@ def test_phase_evaluation_counts_cloud_failures_and_reports_them(cloud_server, t
     assert any(f"DA-GRPO evaluation of {first} after phase 0: 3 of 4 cloud calls" in r.getMessage() for r in caplog.records)
     n = len(cfg.dagrpo.phases)
     assert f"{3 * n} of {4 * n} cloud calls of the last evaluation got no answer" in (tmp_path / "continual_table.md").read_text()
+    # per-prompt records beside the aggregates: prompts 0 and 2 asked (0 answered, 2's call failed), 1 right locally
+    records = [__import__("json").loads(x) for x in (tmp_path / "eval_after_phase_0.records.jsonl").read_text().splitlines()]
+    assert len(records) == 4 * n and {r["phase"] for r in records} == {p.name for p in cfg.dagrpo.phases}
+    assert [(r["asked"], r["cloud_answered"], r["correct"]) for r in records[:4]] == [
+        (True, True, 1.0), (False, False, 1.0), (True, False, 0.0), (False, False, 0.0)]
 
 
 def test_breaker_and_warning_keys_are_used_and_validated():

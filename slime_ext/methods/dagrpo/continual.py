@@ -17,15 +17,21 @@ def evaluate_phases(method: Any, engine: Any, ended: int, run_dir: Path) -> dict
     """Evaluate every phase's held-out rows after phase `ended`; write them and the continual table so far."""
     cfg = method.config
     out = {}
+    records: list[dict] = []
     for k, phase in enumerate(cfg.dagrpo.phases):
         rows = method.phase_rows(k)[1][: cfg.eval.n_prompts]
-        out[phase.name] = method.evaluate_rows(engine, rows, cfg.data.template, seed=cfg.run.seed)
+        phase_records: list[dict] = []
+        out[phase.name] = method.evaluate_rows(engine, rows, cfg.data.template, seed=cfg.run.seed,
+                                               records=phase_records)
+        records += [{"phase": phase.name, **r} for r in phase_records]
         log.info("after phase %d, held-out %s: %s", ended, phase.name, out[phase.name])
         r = out[phase.name]  # unanswered cloud calls lower joint and cloud-alone accuracy: say so
         tally = CloudTally(int(r.get("cloud_calls", 0)), int(r.get("cloud_failures", 0)), int(r.get("cloud_skipped", 0)))
         warn_if_cloud_degraded(tally, cfg.dagrpo.cloud_failure_warn_rate,
                                f"evaluation of {phase.name} after phase {ended}")
     (run_dir / f"eval_after_phase_{ended}.json").write_text(json.dumps(out, indent=2) + "\n")
+    # per-prompt records beside the aggregates, so phases and runs can be compared prompt by prompt
+    (run_dir / f"eval_after_phase_{ended}.records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     write_continual_table(run_dir, [p.name for p in cfg.dagrpo.phases])
     return out
 

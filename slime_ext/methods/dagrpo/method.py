@@ -160,9 +160,10 @@ class DAGRPO(GRPO):
         return self.phase_rows(index)[0]
 
     def evaluate_rows(self, engine: Any, rows: list[dict], template: str, seed: int = 0,
-                      baselines: bool = True) -> dict[str, float]:
+                      baselines: bool = True, records: Optional[list[dict]] = None) -> dict[str, float]:
         """Greedy local answers with the trigger; the cloud answers the prompts that asked (one call
-        each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud rate."""
+        each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud rate. `records`,
+        when given, receives one record per prompt (id, level, asked, cloud answered, correct, length)."""
         from sglang_patches.decoding import SamplingParams
         from slime_ext.data.generation import GenerateRequest
         from slime_ext.tasks.templates import get_template
@@ -184,6 +185,10 @@ class DAGRPO(GRPO):
             correct.append(ok)
             if not a:
                 local.append(ok)
+            if records is not None:
+                records.append({"prompt_id": str(row.get("id", len(records))), "level": row.get("level"),
+                                "asked": bool(a), "cloud_answered": bool(a and cloud_text is not None),
+                                "correct": ok, "length": len(res.output_ids)})
         out = {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
                "cloud_rate": mean(asked), "n": float(len(rows))}
         out.update(_rate_by_level([r.get("level") for r in rows], asked, "cloud_rate/"))
