@@ -7,6 +7,7 @@ context-length and seed checks also run against the tiny real model of test_serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -21,18 +22,23 @@ from tests.tools.serve_stub import StubEngine
 MSG = [{"role": "user", "content": "hi"}]
 
 
-def start(engine=None, **cfg):
+@contextlib.contextmanager
+def running(engine=None, **cfg):
+    """A server over `engine` (a stub by default) with ServeConfig(**cfg), shut down on exit."""
     engine = engine or StubEngine()
     state = ServerState(engine, engine.tokenizer, "stub", max_tokens=8, config=ServeConfig(**cfg))
-    return serve(state), state, engine
+    srv = serve(state)
+    try:
+        yield srv, state, engine
+    finally:
+        srv.shutdown()
+        state.batcher.close()
 
 
 @pytest.fixture
 def stub():
-    srv, state, engine = start()
-    yield srv, state, engine
-    srv.shutdown()
-    state.batcher.close()
+    with running() as started:
+        yield started
 
 
 def assert_openai_error(r: httpx.Response, status: int, *needles: str) -> dict:
@@ -78,20 +84,15 @@ def test_context_length_and_prompt_limits(stub):
 
 @pytest.mark.timeout(60)
 def test_max_prompt_tokens_flag():
-    srv, state, _ = start(max_prompt_tokens=10)
-    try:
+    with running(max_prompt_tokens=10) as (srv, state, _):
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             assert_openai_error(c.post("/v1/completions", json={"prompt": "z" * 11, "max_tokens": 1}), 400, "11", "10")
             assert c.post("/v1/completions", json={"prompt": "z" * 10, "max_tokens": 1}).status_code == 200
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 @pytest.mark.timeout(60)
 def test_request_body_limit_before_and_while_reading():
-    srv, state, engine = start(max_request_bytes=1000)
-    try:
+    with running(max_request_bytes=1000) as (srv, state, engine):
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             err = assert_openai_error(c.post("/v1/completions", json={"prompt": "a" * 2000}), 400, "1000")
             assert err["code"] == "request_too_large"
@@ -112,9 +113,6 @@ def test_request_body_limit_before_and_while_reading():
                             b"\r\n\r\n{}")
             assert head.startswith(b"HTTP/1.1 400"), (bad, head[:200])
         assert engine.calls == 1
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 # -- item 2: defined answers ----------------------------------------------------------------------------
@@ -198,8 +196,7 @@ def test_supported_edge_cases_have_defined_answers(stub):
 
 @pytest.mark.timeout(60)
 def test_api_key():
-    srv, state, _ = start(api_key="s3cret")
-    try:
+    with running(api_key="s3cret") as (srv, state, _):
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             body = {"messages": MSG, "max_tokens": 1}
             err = assert_openai_error(c.post("/v1/chat/completions", json=body), 401, "API key")
@@ -223,9 +220,6 @@ def test_api_key():
         assert refused.finish_reason == "failed" and "401" in refused.error
         [ok] = SGLangEngineClient(srv.url, api_key="s3cret", validate=False).generate(reqs)
         assert ok.finish_reason != "failed" and ok.output_ids
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 # -- item 2: back-pressure and connections ----------------------------------------------------------------
@@ -250,14 +244,10 @@ def _run_load_test(engine, n: int, **cfg) -> tuple[dict, list[str], float, list[
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4 * n + 256:  # client and server sockets live in this process
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * n + 256), hard))
-    srv, state, engine = start(engine, **cfg)
-    try:
+    with running(engine, **cfg) as (srv, state, engine):
         out = asyncio.run(_blast(srv.url, n, {"prompt": "load", "max_tokens": 2}))
         assert state.admission.active == 0 and state.admission.waiting == 0  # every slot came back
         return out
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 @pytest.mark.timeout(180)
@@ -275,8 +265,7 @@ def test_1000_concurrent_requests_are_all_answered_with_a_status():
 
 @pytest.mark.timeout(120)
 def test_queue_timeout_gives_429_and_a_slot_is_reused():
-    srv, state, engine = start(StubEngine(delay_s=0.05), max_concurrency=1, max_queue=1, queue_timeout_s=0.3)
-    try:
+    with running(StubEngine(delay_s=0.05), max_concurrency=1, max_queue=1, queue_timeout_s=0.3) as (srv, state, engine):
         async def three():
             async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
                 slow = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 20})  # ~1 s
@@ -293,54 +282,44 @@ def test_queue_timeout_gives_429_and_a_slot_is_reused():
         assert_openai_error(full, 429, "queued")
         assert state.admission.active == 0
         assert httpx.post(srv.url + "/v1/completions", json={"prompt": "d", "max_tokens": 1}).status_code == 200
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 @pytest.mark.timeout(60)
 def test_half_open_connections_hold_no_threads_and_are_closed():
     """200 clients that connect and send half a request line: no thread each, closed after the timeout."""
-    srv, state, _ = start(header_timeout_s=1.0)
     socks = []
-    try:
-        threads = threading.active_count()
-        for _ in range(200):
-            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-")
-            socks.append(s)
-        assert threading.active_count() <= threads + 2
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=5)
-        assert r.status_code == 200
-        time.sleep(1.5)
-        closed = 0
-        for s in socks:
-            s.settimeout(2)
-            try:
-                closed += s.recv(10) == b""
-            except OSError:
-                closed += 1
-        assert closed == 200
-        # a request body that stops arriving is cut off too
-        srv2, state2, _ = start(body_timeout_s=0.5)
+    with running(header_timeout_s=1.0) as (srv, state, _):
         try:
-            head = raw_http(srv2.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-            assert head.startswith(b"HTTP/1.1 408")
+            threads = threading.active_count()
+            for _ in range(200):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-")
+                socks.append(s)
+            assert threading.active_count() <= threads + 2
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=5)
+            assert r.status_code == 200
+            time.sleep(1.5)
+            closed = 0
+            for s in socks:
+                s.settimeout(2)
+                try:
+                    closed += s.recv(10) == b""
+                except OSError:
+                    closed += 1
+            assert closed == 200
+            # a request body that stops arriving is cut off too
+            with running(body_timeout_s=0.5) as (srv2, _, _):
+                head = raw_http(srv2.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                assert head.startswith(b"HTTP/1.1 408")
         finally:
-            srv2.shutdown()
-            state2.batcher.close()
-    finally:
-        for s in socks:
-            s.close()
-        srv.shutdown()
-        state.batcher.close()
+            for s in socks:
+                s.close()
 
 
 @pytest.mark.timeout(60)
 def test_client_disconnect_mid_stream_aborts_and_frees_the_slot():
     engine = StubEngine(delay_s=0.02)
-    srv, state, _ = start(engine, max_concurrency=1, max_queue=0)
-    try:
+    with running(engine, max_concurrency=1, max_queue=0) as (srv, state, _):
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             with c.stream("POST", "/v1/completions", json={"prompt": "a", "max_tokens": 50, "stream": True}) as r:
                 assert r.status_code == 200
@@ -362,9 +341,6 @@ def test_client_disconnect_mid_stream_aborts_and_frees_the_slot():
         while (len(engine.aborts) < 2 or state.admission.active) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(engine.aborts) == 2 and state.admission.active == 0
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 def test_cli_flags_become_the_config():
