@@ -341,11 +341,16 @@ def _stderr_cell(report: EvalReport, k: int) -> str:
     return f" ± {100 * report.mean_at_1_stderr:.1f}" if k == 1 else ""
 
 
+def _pairable(a: EvalReport, b: EvalReport) -> bool:
+    """Both reports carry per-prompt records of the same prompts, in the same order."""
+    return bool(a.records and b.records) and a.prompt_ids() == b.prompt_ids()
+
+
 def _paired(a: EvalReport, b: EvalReport, k: int | str) -> Optional[Any]:
     """Paired bootstrap difference of b - a on metric k when both carry records of the same prompts."""
     from slime_ext.algo.eval_stats import paired_difference
 
-    if not a.records or not b.records or a.prompt_ids() != b.prompt_ids():
+    if not _pairable(a, b):
         return None
     xs, ys = a.prompt_scores(k), b.prompt_scores(k)
     return paired_difference(xs, ys) if xs is not None and ys is not None else None
@@ -388,7 +393,7 @@ def compare_table(reports: Mapping[str, EvalReport]) -> str:
     paired = False
     if len(names) >= 2:
         a, b = reports[names[0]], reports[names[-1]]
-        paired = _paired(a, b, mean_ks[0]) is not None if mean_ks else False
+        paired = _pairable(a, b)
         cells = [f"delta ({names[-1]} - {names[0]}), points"]
         cells += [_delta_cell(a, b, k, a.mean_at_k.get(k), b.mean_at_k.get(k)) for k in mean_ks]
         cells += [_delta(a.pass_at_k.get(k), b.pass_at_k.get(k)) for k in pass_ks]

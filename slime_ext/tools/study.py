@@ -85,9 +85,13 @@ def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference:
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.evaluation import load_report
 
+    loaded: dict[Path, Optional[tuple[list[str], list[float]]]] = {}  # the reference's evals serve every arm
+
     def scores(path: Path) -> Optional[tuple[list[str], list[float]]]:
-        report = load_report(path)
-        return (report.prompt_ids(), report.prompt_scores(k)) if report.records else None
+        if path not in loaded:
+            report = load_report(path)
+            loaded[path] = (report.prompt_ids(), report.prompt_scores(k)) if report.records else None
+        return loaded[path]
 
     what = "mean over samples" if k is None else f"mean@{k}"
     lines = [f"## Difference to {reference} (held-out, per-prompt {what}, paired within seeds)", "",
