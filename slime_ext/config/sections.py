@@ -180,6 +180,15 @@ class SGLangConfig(Section):
     enable_custom_logit_processor: bool = True
     router: bool = False
     extra_server_args: list[str] = Field(default_factory=list)
+    # How the trainer's weights reach the engines after every step (slime_ext.engine.weight_sync):
+    # disk = HF safetensors + /update_weights_from_disk; tensor = /update_weights_from_tensor (colocated);
+    # distributed = /init_weights_update_group + broadcast (NCCL on GPUs, gloo on CPU).
+    weight_sync: Literal["disk", "tensor", "distributed"] = "disk"
+    max_restarts: int = Field(2, ge=0)  # per engine and run: a dead server is restarted this often, then the run stops
+    startup_timeout_s: float = Field(600.0, gt=0)  # to health after a (re)start
+    request_timeout_s: float = Field(600.0, gt=0)  # one /generate; past it the request is aborted and retried
+    host: str = "127.0.0.1"  # where this machine's engine servers listen
+    base_port: int = Field(0, ge=0, le=65535)  # engine i listens on base_port + i; 0 = free ports
 
 
 class ParallelConfig(Section):

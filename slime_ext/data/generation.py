@@ -32,6 +32,8 @@ class GenerateResult:
     cached_tokens: int  # prompt tokens served from the prefix cache
     prompt_len: int
     error: Optional[str] = None
+    # the engine's weight version when it answered (SGLang's meta_info.weight_version); None: not reported
+    weight_version: Optional[str] = None
 
 
 def check_unique_rids(requests: list[GenerateRequest]) -> None:

@@ -190,6 +190,8 @@ class SGLangEngineClient:
         partner_vocab: Optional[int] = None,
         validate: Optional[bool] = None,
         api_key: Optional[str] = None,
+        native_partner: bool = False,
+        routing_key: Optional[Callable[[GenerateRequest], Optional[str]]] = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key  # sent as `Authorization: Bearer`, for servers started with --api-key
@@ -206,6 +208,12 @@ class SGLangEngineClient:
         # The server is the two-model tandem engine (sglang_patches.tandem_model) with this vocabulary:
         # every request then carries the processor, so solo requests sample the senior's half only.
         self.partner_vocab = partner_vocab
+        # The server hosts the partner model itself (the project's server started with --partner): partner
+        # samplers travel as plain sampler specs, no two-model vocabulary.
+        self.native_partner = bool(native_partner)
+        # sglang-router's manual policy keeps requests with one `X-SMG-Routing-Key` on one worker: the
+        # engine pool keys a prompt's group by its prompt, so the group shares that worker's prefix cache.
+        self.routing_key = routing_key
         # None: validate payloads against sglang's definitions when sglang is installed here
         self.validate = importlib.util.find_spec("sglang") is not None if validate is None else bool(validate)
         self._lock = threading.Lock()
@@ -221,9 +229,12 @@ class SGLangEngineClient:
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"
 
-    def _request(self, method: str, path: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+    def _request(self, method: str, path: str, payload: Any = None, timeout: Optional[float] = None,
+                 headers: Optional[dict[str, str]] = None) -> Any:
         data = None if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = dict(headers or {})
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(self._url(path), data=data, method=method, headers=headers)
@@ -280,7 +291,8 @@ class SGLangEngineClient:
                 return payload
             if self.eos_token_id is None:
                 raise ValueError(f"request {request.rid!r} has samplers but the client has no eos_token_id")
-            chain = check_hostable(request.sampler_specs, request.seed, partner=self.partner_vocab is not None)
+            chain = check_hostable(request.sampler_specs, request.seed,
+                                   partner=self.partner_vocab is not None or self.native_partner)
             if chain.needs_decode and not self.tokenizer_path:
                 raise ValueError(f"request {request.rid!r}: its samplers decode text; give the client a tokenizer_path")
             sampling["custom_params"] = build_custom_params(
@@ -323,6 +335,8 @@ class SGLangEngineClient:
         except Exception as exc:  # noqa: BLE001 - one bad request must not sink the batch
             return self._failed(request, f"invalid request: {exc}")
         last_error = "not sent"
+        key = self.routing_key(request) if self.routing_key is not None else None
+        headers = {"X-SMG-Routing-Key": key} if key else None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._count("retries")
@@ -340,7 +354,7 @@ class SGLangEngineClient:
                                       prompt_len=len(request.input_ids))
             payload["rid"] = wire_rid
             try:
-                body = self._request("POST", "/generate", payload)
+                body = self._request("POST", "/generate", payload, headers=headers)
             except Exception as exc:  # noqa: BLE001
                 last_error = f"{type(exc).__name__}: {exc}"
                 if _is_timeout(exc):
@@ -390,9 +404,10 @@ class SGLangEngineClient:
             self.stats["generated_tokens"] += len(output_ids)
             if kind == "abort":
                 self.stats["aborted"] += 1
+        version = meta.get("weight_version")
         return GenerateResult(rid=request.rid, output_ids=output_ids, logprobs=logprobs,
                               finish_reason=_FINISH_TYPES[kind], annotations=annotations, cached_tokens=cached,
-                              prompt_len=prompt_len)
+                              prompt_len=prompt_len, weight_version=None if version is None else str(version))
 
     def _decoder(self) -> Optional[Callable[[Sequence[int]], str]]:
         if self._decode is None and self.tokenizer_path:
@@ -441,6 +456,26 @@ class SGLangEngineClient:
         if isinstance(out, dict) and out.get("success") is False:
             raise RuntimeError(f"{path} failed: {out.get('message')}")
         return out
+
+    def model_info(self) -> dict[str, Any]:
+        """GET /model_info (model_path, weight_version, ...); /get_model_info on servers without it."""
+        try:
+            return self._request("GET", "/model_info", timeout=min(self.timeout_s, 30.0))
+        except HTTPStatusError as exc:
+            if exc.status != 404:
+                raise
+            return self._request("GET", "/get_model_info", timeout=min(self.timeout_s, 30.0))
+
+    def weight_version(self) -> Optional[str]:
+        version = self.model_info().get("weight_version")
+        return None if version is None else str(version)
+
+    def update_weights_from_disk(self, model_path: str, *, weight_version: Optional[str] = None,
+                                 flush_cache: bool = True, load_format: Optional[str] = None) -> None:
+        """Load HF safetensors from `model_path` (a directory the server can read) into the running model."""
+        payload: dict[str, Any] = {"model_path": str(model_path), "weight_version": weight_version,
+                                   "flush_cache": flush_cache, "load_format": load_format}
+        self._control("/update_weights_from_disk", payload, "UpdateWeightFromDiskReqInput")
 
     def begin_weight_update(self) -> None:
         self._control("/begin_weight_update", {}, "BeginWeightUpdateReqInput")
