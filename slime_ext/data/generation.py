@@ -34,6 +34,7 @@ class GenerateResult:
     error: Optional[str] = None
     # the engine's weight version when it answered (SGLang's meta_info.weight_version); None: not reported
     weight_version: Optional[str] = None
+    served_by: Optional[str] = None  # which engine server answered (an engine pool sets it)
 
 
 def check_unique_rids(requests: list[GenerateRequest]) -> None:

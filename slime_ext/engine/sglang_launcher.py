@@ -156,7 +156,8 @@ class SGLangServer:
 
     def __init__(self, command: Sequence[str], host: str = "127.0.0.1", port: int = 30000, *,
                  startup_timeout_s: float = 1800.0, poll_interval_s: float = 2.0, log_every_s: float = 30.0,
-                 env: Optional[dict[str, str]] = None, log_path: Optional[str] = None):
+                 env: Optional[dict[str, str]] = None, log_path: Optional[str] = None,
+                 preexec_fn: Optional[Any] = None):
         self.command = list(command)
         self.host, self.port = host, int(port)
         self.startup_timeout_s = float(startup_timeout_s)
@@ -166,6 +167,7 @@ class SGLangServer:
         # the server unpickles our CustomLogitProcessor by reference: it must import this repo
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH", "")) if p)
         self.log_path = log_path
+        self.preexec_fn = preexec_fn  # run in the child before exec (e.g. die with the parent)
         self.proc: Optional[subprocess.Popen] = None
         self._log_file: Any = None
 
@@ -188,7 +190,7 @@ class SGLangServer:
             out = self._log_file
         logger.info("starting SGLang server: %s", " ".join(self.command))
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=self.preexec_fn)
         return self
 
     def wait_healthy(self, timeout_s: Optional[float] = None) -> None:

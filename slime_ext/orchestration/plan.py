@@ -288,10 +288,19 @@ def _engine_command(config: Config, warnings: list[str]) -> Optional[list[str]]:
     if config.rollout.engine != "sglang":
         return None
     model_path = config.sglang.model_path or config.model.hf_path
+    if not model_path and "sft" in config.run.stages:
+        model_path = "<the SFT warm start>"  # the loop starts the engines from the warm start's HF directory
     if not model_path:
         warnings.append("neither sglang.model_path nor model.hf_path is set: engine command shows a placeholder")
         model_path = "<model.hf_path>"
     host = "0.0.0.0" if config.sglang.num_engines > 1 else "127.0.0.1"
+    if config.cluster.gpus_per_node == 0:  # CPU run: the project's SGLang-protocol server, as the loop starts it
+        from slime_ext.engine.engine_server import server_command
+
+        partner = "<partner checkpoint>" if method_class(config).needs_partner else None
+        port = config.sglang.base_port or ENGINE_PORT
+        return server_command(config.sglang, model_path, port, threads=config.rollout.threads,
+                              partner_dir=partner, use_sglang=False)[0]
     saver = config.cluster.colocate and config.cluster.gpus_per_node > 0
     try:
         return build_server_command(config.sglang, model_path, ENGINE_PORT, host, enable_memory_saver=saver)
@@ -305,7 +314,8 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
     s = config.sglang
     sglang = config.rollout.engine == "sglang"
     if sglang and s.num_engines > 1 and not s.router:
-        warnings.append(f"sglang.num_engines = {s.num_engines} without sglang.router: requests are not balanced")
+        warnings.append(f"sglang.num_engines = {s.num_engines} without sglang.router: the client balances the "
+                        "engines itself (fewest outstanding requests, a prompt's group on one engine)")
     if sglang and config.cluster.gpus_per_node and s.tp_size > config.cluster.gpus_per_node:
         warnings.append(f"sglang.tp_size = {s.tp_size} spans nodes of {config.cluster.gpus_per_node} GPUs: "
                         "the engine command needs SGLang's multi-node flags")
@@ -505,7 +515,8 @@ def _format_rollout(p: Plan) -> list[str]:
     if r.engine != "sglang":
         return ["rollout: embedded engine (in the rollout manager's process)"]
     mode = "colocated with the trainer" if r.colocate else "on their own GPUs"
-    lines = [f"rollout: {r.num_engines} SGLang engine(s) x TP {r.tp_size} = {r.engine_gpus} GPUs, {mode}, "
+    kind = "SGLang-protocol server(s) (CPU: slime_ext.tools.serve)" if r.engine_gpus == 0 else "SGLang engine(s)"
+    lines = [f"rollout: {r.num_engines} {kind} x TP {r.tp_size} = {r.engine_gpus} GPUs, {mode}, "
              f"router {'on' if r.router else 'off'}, {r.models_per_engine} model(s) per engine"]
     if r.server_command:
         lines.append("  engine 0: " + " ".join(r.server_command))

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample, SampleStatus
 from slime_ext.data.generation import GenerateRequest, GenerateResult
+from slime_ext.engine.failures import StaleRollout
 from slime_ext.methods.base import Method
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.data_source import DataSource
@@ -35,6 +36,28 @@ def request_seed(run_seed: int, step: int, prompt: int, sample: int) -> int:
     """A per-request seed that is a pure function of its coordinates (resume-safe, batching-free)."""
     digest = hashlib.blake2b(f"{run_seed}:{step}:{prompt}:{sample}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF
+
+
+def check_weight_versions(requests: list[GenerateRequest], results: list[GenerateResult], step: int) -> None:
+    """Step t's rollouts must come from version t (engines that report versions: servers; the embedded
+    engine reports none). A mismatch means an engine missed a sync: never train on it."""
+    stale = [(q.rid, r.weight_version) for q, r in zip(requests, results)
+             if r.weight_version is not None and r.finish_reason != "failed" and r.weight_version != str(step)]
+    if stale:
+        raise StaleRollout(f"step {step}: {len(stale)} rollout(s) were generated with weight versions other than "
+                           f"{step}, e.g. {stale[:3]} (rid, version); an engine missed a weight sync")
+
+
+def version_metrics(results: list[GenerateResult]) -> dict[str, float]:
+    """The weight versions and the number of engine servers behind a step's rollouts (servers only)."""
+    versions = [int(r.weight_version) for r in results if r.weight_version is not None and r.weight_version.isdigit()]
+    out: dict[str, float] = {}
+    if versions:
+        out.update({"rollout/weight_version_min": min(versions), "rollout/weight_version_max": max(versions)})
+    servers = {r.served_by for r in results if r.served_by}
+    if servers:
+        out["rollout/engines_used"] = len(servers)
+    return out
 
 
 class RolloutManager:
@@ -101,6 +124,7 @@ class RolloutManager:
                                                 request_seed(self.config.run.seed, step, i, j), plan.sampler_specs))
                 where.append(i)
         results = self._generate(requests)
+        check_weight_versions(requests, results, step)
         t1 = time.perf_counter()
         groups: list[list[Sample]] = [[] for _ in rows]
         for req, res, i in zip(requests, results, where):
@@ -112,6 +136,7 @@ class RolloutManager:
                         "perf/rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
                         "rollout/failed": sum(r.finish_reason == "failed" for r in results) / len(results),
                         "rollout/epoch": source.epoch})
+        metrics.update(version_metrics(results))
         return groups, metrics
 
     def _to_sample(self, req: GenerateRequest, res: GenerateResult, row: dict, step: int, prompt_index: int) -> Sample:
@@ -126,7 +151,8 @@ class RolloutManager:
             label=row["label"],
             response_text=text,
             metadata={"row_id": row.get("row_id"), "question": row.get("prompt"), "level": row.get("level"), "finish_reason": res.finish_reason,
-                      "cached_tokens": res.cached_tokens, "annotations": res.annotations},
+                      "cached_tokens": res.cached_tokens, "annotations": res.annotations,
+                      "weight_version": res.weight_version, "served_by": res.served_by},
         )
 
     @property

@@ -36,7 +36,8 @@ from megatron_glue.trainer import TrainerSettings
 from megatron_glue.trainer_checkpoint import latest_checkpoint
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample
-from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
+from slime_ext.engine.failures import EngineFailure
+from slime_ext.orchestration.engines import start_engine
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
@@ -111,13 +112,31 @@ def stop_on_actor_failure(what: str, run_dir: Path, ckpt_dir: Path) -> Iterator[
         yield
     except ACTOR_FAILURES as exc:
         raise RunStopped(actor_failure_message(what, exc, run_dir, ckpt_dir)) from exc
+    except EngineFailure as exc:
+        raise RunStopped(engine_failure_message(what, exc, run_dir, ckpt_dir)) from exc
+    except ray.exceptions.RayTaskError as exc:  # an engine failure inside the rollout manager actor
+        cause = vars(exc).get("cause")
+        if isinstance(cause, EngineFailure):
+            raise RunStopped(engine_failure_message(what, cause, run_dir, ckpt_dir)) from exc
+        raise
+
+
+def _checkpoint_sentence(ckpt_dir: Path) -> str:
+    intact = latest_checkpoint(ckpt_dir)
+    return (f"the last intact checkpoint is {intact} (a save that did not finish is never marked latest)"
+            if intact is not None else "no checkpoint was completed yet, so the run restarts from its first step")
+
+
+def engine_failure_message(what: str, exc: BaseException, run_dir: Path, ckpt_dir: Path) -> str:
+    """The rollout engines gave up (restarts used up, weights not delivered): stop rather than train on."""
+    return (f"the rollout engines failed during {what} ({type(exc).__name__}: {_first_line(exc)}); "
+            f"{_checkpoint_sentence(ckpt_dir)}. Engine logs: {run_dir / 'engine_logs'}. "
+            f"Resume with: {resume_command(run_dir)}")
 
 
 def actor_failure_message(what: str, exc: BaseException, run_dir: Path, ckpt_dir: Path) -> str:
     """One paragraph: what died during what, the last intact checkpoint, the resume command."""
-    intact = latest_checkpoint(ckpt_dir)
-    where = (f"the last intact checkpoint is {intact} (a save that did not finish is never marked latest)"
-             if intact is not None else "no checkpoint was completed yet, so the run restarts from its first step")
+    where = _checkpoint_sentence(ckpt_dir)
     memory = (" Ray's memory monitor killed a worker: the machine ran low on memory; free some (or lower "
               "rollout.threads / train.threads) before resuming." if isinstance(exc, ray.exceptions.OutOfMemoryError)
               or "low on memory" in str(exc) else "")
@@ -299,14 +318,13 @@ class TrainingJob:
         init_ray(cfg)
         ckpt_dir = self.run_dir / "checkpoints"
         partner = self.method.partner_dir(warm_dir) if self.method.needs_partner else None
-        engine_handle = ray.remote(EmbeddedEngineActor).options(
-            **ray_options(self.actors["engine"]), max_concurrency=2,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
-        ).remote(str(warm_dir), cfg.rollout.threads, str(partner) if partner else None)
-        engine = RemoteEngine(engine_handle)
         group: Optional[TrainGroup] = None
         manager_actor = None
+        run_engine = None
         try:
+            with self._stopping("the engines' start", ckpt_dir):
+                run_engine = start_engine(cfg, self.actors["engine"], warm_dir, partner, self.run_dir, self.tokenizer)
+            engine = run_engine.engine
             with self._stopping("the trainer's setup and the resume", ckpt_dir):
                 group = self.train_group(threads=cfg.train.threads)
                 self._setup_trainer(group, warm_dir)
@@ -320,7 +338,8 @@ class TrainingJob:
         finally:
             if group is not None:
                 group.shutdown()
-            ray.kill(engine_handle)
+            if run_engine is not None:
+                run_engine.shutdown()
             if manager_actor is not None:
                 ray.kill(manager_actor)
         return reports
@@ -342,7 +361,7 @@ class TrainingJob:
             else:
                 group.call("snapshot_reference")
 
-    def _rollout_manager(self, engine: RemoteEngine) -> tuple[RolloutManager | RemoteRolloutManager, Any]:
+    def _rollout_manager(self, engine: Any) -> tuple[RolloutManager | RemoteRolloutManager, Any]:
         """The rollout manager (in this process or as an actor) and its actor handle (None in-process)."""
         cfg = self.cfg
         if cfg.rollout.manager != "actor":
@@ -363,7 +382,7 @@ class TrainingJob:
             extra = group.first("load", str(ckpt_dir))
             start = extra["step"]
             manager.load_state_dict(extra["manager"])
-            engine.update_weights_from_tensor(group.export_hf())
+            engine.sync_weights(group.export_hf(), start)  # step `start` rolls out with version `start`
             log.info("resumed RL at step %d from %s", start, ckpt_dir)
         truncate_metrics(metrics_path, start)
         self.peak_gib = peak_rss_from_metrics(metrics_path)
@@ -415,7 +434,7 @@ class TrainingJob:
         return reports
 
     def _rl_step(self, step: int, manager: RolloutManager | RemoteRolloutManager, group: TrainGroup,
-                 engine: RemoteEngine) -> dict:
+                 engine: Any) -> dict:
         t_start = time.perf_counter()
         groups, row = manager.rollout(step)
         samples = [s for g in groups for s in g]
@@ -423,8 +442,12 @@ class TrainingJob:
         ref = group.first("compute_logprobs", samples, True) if self.kl_active else None
         train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None)
         t1 = time.perf_counter()
-        engine.update_weights_from_tensor(group.export_hf())
+        named = group.export_hf()
+        t_export = time.perf_counter()
+        sync = engine.sync_weights(named, step + 1)  # step + 1 rolls out with version step + 1
         t2 = time.perf_counter()
+        row.update(sync)
+        row["time/sync_export"] = t_export - t1
         row.update(manager.update(train, step))
         row.update({f"train/{k}": v for k, v in train.items()})
         tokens = sum(s.total_len for s in samples)

@@ -1,0 +1,149 @@
+"""One rollout engine server process, owned by a Ray actor placed where the plan puts that engine.
+
+The host is chosen by what the machine has:
+- a CUDA machine with `sglang` importable: `python -m sglang.launch_server` (flags from the `sglang`
+  config section, checked against sglang's own parser by `sglang_launcher.build_server_command`);
+- otherwise: the project's SGLang-protocol server over the embedded engine (`python -m
+  slime_ext.tools.serve`), which speaks the same routes (/generate, /abort_request, /flush_cache, the
+  weight-update routes, /health, /model_info).
+
+Either way the loop drives it only through `SGLangEngineClient`. The actor keeps the port across restarts
+(the URL the clients hold stays valid) and restores the newest weights after a restart: it starts the
+server from the base checkpoint (config and tokenizer live there) and loads the newest weight snapshot
+from disk with the version it had (`restart(snapshot_dir, version)`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from slime_ext.engine.sglang_launcher import SGLangServer, build_server_command
+
+log = logging.getLogger(__name__)
+
+STANDIN = "slime_ext.tools.serve"
+INITIAL_VERSION = "0"  # the version of the weights a run's engines start with (the warm start)
+
+
+def sglang_host_available() -> bool:
+    """True where real SGLang servers can run: CUDA present and sglang importable."""
+    if importlib.util.find_spec("sglang") is None:
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int = 1,
+                   partner_dir: Optional[str] = None, weight_version: str = INITIAL_VERSION,
+                   use_sglang: Optional[bool] = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) of one engine server."""
+    host = cfg_sglang.host
+    if use_sglang if use_sglang is not None else sglang_host_available():
+        argv = build_server_command(cfg_sglang, model_dir, port, host)
+        argv += ["--weight-version", weight_version]
+        env = {}
+        if partner_dir:  # the two-model tandem engine (sglang_patches.tandem_model) serves the pair
+            env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_patches.tandem_model"
+        return argv, env
+    argv = [sys.executable, "-m", STANDIN, "--model", str(model_dir), "--host", host, "--port", str(port),
+            "--threads", str(threads), "--weight-version", weight_version, "--max-batch", "1024",
+            "--max-concurrency", "1024", "--max-queue", "4096"]
+    if partner_dir:
+        argv += ["--partner", str(partner_dir)]
+    return argv, {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the actor process dies (ray.kill sends SIGKILL to the actor,
+    which would otherwise orphan the server)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class EngineServerActor:
+    """Owns one engine server subprocess (run as a Ray actor; a plain object in tests)."""
+
+    def __init__(self, index: int, cfg_sglang: Any, model_dir: str, *, threads: int = 1,
+                 partner_dir: Optional[str] = None, log_dir: Optional[str] = None,
+                 use_sglang: Optional[bool] = None):
+        self.index = index
+        self.cfg = cfg_sglang
+        self.model_dir = str(model_dir)
+        self.threads = threads
+        self.partner_dir = partner_dir
+        self.use_sglang = use_sglang
+        self.port = cfg_sglang.base_port + index if cfg_sglang.base_port else free_port(cfg_sglang.host)
+        self.log_path = str(Path(log_dir) / f"engine_{index}.log") if log_dir else None
+        self.server: Optional[SGLangServer] = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    def start(self, weight_version: str = INITIAL_VERSION) -> str:
+        """Start the server and wait for /health; returns its URL."""
+        argv, env = server_command(self.cfg, self.model_dir, self.port, threads=self.threads,
+                                   partner_dir=self.partner_dir, weight_version=weight_version,
+                                   use_sglang=self.use_sglang)
+        self.server = SGLangServer(argv, self.cfg.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
+                                   poll_interval_s=0.2, env=env, log_path=self.log_path,
+                                   preexec_fn=_die_with_parent)
+        self.server.start()
+        self.server.wait_healthy()
+        log.info("engine %d serving at %s (pid %d)", self.index, self.url, self.server.proc.pid)
+        return self.url
+
+    def restart(self, snapshot_dir: Optional[str], weight_version: str) -> str:
+        """Stop whatever is left of the server, start it again on the same port and restore the newest
+        weights (`snapshot_dir`, HF safetensors) under their version."""
+        self.restarts += 1
+        self.stop()
+        url = self.start(weight_version if snapshot_dir is None else INITIAL_VERSION)
+        if snapshot_dir is not None:
+            from slime_ext.engine.sglang_client import SGLangEngineClient
+
+            SGLangEngineClient(url, validate=False).update_weights_from_disk(snapshot_dir, weight_version=weight_version)
+        return url
+
+    def restart_count(self) -> int:
+        return self.restarts
+
+    def pid(self) -> Optional[int]:
+        return None if self.server is None or self.server.proc is None else self.server.proc.pid
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.proc is not None and self.server.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace_s=10.0)
+            self.server = None
+
+    def __del__(self) -> None:  # best effort; PR_SET_PDEATHSIG covers a killed actor
+        try:
+            self.stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+__all__ = ["EngineServerActor", "server_command", "sglang_host_available", "free_port", "INITIAL_VERSION"]

@@ -1,0 +1,314 @@
+"""Several engine servers as one rollout engine: dispatch, weight sync, versions, restarts.
+
+`ServerEnginePool` has the embedded engine's interface (`generate`, `abort`, `flush_cache`,
+`sync_weights`, `metrics`) and talks to the servers only through `SGLangEngineClient`. It is built in the
+driver (which owns the servers' Ray actors and the router process) and pickled to the rollout manager;
+each process makes its own HTTP clients.
+
+Dispatch. With `sglang.router: true` every request goes through sglang-router (`--policy manual
+--assignment-mode min_load`) carrying the prompt's group as `X-SMG-Routing-Key`: a new group goes to the
+least-loaded worker and the rest of the group follows it (one prefix cache). Without the router the pool
+does the same itself: the requests of one prompt (identical input ids) form a group, and each group goes
+to the engine with the fewest requests outstanding.
+
+Faults. A request that still fails after the client's retries comes back "failed". The pool then checks
+each engine's process: a dead (or unanswering) server is restarted by its actor on the same port with the
+newest weights and version (at most `sglang.max_restarts` times per engine), and the failed requests are
+sent again unchanged (same rid, seed and samplers, so the same tokens). When an engine's restarts are
+used up, `EngineUnavailable` stops the run (the loop keeps the checkpoint and prints the resume command).
+
+Versions. Every sync sets the engines' weight version to the step's; every result carries the version
+that produced it (`GenerateResult.weight_version`), and `versions()` reads what each engine serves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
+from slime_ext.engine.failures import EngineUnavailable, WeightSyncError
+from slime_ext.engine.sglang_client import SGLangEngineClient
+from slime_ext.engine.weight_sync import make_weight_sync, write_snapshot
+
+log = logging.getLogger(__name__)
+LATEST = "latest.json"
+KEEP_SNAPSHOTS = 2
+
+
+def group_key(request: GenerateRequest) -> str:
+    """Requests with the same input ids share a prefix cache entry: one key per prompt group."""
+    return format(hash(tuple(request.input_ids)) & 0xFFFF_FFFF_FFFF, "x")
+
+
+def _get(handle: Any, method: str, *args: Any) -> Any:
+    """Call a method of an engine actor: a Ray handle, or a plain object in tests."""
+    fn = getattr(handle, method)
+    remote = getattr(fn, "remote", None)
+    if remote is None:
+        return fn(*args)
+    import ray
+
+    return ray.get(remote(*args))
+
+
+class ServerEnginePool:
+    def __init__(self, actors: Sequence[Any], urls: Sequence[str], cfg_sglang: Any, weights_dir: str, *,
+                 client_kwargs: Optional[dict[str, Any]] = None, router_url: Optional[str] = None):
+        self.actors = list(actors)
+        self.urls = list(urls)
+        self.cfg = cfg_sglang
+        self.weights_dir = Path(weights_dir)
+        self.client_kwargs = dict(client_kwargs or {})
+        self.router_url = router_url
+        self._init_local()
+        self.weight_sync = make_weight_sync(cfg_sglang.weight_sync, cfg_sglang.host, cfg_sglang.tp_size,
+                                            cfg_sglang.request_timeout_s)
+        self.router_process: Optional[subprocess.Popen] = None
+        self.sync_seconds: list[float] = []
+
+    # -- per-process state (not pickled) -------------------------------------------------------------
+    def _init_local(self) -> None:
+        kwargs = {"timeout_s": self.cfg.request_timeout_s, "max_retries": 2, "backoff_s": 0.2, **self.client_kwargs}
+        self.clients = [SGLangEngineClient(u, **kwargs) for u in self.urls]
+        self.router = (SGLangEngineClient(self.router_url, routing_key=group_key, **kwargs)
+                       if self.router_url else None)
+        self._lock = threading.Lock()
+        self._outstanding = [0] * len(self.urls)
+        self._owner: dict[str, int] = {}
+        self._restarts_seen = [0] * len(self.urls)
+        self.served = defaultdict(int)  # engine index -> requests answered (tests, metrics)
+        self.restarts = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "weight_sync", "sync_seconds")
+        state = {k: self.__dict__[k] for k in keep}
+        if getattr(self.weight_sync, "name", "") == "distributed":
+            state["weight_sync"] = make_weight_sync("distributed", self.cfg.host, self.cfg.tp_size,
+                                                    self.cfg.request_timeout_s)  # the group lives in the driver
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.router_process = None
+        self._init_local()
+
+    # -- generation ----------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        if not requests:
+            return []
+        check_unique_rids(requests)
+        if self.router is not None:
+            results = self.router.generate(requests)
+        else:
+            results = self._dispatch(requests)
+        return self._recover(requests, results)
+
+    def _assign(self, requests: Sequence[GenerateRequest]) -> list[int]:
+        """Engine index of each request: whole prompt groups to the least-outstanding engine."""
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(group_key(r), []).append(i)
+        engine_of = [0] * len(requests)
+        with self._lock:
+            load = list(self._outstanding)
+            for members in groups.values():
+                e = min(range(len(load)), key=lambda k: (load[k], k))
+                load[e] += len(members)
+                for i in members:
+                    engine_of[i] = e
+        return engine_of
+
+    def _dispatch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        engine_of = self._assign(requests)
+        by_engine: dict[int, list[int]] = defaultdict(list)
+        for i, e in enumerate(engine_of):
+            by_engine[e].append(i)
+        out: list[Optional[GenerateResult]] = [None] * len(requests)
+
+        def run(e: int, idx: list[int]) -> None:
+            with self._lock:
+                self._outstanding[e] += len(idx)
+                for i in idx:
+                    self._owner[requests[i].rid] = e
+            try:
+                results = self.clients[e].generate([requests[i] for i in idx])
+            finally:
+                with self._lock:
+                    self._outstanding[e] -= len(idx)
+                    for i in idx:
+                        self._owner.pop(requests[i].rid, None)
+            for i, res in zip(idx, results):
+                res.served_by = self.urls[e]
+                out[i] = res
+                if res.finish_reason != "failed":
+                    self.served[e] += 1
+
+        with ThreadPoolExecutor(max_workers=max(1, len(by_engine)), thread_name_prefix="engine-dispatch") as pool:
+            for f in [pool.submit(run, e, idx) for e, idx in by_engine.items()]:
+                f.result()
+        return [r for r in out if r is not None]
+
+    def _recover(self, requests: list[GenerateRequest], results: list[GenerateResult]) -> list[GenerateResult]:
+        """Restart dead engines and send the failed requests again until none fails or restarts run out."""
+        results = list(results)
+        while True:
+            failed = [i for i, r in enumerate(results) if r.finish_reason == "failed"]
+            if not failed:
+                return results
+            restarted = self.restart_unhealthy()
+            if not restarted:
+                errors = sorted({results[i].error or "?" for i in failed})
+                log.warning("%d request(s) failed with every engine healthy: %s", len(failed), errors[:3])
+                return results  # request-level failures (bad request): the method sees them as failed
+            log.warning("re-sending %d request(s) after restarting engine(s) %s", len(failed), restarted)
+            again = self._dispatch([requests[i] for i in failed])
+            for i, res in zip(failed, again):
+                results[i] = res
+
+    def restart_unhealthy(self) -> list[int]:
+        """Restart every engine whose process died or whose /health does not answer. Raises
+        EngineUnavailable when an engine has used up `sglang.max_restarts`."""
+        restarted = []
+        for e, (actor, client) in enumerate(zip(self.actors, self.clients)):
+            if _get(actor, "alive") and client.health(timeout_s=10.0):
+                continue
+            used = _get(actor, "restart_count")
+            if used >= self.cfg.max_restarts:
+                raise EngineUnavailable(
+                    f"engine {e} ({self.urls[e]}) died or stopped answering and its {self.cfg.max_restarts} "
+                    f"restart(s) (sglang.max_restarts) are used up")
+            snapshot, version = self.restore_point()
+            log.warning("engine %d (%s) is down: restart %d/%d with weights version %s", e, self.urls[e], used + 1,
+                        self.cfg.max_restarts, version)
+            try:
+                _get(actor, "restart", snapshot, version)
+            except Exception as exc:  # noqa: BLE001 - a restart that fails is a lost engine
+                raise EngineUnavailable(f"engine {e} ({self.urls[e]}) could not be restarted: {exc}") from exc
+            self.restarts += 1
+            restarted.append(e)
+        return restarted
+
+    def abort(self, rid: str) -> None:
+        with self._lock:
+            e = self._owner.get(rid)
+        if self.router is not None:
+            self.router.abort(rid)
+        elif e is not None:
+            self.clients[e].abort(rid)
+
+    def flush_cache(self) -> None:
+        for c in self.clients:
+            c.flush_cache()
+
+    # -- weights -------------------------------------------------------------------------------------
+    def restore_point(self) -> tuple[Optional[str], str]:
+        """(snapshot dir, version) a restarted engine loads: the newest complete snapshot."""
+        path = self.weights_dir / LATEST
+        if not path.exists():
+            return None, "0"
+        info = json.loads(path.read_text())
+        return info["dir"], str(info["version"])
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | str) -> dict[str, float]:
+        """Deliver new weights to every engine under `version`; returns timings (seconds)."""
+        named = [(str(n), t) for n, t in named_tensors]
+        version = str(version)
+        counts = [_get(a, "restart_count") for a in self.actors]
+        if counts != self._restarts_seen and hasattr(self.weight_sync, "invalidate"):
+            self.weight_sync.invalidate()  # a restarted engine is not in the old group
+        self._restarts_seen = counts
+        t0 = time.perf_counter()
+        snapshot = write_snapshot(self.weights_dir / f"v{version}", named)
+        t1 = time.perf_counter()
+        self.weight_sync.push(self.clients, named, version, snapshot)
+        t2 = time.perf_counter()
+        (self.weights_dir / f"{LATEST}.tmp").write_text(json.dumps({"dir": str(snapshot), "version": version}))
+        (self.weights_dir / f"{LATEST}.tmp").replace(self.weights_dir / LATEST)
+        self._prune_snapshots(keep=str(snapshot))
+        self.check_versions(version)
+        self.sync_seconds.append(t2 - t1)
+        return {"time/sync_snapshot": t1 - t0, "time/sync_push": t2 - t1}
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The engine interface's update (no version known): versioned as "unversioned"."""
+        self.sync_weights(named_tensors, "unversioned")
+
+    def check_versions(self, version: str) -> None:
+        served = self.versions()
+        wrong = {self.urls[i]: v for i, v in enumerate(served) if v != version}
+        if wrong:
+            raise WeightSyncError(f"after the sync of version {version} the engines serve {wrong}")
+
+    def versions(self) -> list[Optional[str]]:
+        return [c.weight_version() for c in self.clients]
+
+    def _prune_snapshots(self, keep: str) -> None:
+        snaps = sorted((p for p in self.weights_dir.glob("v*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        for old in snaps[:-KEEP_SNAPSHOTS]:
+            if str(old) != keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # -- the rest of the engine interface ------------------------------------------------------------
+    def release_memory_occupation(self) -> None:
+        for c in self.clients:
+            c.release_memory_occupation()
+
+    def resume_memory_occupation(self) -> None:
+        for c in self.clients:
+            c.resume_memory_occupation()
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for c in self.clients + ([self.router] if self.router else []):
+            for k, v in c.metrics().items():
+                out[k] += v
+        out["engines"] = len(self.clients)
+        out["engine_restarts"] = sum(_get(a, "restart_count") for a in self.actors)
+        return dict(out)
+
+    # -- lifetime ------------------------------------------------------------------------------------
+    def start_router(self, log_path: Optional[str] = None, timeout_s: float = 120.0) -> str:
+        """sglang-router in front of the engines (manual policy, min-load assignment of new groups)."""
+        from slime_ext.engine.engine_server import free_port
+        from slime_ext.engine.sglang_launcher import SGLangServer
+
+        port = free_port(self.cfg.host)
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.cfg.host, "--port", str(port),
+                "--worker-urls", *self.urls, "--policy", "manual", "--assignment-mode", "min_load",
+                "--log-level", "warn", "--request-timeout-secs", str(int(self.cfg.request_timeout_s))]
+        server = SGLangServer(argv, self.cfg.host, port, startup_timeout_s=timeout_s, poll_interval_s=0.2,
+                              log_path=log_path)
+        server.start()
+        server.wait_healthy()
+        self._router_server = server
+        self.router_url = server.base_url
+        self.router = SGLangEngineClient(self.router_url, routing_key=group_key, timeout_s=self.cfg.request_timeout_s,
+                                         max_retries=2, backoff_s=0.2, **self.client_kwargs)
+        log.info("sglang-router at %s in front of %d engine(s)", self.router_url, len(self.urls))
+        return self.router_url
+
+    def shutdown(self) -> None:
+        server = getattr(self, "_router_server", None)
+        if server is not None:
+            server.stop(grace_s=5.0)
+            self._router_server = None
+        for a in self.actors:
+            try:
+                _get(a, "stop")
+            except Exception as exc:  # noqa: BLE001 - a dead actor has nothing left to stop
+                log.debug("engine stop: %s", exc)
+
+
+__all__ = ["ServerEnginePool", "group_key"]

@@ -1,0 +1,87 @@
+"""The rollout engine a run uses: the in-process embedded engine actor, or engine servers behind a pool.
+
+`rollout.engine: embedded` (the laptop default): one Ray actor holding the embedded engine.
+`rollout.engine: sglang`: `sglang.num_engines` engine servers, one Ray actor each (placed as the plan's
+`sglang_engine` group says), each owning its server process (SGLang on CUDA machines, the project's
+SGLang-protocol server elsewhere: `slime_ext.engine.engine_server`), driven through
+`slime_ext.engine.server_pool.ServerEnginePool`, optionally behind sglang-router.
+Both answer the same interface, plus `sync_weights(named, version)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import ray
+import torch
+
+from slime_ext.config.schema import Config
+from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
+from slime_ext.orchestration.placement import ActorGroup, ray_options
+
+log = logging.getLogger(__name__)
+
+
+class VersionedRemoteEngine(RemoteEngine):
+    """The embedded engine actor with the pool's sync call (it reports no weight versions)."""
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | str) -> dict[str, float]:
+        self.update_weights_from_tensor(named_tensors)
+        return {}
+
+
+@dataclass
+class RunEngine:
+    engine: Any  # what the rollout manager and the evaluations call
+    shutdown: Callable[[], None]
+
+
+def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: Optional[Path], run_dir: Path,
+                 tokenizer: Any) -> RunEngine:
+    if cfg.rollout.engine == "sglang":
+        return _start_servers(cfg, group, model_dir, partner_dir, run_dir, tokenizer)
+    handle = ray.remote(EmbeddedEngineActor).options(
+        **ray_options(group), max_concurrency=2,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
+    ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None)
+    return RunEngine(VersionedRemoteEngine(handle), lambda: ray.kill(handle))
+
+
+def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: Optional[Path], run_dir: Path,
+                   tokenizer: Any) -> RunEngine:
+    from slime_ext.engine.engine_server import EngineServerActor
+    from slime_ext.engine.server_pool import ServerEnginePool
+
+    s = cfg.sglang
+    log_dir = run_dir / "engine_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
+        i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
+        log_dir=str(log_dir)) for i in range(s.num_engines)]
+    pool: Optional[ServerEnginePool] = None
+
+    def shutdown() -> None:
+        if pool is not None:
+            pool.shutdown()
+        for a in actors:
+            ray.kill(a)
+
+    try:
+        log.info("starting %d engine server(s); logs in %s", s.num_engines, log_dir)
+        urls = ray.get([a.start.remote() for a in actors])
+        client_kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),
+                         "vocab_size": len(tokenizer), "native_partner": partner_dir is not None}
+        pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs)
+        if s.router and s.num_engines > 1:
+            pool.start_router(log_path=str(log_dir / "router.log"))
+    except BaseException:
+        shutdown()
+        raise
+    return RunEngine(pool, shutdown)
+
+
+__all__ = ["start_engine", "RunEngine", "VersionedRemoteEngine"]

@@ -1,0 +1,146 @@
+"""Engine servers as one engine: group dispatch, weight versions, weight-sync paths, restart after a kill.
+
+The servers are real processes (`python -m slime_ext.tools.serve` over a tiny random Qwen3-MoE), owned by
+`EngineServerActor` objects (plain objects here; Ray actors in the loop) and driven by `ServerEnginePool`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_patches.decoding import SamplingParams
+from slime_ext.config.sections import SGLangConfig
+from slime_ext.data.generation import GenerateRequest
+from slime_ext.engine.engine_server import EngineServerActor
+from slime_ext.engine.failures import EngineUnavailable, StaleRollout, WeightSyncError
+from slime_ext.engine.server_pool import ServerEnginePool, group_key
+from slime_ext.orchestration.rollout_manager import check_weight_versions
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from slime_ext.tokenizer import train_tokenizer
+    from tests.megatron_fixtures import tiny_moe_config
+
+    d = tmp_path_factory.mktemp("m")
+    tok = train_tokenizer(["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40,
+                          vocab_size=300, out_dir=d)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), initializer_range=0.3)).save_pretrained(d)
+    return d
+
+
+def _requests(n_prompts: int = 4, n: int = 3, max_new: int = 16, tag: str = "r") -> list[GenerateRequest]:
+    sp = SamplingParams(temperature=1.0, max_new_tokens=max_new)
+    return [GenerateRequest(f"{tag}{p}-{k}", [5 + p, 7, 9, 11 + p], sp, seed=1000 * p + k)
+            for p in range(n_prompts) for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def pool(model_dir, tmp_path_factory):
+    cfg = SGLangConfig(num_engines=2, max_restarts=1, startup_timeout_s=120, request_timeout_s=60)
+    logs = tmp_path_factory.mktemp("logs")
+    actors = [EngineServerActor(i, cfg, str(model_dir), log_dir=str(logs)) for i in range(2)]
+    try:
+        urls = [a.start() for a in actors]
+        from slime_ext.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(model_dir)
+        yield ServerEnginePool(actors, urls, cfg, str(tmp_path_factory.mktemp("w")),
+                               client_kwargs={"eos_token_id": tok.eos_token_id, "tokenizer_path": str(model_dir)})
+    finally:
+        for a in actors:
+            a.stop()
+
+
+def test_a_prompt_group_goes_to_one_engine_and_groups_balance():
+    cfg = SGLangConfig(num_engines=2)
+    pool = ServerEnginePool([object(), object()], ["http://127.0.0.1:1", "http://127.0.0.1:2"], cfg, "/tmp/unused")
+    reqs = _requests(n_prompts=4, n=3)
+    engine_of = pool._assign(reqs)
+    by_group: dict[str, set[int]] = {}
+    for r, e in zip(reqs, engine_of):
+        by_group.setdefault(group_key(r), set()).add(e)
+    assert all(len(v) == 1 for v in by_group.values())  # a group never splits (one prefix cache)
+    assert sorted(engine_of.count(e) for e in (0, 1)) == [6, 6]  # 4 groups of 3 -> 2 groups per engine
+    pool._outstanding = [5, 0]  # engine 0 busy: new groups go to engine 1 until the loads meet
+    engine_of = pool._assign(reqs)
+    assert engine_of.count(1) == 9 and engine_of.count(0) == 3
+
+
+def test_stale_versions_are_refused():
+    reqs = _requests(1, 2)
+    ok = [SimpleNamespace(weight_version="3", finish_reason="stop"), SimpleNamespace(weight_version=None, finish_reason="stop")]
+    check_weight_versions(reqs, ok, 3)
+    stale = [SimpleNamespace(weight_version="3", finish_reason="stop"), SimpleNamespace(weight_version="2", finish_reason="stop")]
+    with pytest.raises(StaleRollout, match=r"other than 3.*'r0-1', '2'"):
+        check_weight_versions(reqs, stale, 3)
+
+
+def _named(model_dir, scale: float) -> list[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    weights = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    return [(n, t * scale if t.is_floating_point() and "norm" not in n else t) for n, t in weights.items()]
+
+
+@pytest.mark.parametrize("kind", ["disk", "tensor", "distributed"])
+def test_every_sync_path_delivers_the_weights_and_the_version(pool, model_dir, kind):
+    from slime_ext.engine.weight_sync import make_weight_sync
+
+    pool.weight_sync = make_weight_sync(kind, "127.0.0.1")
+    version = {"disk": "1", "tensor": "2", "distributed": "3"}[kind]
+    base = pool.generate(_requests(tag=f"{kind}-base"))
+    timings = pool.sync_weights(_named(model_dir, 1.5), version)
+    assert pool.versions() == [version, version]
+    assert set(timings) == {"time/sync_snapshot", "time/sync_push"}
+    after = pool.generate(_requests(tag=f"{kind}-after"))
+    assert {r.weight_version for r in after} == {version}
+    # the scaled weights change the logprobs of the same tokens' distribution: the outputs differ
+    assert [r.logprobs for r in after] != [r.logprobs for r in base]
+    assert {pool.served[0] > 0, pool.served[1] > 0} == {True}
+    pool.sync_weights(_named(model_dir, 1.0), version)  # back to the checkpoint's weights
+    assert [r.output_ids for r in pool.generate(_requests(tag=f"{kind}-base"))] == [r.output_ids for r in base]
+
+
+def test_a_failed_update_stops_with_a_message_and_keeps_the_old_version(pool, model_dir):
+    from slime_ext.engine.weight_sync import make_weight_sync
+
+    pool.weight_sync = make_weight_sync("disk")
+    pool.sync_weights(_named(model_dir, 1.0), "7")
+    bad = _named(model_dir, 1.0) + [("model.layers.0.no_such_weight", torch.zeros(3))]
+    with pytest.raises(WeightSyncError, match="no_such_weight"):
+        pool.sync_weights(bad, "8")
+    assert pool.versions() == ["7", "7"]
+    with pytest.raises(StaleRollout):  # step 8 would have rolled out with version 7
+        reqs = _requests(1, 2, tag="stale")
+        check_weight_versions(reqs, pool.generate(reqs), 8)
+
+
+def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_tokens(pool):
+    reference = pool.generate(_requests(n_prompts=4, n=2, max_new=40, tag="kill"))
+    victim = pool.actors[1]
+    pid = victim.pid()
+    killer = threading.Timer(0.3, lambda: os.kill(pid, signal.SIGKILL))
+    killer.start()
+    results = pool.generate(_requests(n_prompts=4, n=2, max_new=40, tag="kill"))
+    killer.join()
+    assert victim.pid() != pid and victim.restart_count() == 1
+    assert all(r.finish_reason != "failed" for r in results)
+    assert [r.output_ids for r in results] == [r.output_ids for r in reference]  # re-sent with the same seeds
+    assert {r.weight_version for r in results} == {pool.versions()[0]}  # restored under the newest version
+    os.kill(victim.pid(), signal.SIGKILL)  # its one restart (sglang.max_restarts=1) is used up
+    time.sleep(0.5)
+    with pytest.raises(EngineUnavailable, match="restart"):
+        pool.generate(_requests(n_prompts=4, n=2, tag="dead"))
