@@ -2,12 +2,18 @@
 
 Runs the configured stages in order and records what ran in the run directory (`summary.json` says
 `complete` once every stage has run).
+
+With `model.hf_path` the checkpoint's config.json is the architecture: the trainer, the engine and the
+plan build the model from it (`megatron_glue.hf_config.hf_config_from_model_config`). `model.*` values
+that differ from it are not used; the job says so in a warning per key and in `summary.json`
+(`model_checkpoint`), and a tokenizer with more tokens than the checkpoint embeds is an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import sys
 import time
@@ -24,6 +30,54 @@ from slime_ext.tasks.prepare import PreparedData, prepare_data
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
 log = logging.getLogger("slime_ext")
+
+# model.* keys and the HF config attributes they mirror (`rope_theta` and `num_experts`: see checkpoint_model_fields).
+HF_MODEL_KEYS = {
+    "arch": "model_type", "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size", "num_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok",
+    "moe_intermediate_size": "moe_intermediate_size", "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps",
+    "max_position_embeddings": "max_position_embeddings", "tie_word_embeddings": "tie_word_embeddings",
+    "router_aux_loss_coef": "router_aux_loss_coef",
+}
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint at `model.hf_path` cannot serve this run as configured (the message names the key)."""
+
+
+def checkpoint_model_fields(hf_dir: str | Path) -> dict[str, Any]:
+    """The `model.*` values an HF checkpoint's config.json stands for (keys it does not define are left out)."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    out: dict[str, Any] = {}
+    for key, attr in HF_MODEL_KEYS.items():
+        if key == "rope_theta":  # transformers 5 keeps it in rope_parameters
+            value = (getattr(hf, "rope_parameters", None) or {}).get("rope_theta", getattr(hf, "rope_theta", None))
+        elif key == "num_experts":  # Qwen3-MoE: num_experts (num_local_experts in transformers 5); dense: 0
+            value = getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) or 0
+        else:
+            value = getattr(hf, attr, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def model_fragment(hf_dir: str | Path) -> str:
+    """A model config fragment (YAML) that matches an HF checkpoint: what the launcher includes when
+    MODEL_CONFIG=checkpoint (scripts/run-qwen3-30B-A3B.sh)."""
+    import yaml
+
+    fields = {"name": Path(hf_dir).resolve().name.lower(), **checkpoint_model_fields(hf_dir)}
+    header = f"# the model section of {Path(hf_dir).resolve() / 'config.json'}\n"
+    return header + yaml.safe_dump({"model": fields}, sort_keys=False)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9)
+    return a == b
 
 
 class Job:
@@ -152,9 +206,34 @@ class Job:
         if self._job is None:
             if self.tokenizer is None:
                 self.summary["stages"]["tokenizer"] = self.stage_tokenizer()
+            self._check_checkpoint()
             data = self._need_data()
             self._job = TrainingJob(self.cfg, self.run_dir, data.train, data.eval, self.tokenizer, self.tokenizer_path)
         return self._job
+
+    def _check_checkpoint(self) -> None:
+        """With `model.hf_path`: warn about each `model.*` value the checkpoint overrides (recorded in
+        summary.json), and refuse a tokenizer larger than the checkpoint's embedding."""
+        hf_path = self.cfg.model.hf_path
+        if not hf_path or not (Path(hf_path) / "config.json").is_file():
+            return  # no checkpoint, or a missing one (TrainingJob names the path)
+        fields = checkpoint_model_fields(hf_path)
+        ignored = {}
+        for key, value in fields.items():
+            ours = getattr(self.cfg.model, key)
+            if (key == "vocab_size" and ours is None) or _same(ours, value):
+                continue
+            source = self.resolved.sources.get(("model", key), "the schema default")
+            ignored[key] = {"config": ours, "checkpoint": value, "set_by": source}
+            log.warning("model.%s=%r (%s) is not used: %s/config.json says %r, and the checkpoint's architecture wins",
+                        key, ours, source, hf_path, value)
+        self.summary["model_checkpoint"] = {"hf_path": str(hf_path), "architecture": fields, "ignored_model_keys": ignored}
+        n_tokens, vocab = len(self.tokenizer), fields.get("vocab_size")
+        if vocab is not None and n_tokens > vocab:
+            raise CheckpointMismatch(
+                f"tokenizer.path={self.tokenizer_path} has {n_tokens} tokens but the checkpoint model.hf_path={hf_path} "
+                f"embeds only vocab_size={vocab} (its config.json): use the checkpoint's own tokenizer "
+                f"(tokenizer.path={hf_path})")
 
     def stage_sft(self) -> dict:
         training = self._training()
@@ -268,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     log.info("config %s (%s) -> %s", config, resolved.describe(), run_dir)
     try:
         return Job(resolved, run_dir).run()
-    except DatasetError as exc:
-        # The data cannot be used as it is: the message says which file and why; a traceback adds nothing,
-        # and a run directory holding only the config of a run that never started is clutter.
+    except (DatasetError, CheckpointMismatch) as exc:
+        # The data (or the checkpoint) cannot be used as it is: the message says which file and why; a
+        # traceback adds nothing, and a run directory holding only the config of a run that never started
+        # is clutter.
         print(f"error: {exc}", file=sys.stderr)
         if not resolved.config.run.resume:
             remove_if_unused(run_dir)

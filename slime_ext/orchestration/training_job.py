@@ -231,12 +231,14 @@ class TrainingJob:
         return Path(self.cfg.run.cache_dir) / "warmstart" / self.warm_start_key()
 
     def run_sft(self) -> Path:
-        """SFT from random init on the reference solutions; cached by content hash (and resumable)."""
+        """SFT (from random init, or from `model.hf_path`) on the reference solutions; cached by content hash
+        (and resumable). A checkpoint is used as it is when `sft.steps` is 0 or `run.stages` lists no `sft`."""
         from megatron_glue.checkpoint_io import save_hf_checkpoint
 
         base = Path(self.cfg.model.hf_path) if self.cfg.model.hf_path else None
-        if base is not None and self.cfg.sft.steps == 0:
-            return base  # start RL from the given checkpoint as it is
+        if base is not None and (self.cfg.sft.steps == 0 or "sft" not in self.cfg.run.stages):
+            log.info("starting from the checkpoint %s as it is (no SFT)", base)
+            return base
         out = self.warm_start_dir()
         hf_dir = out / "hf"
         if (out / "complete").exists():

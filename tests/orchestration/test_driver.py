@@ -136,3 +136,25 @@ def test_a_missing_dataset_file_is_one_line_too(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and f"error: dataset file not found: {tmp_path / 'nope.jsonl'}" in err and "Traceback" not in err
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize("model_file", ["tiny-qwen3-moe.yaml", "tiny-qwen3.yaml"])
+def test_model_fragment_from_a_checkpoint_matches_its_config(tmp_path, model_file):
+    """MODEL_CONFIG=checkpoint (the launcher): the fragment written from config.json loads as the same model
+    section, so a run that includes it has no model.* key the checkpoint overrides."""
+    from megatron_glue.hf_config import hf_config_from_model_config
+    from slime_ext.config import load_config
+    from slime_ext.orchestration.driver import checkpoint_model_fields, model_fragment
+
+    (tmp_path / "want.yaml").write_text(f"extends: {CONFIGS / 'grpo.yaml'}\ninclude: [{CONFIGS / 'models' / model_file}]\n")
+    want = load_config(tmp_path / "want.yaml", ["model.vocab_size=320", "model.rope_theta=10000.0"]).config.model
+    ckpt = tmp_path / "ckpt"
+    hf_config_from_model_config(want).save_pretrained(ckpt)
+    fields = checkpoint_model_fields(ckpt)
+    assert fields["arch"] == want.arch and fields["num_experts"] == want.num_experts and fields["rope_theta"] == 10000.0
+    (tmp_path / "model.yaml").write_text(model_fragment(ckpt))
+    (tmp_path / "run.yaml").write_text(f"extends: {CONFIGS / 'grpo.yaml'}\ninclude: [model.yaml]\n")
+    got = load_config(tmp_path / "run.yaml").config.model
+    assert got.name == "ckpt"
+    for key in fields:
+        assert getattr(got, key) == getattr(want, key), key

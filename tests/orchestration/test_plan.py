@@ -185,7 +185,7 @@ def _launcher(tmp_path: Path, script: str, *args: str, timeout: int = 300, **env
     exist and none of the caller's launcher variables; `env_vars` are added."""
     env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
            "TMPDIR": str(tmp_path)}
-    for leaked in ("DRY_RUN", "METHOD_CONFIG", "CLOUD_URL", "JUNIOR_CKPT"):
+    for leaked in ("DRY_RUN", "CPU_RUN", "METHOD_CONFIG", "MODEL_CONFIG", "CLOUD_URL", "JUNIOR_CKPT", "NNODES", "RUN_DIR"):
         env.pop(leaked, None)
     env.update(env_vars)
     return subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, env=env,
@@ -200,6 +200,28 @@ def test_dry_run_script(tmp_path):
         assert needle in out, needle
     assert "DP=2" in out and "data_parallel_size" not in out  # the launcher writes DP out: no warning
     assert list(tmp_path.iterdir()) == []  # the composed config was a temp file, removed
+    assert "convert" not in proc.stderr and "MCORE" not in proc.stderr  # the trainer loads the HF checkpoint
+
+
+def test_cpu_dry_run_takes_the_model_from_the_checkpoint(tmp_path):
+    """--cpu: the local CPU cluster fragment, the model fragment from HF_CKPT/config.json (MODEL_CONFIG=checkpoint)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    hf_config = hf_config_from_model_config(load_config(CONFIGS / "grpo.yaml", ["model.vocab_size=512"]).config.model)
+    hf_config.save_pretrained(ckpt)  # config.json of the embedded default's shape: 4 layers, hidden 128
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--cpu", "--dry-run", HF_CKPT=str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("model: ckpt (hf_path)", "4 layers, hidden 128", "0 GPUs (CPU run, 1 trainer process(es))",
+                   "backend gloo", "rollout: embedded engine"):
+        assert needle in proc.stdout, needle
+    assert "(it starts a local Ray)" in proc.stderr
+
+
+def test_cpu_mode_needs_the_checkpoint_or_a_model_fragment_and_one_node(tmp_path):
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--cpu", "--dry-run", timeout=60)
+    assert proc.returncode == 1 and "MODEL_CONFIG=checkpoint needs HF_CKPT/config.json" in proc.stderr
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--cpu", "--dry-run", NNODES="2", timeout=60)
+    assert proc.returncode == 1 and "NNODES must be 1" in proc.stderr
 
 
 def test_dry_run_script_rejects_bad_layout(tmp_path):
