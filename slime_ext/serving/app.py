@@ -1,7 +1,7 @@
 """The ASGI application: `build_app(state)` wires routes, the API key check and OpenAI-shaped errors.
 
-Routes live in routers (`openai_routes`, `native_routes`); a later route set (model info, weight
-updates) is one more `include_router`. Any refusal is an `APIError`; anything unexpected is a 500 in the
+Routes live in routers (`openai_routes`, `native_routes`, `weight_routes`: model info and weight
+updates). Any refusal is an `APIError`; anything unexpected is a 500 in the
 same shape, and the server keeps serving.
 """
 
@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slime_ext.serving import native_routes, openai_routes
+from slime_ext.serving import native_routes, openai_routes, weight_routes
 from slime_ext.serving.body import ClientGone
 from slime_ext.serving.errors import APIError
 from slime_ext.serving.state import ServerState
@@ -47,7 +47,7 @@ def build_app(state: ServerState, routers: Optional[Iterable[APIRouter]] = None)
     """The FastAPI app over `state` (routes find it at `request.app.state.serve`)."""
     app = FastAPI(title="slime_ext serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
-    for router in routers or (openai_routes.router, native_routes.router):
+    for router in routers or (openai_routes.router, native_routes.router, weight_routes.router):
         app.include_router(router)
     app.add_middleware(APIKeyMiddleware, state=state)
 

@@ -3,17 +3,22 @@
 The engine is synchronous PyTorch and not thread-safe, so exactly one thread calls it; the event loop
 only submits tickets and awaits their futures (`asyncio.wrap_future`). A ticket can be aborted while it
 waits (it is dropped before reaching the engine) or while it runs (`engine.abort` on its wire rid).
+
+Weight updates take `exclusive()`: it waits for the running `generate` call to end and holds the worker
+until the update is applied, so no call ever sees half-updated weights. Every ticket records the weight
+version its call ran under (`weight_version`, changed only inside `exclusive()`).
 """
 
 from __future__ import annotations
 
 import logging
+import contextlib
 import queue
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from slime_ext.data.generation import GenerateRequest, GenerateResult
 
@@ -27,6 +32,7 @@ class Ticket:
     future: "Future[GenerateResult]" = field(default_factory=Future)
     wire_rid: Optional[str] = None  # the rid the engine sees (suffixed if another ticket shares it)
     aborted: bool = False
+    weight_version: Optional[str] = None  # the weight version of the generate call that ran it
 
 
 def aborted_result(request: GenerateRequest) -> GenerateResult:
@@ -37,11 +43,15 @@ def aborted_result(request: GenerateRequest) -> GenerateResult:
 class Batcher:
     """Collects queued tickets (up to `max_batch`, waiting `window_s` for stragglers) into one call."""
 
-    def __init__(self, engine: Any, max_batch: int = 64, window_s: float = 0.005):
+    def __init__(self, engine: Any, max_batch: int = 64, window_s: float = 0.005, weight_version: str = "default"):
         self.engine, self.max_batch, self.window_s = engine, int(max_batch), float(window_s)
+        self.weight_version = str(weight_version)
         self.queue: "queue.Queue[Optional[Ticket]]" = queue.Queue()
         self.calls = 0
         self._lock = threading.Lock()
+        self._engine_lock = threading.Lock()  # held by the worker for each generate call, or by exclusive()
+        self._gate = threading.Condition()  # the worker waits here while exclusive sections are pending
+        self._exclusive_pending = 0
         self._pending: dict[str, list[Ticket]] = {}  # client rid -> its live tickets
         self._running: list[Ticket] = []
         self._stop = threading.Event()
@@ -79,9 +89,25 @@ class Batcher:
         if running and hasattr(self.engine, "abort"):
             self.engine.abort(ticket.wire_rid)
 
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The engine to the caller alone: waits for the running generate call to end and keeps new
+        ones from starting until the block ends (blocking: call it off the event loop)."""
+        with self._gate:
+            self._exclusive_pending += 1
+        try:
+            with self._engine_lock:
+                yield
+        finally:
+            with self._gate:
+                self._exclusive_pending -= 1
+                self._gate.notify_all()
+
     def close(self) -> None:
         self._stop.set()
         self.queue.put(None)
+        with self._gate:
+            self._gate.notify_all()
         self._thread.join(timeout=10)
 
     # -- the worker thread --------------------------------------------------------------------------
@@ -101,7 +127,10 @@ class Batcher:
                     self._stop.set()
                     break
                 items.append(item)
-            self._run(items)
+            with self._gate:  # an update is waiting or applying: let it go first
+                self._gate.wait_for(lambda: not self._exclusive_pending or self._stop.is_set())
+            with self._engine_lock:
+                self._run(items)
 
     def _start(self, items: list[Ticket]) -> list[Ticket]:
         """Drop aborted tickets, give the rest unique wire rids and mark them running."""
@@ -152,6 +181,9 @@ class Batcher:
                     log.exception("streaming callback for %s failed", rid)
 
         self.calls += 1
+        version = self.weight_version
+        for t in live:
+            t.weight_version = version
         try:
             results = self.engine.generate(requests, on_token=on_token if callbacks else None)
             error = None

@@ -1,9 +1,11 @@
 """SGLang's native routes: `/generate` (token ids in, `output_ids` + `meta_info` out, GenerateReqInput
-fields), `/abort_request`, `/flush_cache`, `/health`, so `SGLangEngineClient` drives this server exactly
-like an SGLang server. Same admission and limits as the OpenAI routes."""
+bodies validated as SGLang does, see `native_schemas`), `/abort_request`, `/flush_cache`, `/health`, so
+`SGLangEngineClient` drives this server exactly like an SGLang server. Same admission and limits as the
+OpenAI routes. `meta_info.weight_version` is the version of the weights that generated the answer."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Any
 
@@ -13,7 +15,9 @@ from fastapi.responses import JSONResponse, Response
 from slime_ext.data.generation import GenerateResult
 from slime_ext.serving.errors import bad_request
 from slime_ext.serving.openai_routes import _sampling, get_state, read_json
-from slime_ext.serving.schemas import AbortBody, GenerateBody, NativeSampling, parse
+from slime_ext.serving.native_schemas import (AbortReq, GenerateReqInput, SamplingParamsBody, check_generate,
+                                               check_sampling)
+from slime_ext.serving.schemas import parse
 from slime_ext.serving.streaming import generate_all
 
 router = APIRouter()
@@ -37,49 +41,71 @@ def _decode_specs(value: Any) -> list[dict[str, Any]]:
     return specs
 
 
-@router.post("/generate")
+SAMPLER_MODULE_PREFIX = "sglang_patches."  # the only modules a request may ask this server to import
+
+
+def _register_samplers(specs: list[dict[str, Any]], modules: Any) -> None:
+    """Import the modules defining the specs' kinds (custom_params.sampler_modules, as SGLangEngineClient
+    sends it; the SGLang adapter does the same), restricted to this project's sampler package."""
+    from sglang_patches.request_sampler import SAMPLER_REGISTRY
+
+    if all(s.get("kind") in SAMPLER_REGISTRY for s in specs) or not modules:
+        return
+    for name in modules if isinstance(modules, list) else [modules]:
+        if isinstance(name, str) and name.startswith(SAMPLER_MODULE_PREFIX):
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                raise bad_request(f"custom_params.sampler_modules: no module {name!r}",
+                                  param="sampling_params.custom_params") from None
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request) -> Response:
     state = get_state(request)
     async with state.admission.slot():
-        body = parse(GenerateBody, await read_json(state, request))
-        if body.stream:
-            raise bad_request("stream: true is not supported on /generate", param="stream")
-        if body.input_ids is None and body.text is not None:
-            raise bad_request("/generate takes token ids ('input_ids'), not 'text'", param="text")
-        if not body.input_ids:
-            raise bad_request("/generate needs 'input_ids': a non-empty list of token ids", param="input_ids")
+        body = parse(GenerateReqInput, await read_json(state, request))
+        check_generate(body)
         ids = state.check_ids(body.input_ids, "input_ids")
-        sp = body.sampling_params or NativeSampling()
+        sp = parse(SamplingParamsBody, body.sampling_params or {}, prefix="sampling_params")
+        check_sampling(sp, state.vocab_size)
         max_new = state.token_budget(len(ids), sp.max_new_tokens, "sampling_params.max_new_tokens")
         seed = state.seed(sp.sampling_seed)
         specs = None
         custom = sp.custom_params or {}
         if custom.get("sampler_specs"):
             specs = _decode_specs(custom["sampler_specs"])
+            _register_samplers(specs, custom.get("sampler_modules"))
             state.check_specs(specs, seed)
         req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=body.rid)
         if max_new == 0:  # nothing to generate: SGLang answers an empty output finished by length
-            res = GenerateResult(req.rid, [], [], "length", [], 0, len(ids))
+            res, version = GenerateResult(req.rid, [], [], "length", [], 0, len(ids)), state.weight_version
         else:
-            (res,) = await generate_all(state.batcher, request, [req])
+            (ticket,) = tickets = [state.batcher.submit(req)]
+            (res,) = await generate_all(state.batcher, request, tickets=tickets)
+            version = ticket.weight_version or state.weight_version
         meta: dict[str, Any] = {
             "id": req.rid, "finish_reason": {"type": res.finish_reason if res.finish_reason != "sampler" else "stop"},
-            "prompt_tokens": len(ids), "completion_tokens": len(res.output_ids), "cached_tokens": res.cached_tokens,
+            "prompt_tokens": len(ids), "weight_version": version, "completion_tokens": len(res.output_ids),
+            "cached_tokens": res.cached_tokens,
         }
         if body.return_logprob:
-            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(res.logprobs or [], res.output_ids)]
+            text = (lambda t: state.tokenizer.decode([t])) if body.return_text_in_logprobs else (lambda t: None)
+            meta["output_token_logprobs"] = [[lp, tok, text(tok)]
+                                             for lp, tok in zip(res.logprobs or [], res.output_ids)]
         return JSONResponse({"text": state.completion_text(res), "output_ids": res.output_ids, "meta_info": meta})
 
 
 @router.post("/abort_request")
 async def abort_request(request: Request) -> dict[str, Any]:
-    """Abort by rid (queued requests are dropped, running ones stop at their next step) or all of them."""
+    """Abort by rid (queued requests are dropped, running ones stop at their next step) or all of them.
+    SGLang answers an empty 200; the count of aborted requests here is extra."""
     state = get_state(request)
-    body = parse(AbortBody, await read_json(state, request))
+    body = parse(AbortReq, await read_json(state, request))
     if body.abort_all:
         return {"success": True, "aborted": state.batcher.abort_all()}
-    if not body.rid:
-        raise bad_request("/abort_request needs 'rid' (or 'abort_all': true)", param="rid")
+    if not body.rid:  # SGLang turns a missing rid into "" and aborts nothing
+        return {"success": True, "aborted": 0}
     return {"success": True, "aborted": state.batcher.abort(body.rid)}
 
 

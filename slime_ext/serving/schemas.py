@@ -1,4 +1,5 @@
-"""Request bodies as pydantic models: wrong types and out-of-range values become a 400 naming the field.
+"""OpenAI request bodies as pydantic models: wrong types and out-of-range values become a 400 naming the
+field (SGLang's native bodies are in `native_schemas`).
 
 Unknown fields are ignored (OpenAI SDKs send many this server has no use for, e.g. `user`); fields whose
 meaning the server cannot honour are refused explicitly in the routes instead of being dropped silently.
@@ -58,41 +59,20 @@ class CompletionRequest(_OpenAIRequest):
     echo: Optional[bool] = None
 
 
-class NativeSampling(_Sampling):
-    max_new_tokens: Optional[Annotated[int, Field(ge=0)]] = None
-    sampling_seed: Optional[Seed] = None
-    custom_params: Optional[dict[str, Any]] = None
-
-
-class GenerateBody(BaseModel):
-    """SGLang's GenerateReqInput, the subset this server implements (other fields are ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    rid: Optional[str] = None
-    input_ids: Any = None
-    text: Any = None
-    sampling_params: Optional[NativeSampling] = None
-    return_logprob: Optional[bool] = None
-    stream: Optional[bool] = None
-
-
-class AbortBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    rid: Optional[str] = None
-    abort_all: Optional[bool] = None
-
-
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse(model: type[M], body: dict[str, Any]) -> M:
-    """`model` validated from `body`, or a 400 whose `param` is the first offending field."""
+def parse(model: type[M], body: dict[str, Any], prefix: Optional[str] = None) -> M:
+    """`model` validated from `body`, or a 400 whose `param` is the first offending field (under `prefix`
+    for a nested object)."""
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        first = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
-        message = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5])
+
+        def loc(e: Any) -> str:
+            return ".".join(str(p) for p in ([prefix] if prefix else []) + list(e["loc"]))
+
+        first = loc(errors[0]) if errors else None
+        message = "; ".join(f"{loc(e) or 'body'}: {e['msg']}" for e in errors[:5])
         raise bad_request(f"invalid request: {message}", param=first, code="invalid_value") from None

@@ -47,10 +47,16 @@ class ServerState:
     """Everything a route needs; one per server (the routes find it at `app.state.serve`)."""
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str, template: str = "plain",
-                 max_tokens: int = 256, max_batch: int = 64, config: Optional[ServeConfig] = None):
+                 max_tokens: int = 256, max_batch: int = 64, config: Optional[ServeConfig] = None, *,
+                 model_path: Optional[str] = None, tokenizer_path: Optional[str] = None,
+                 weight_version: str = "default"):
+        from slime_ext.serving.weights import WeightUpdater
         from slime_ext.tasks.templates import get_template
 
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        # SGLang's /model_info identity: a disk update moves model_path and the served name to its path
+        self.model_path = model_path if model_path is not None else model_name
+        self.tokenizer_path = tokenizer_path if tokenizer_path is not None else self.model_path
         self.template_name = template
         self.template = get_template(template)
         self.max_tokens = int(max_tokens)
@@ -58,11 +64,17 @@ class ServerState:
         self.context_length = self.config.context_length or engine_context_length(engine)
         self.max_prompt_tokens = self.config.max_prompt_tokens or self.context_length
         self.vocab_size = engine_vocab_size(engine, tokenizer)
-        self.batcher = Batcher(engine, max_batch=max_batch)
+        self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version)
+        self.weights = WeightUpdater(self)
         self.admission = Admission(self.config.max_concurrency, self.config.max_queue, self.config.queue_timeout_s)
         self._seeds = itertools.count(1)
         self.lock = threading.Lock()
         self.openai_requests = 0  # chat/completion requests served (tests count cloud calls with it)
+
+    @property
+    def weight_version(self) -> str:
+        """The version of the weights being served (SGLang's `--weight-version`, moved by updates)."""
+        return self.batcher.weight_version
 
     # -- checks -------------------------------------------------------------------------------------
     def authorized(self, header: Optional[str]) -> bool:

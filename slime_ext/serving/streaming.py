@@ -19,9 +19,11 @@ from slime_ext.serving.batcher import Batcher, Ticket
 from slime_ext.serving.body import wait_unless_disconnected
 
 
-async def generate_all(batcher: Batcher, request: Request, reqs: list[GenerateRequest]) -> list[GenerateResult]:
-    """Results of `reqs` (batched with everyone else's); aborts them if the client disconnects first."""
-    tickets = [batcher.submit(r) for r in reqs]
+async def generate_all(batcher: Batcher, request: Request, reqs: Optional[list[GenerateRequest]] = None,
+                       tickets: Optional[list[Ticket]] = None) -> list[GenerateResult]:
+    """Results of `reqs` (batched with everyone else's), or of `tickets` already submitted; aborts them if
+    the client disconnects first."""
+    tickets = tickets if tickets is not None else [batcher.submit(r) for r in reqs or []]
     gathered = asyncio.gather(*(asyncio.wrap_future(t.future) for t in tickets))
     try:
         return await wait_unless_disconnected(request, gathered)

@@ -8,7 +8,13 @@ Routes (the subset of OpenAI's and SGLang's APIs this project's clients use, sam
 - `POST /generate`: SGLang's native token-id route (`input_ids`, `sampling_params` incl. `sampling_seed`
   and `custom_params`, `return_logprob`, `rid`), answered like SGLang, so `SGLangEngineClient` talks to
   this server and to a real SGLang server alike;
-- `POST /abort_request`, `POST /flush_cache`, `GET /health`.
+- `POST /abort_request`, `POST /flush_cache`, `GET /health`;
+- SGLang's weight routes (`/update_weights_from_disk`, `/update_weights_from_tensor`, `/begin_weight_update`,
+  `/end_weight_update`, `/init_weights_update_group`, `/update_weights_from_distributed`,
+  `/destroy_weights_update_group`, `/update_weight_version`, `/release_memory_occupation`,
+  `/resume_memory_occupation`) and `GET /model_info`, so a trainer updates this server as an SGLang engine
+  server; `meta_info.weight_version` tells which weights generated an answer (`--weight-version` at start).
+  `--partner DIR` loads a partner model beside the policy (Tandem's junior): partner samplers run here.
 
 It runs on FastAPI + uvicorn (`slime_ext/serving/`) with bounded request sizes, context-length checks,
 bounded concurrency with a 429 queue, idle timeouts and an optional API key; concurrent requests are
@@ -46,7 +52,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=256, help="default completion length (clipped to the context)")
     ap.add_argument("--max-batch", type=int, default=64, help="requests per engine.generate call")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--name", default=None, help="model name reported by /v1/models (default: the path)")
+    ap.add_argument("--name", "--served-model-name", dest="name", default=None,
+                    help="model name reported by /v1/models and /model_info (default: the path)")
+    ap.add_argument("--partner", default=None,
+                    help="HF checkpoint of a partner model run beside the policy (Tandem's junior); requests whose "
+                         "samplers need a partner are served only with one")
+    ap.add_argument("--weight-version", default="default",
+                    help="the version of the weights served at start (SGLang's flag; updates move it)")
     lim = ap.add_argument_group("limits")
     lim.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="largest request body")
     lim.add_argument("--context-length", type=int, default=None,
@@ -87,6 +99,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.partner and args.solver:
+        print("error: --partner needs --model", file=sys.stderr)
+        return 2
     import torch
 
     from slime_ext.engine.embedded import EmbeddedEngine
@@ -101,15 +116,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         try:
             tokenizer = load_tokenizer(args.model)
-            engine = EmbeddedEngine.from_pretrained(args.model)
+            engine = EmbeddedEngine.from_pretrained(args.model, partner_path=args.partner)
         except (OSError, ValueError) as exc:
-            print(f"error: --model {args.model}: {exc}", file=sys.stderr)
+            which = f"--model {args.model}" + (f" / --partner {args.partner}" if args.partner else "")
+            print(f"error: {which}: {exc}", file=sys.stderr)
             return 2
     source = args.model or f"solver:{args.solver}"
     state = ServerState(engine, tokenizer, args.name or source, args.template, args.max_tokens, args.max_batch,
-                        config=config)
-    log.info("serving %s on http://%s:%d (OpenAI /v1/*, SGLang /generate; context %s, concurrency %d + queue %d%s)",
-             source, args.host, args.port, state.context_length, config.max_concurrency, config.max_queue,
+                        config=config, model_path=source, tokenizer_path=args.model, weight_version=args.weight_version)
+    log.info("serving %s%s on http://%s:%d (OpenAI /v1/*, SGLang /generate + weight updates; weight version %s; "
+             "context %s, concurrency %d + queue %d%s)", source,
+             f" with partner {args.partner}" if args.partner else "", args.host, args.port, args.weight_version,
+             state.context_length, config.max_concurrency, config.max_queue,
              ", API key required" if config.api_key else "")
     try:
         serve_forever(state, args.host, args.port)
