@@ -8,10 +8,13 @@ version set to the step's version (so each rollout says which weights produced i
 - tensor: `/update_weights_from_tensor` with the tensors serialized by sglang's MultiprocessingSerializer
   (CUDA IPC handles on a GPU node; on CPU, shared-memory file names: the `file_system` sharing strategy
   lets an unrelated process open them). For colocated engines on the trainer's node.
-- distributed: once, rank 0 (this process) hosts a TCPStore and every engine joins a process group over
-  `/init_weights_update_group` (ranks 1..N, NCCL on GPUs, gloo on CPU); per sync, each engine is told
-  names, dtypes and shapes (`/update_weights_from_distributed`) while rank 0 broadcasts the tensors in
-  that order. A restarted engine breaks the group: the next sync builds a new one.
+- distributed: once, rank 0 (this process) and every engine (`/init_weights_update_group`, ranks 1..N)
+  join one process group with sglang's own `init_custom_process_group` (a `tcp://` store hosted by rank 0,
+  keys prefixed by the group name; NCCL on GPUs, gloo on CPU), so the same calls reach real SGLang
+  servers and the CPU stand-in; per sync, each engine is told names, dtypes and shapes
+  (`/update_weights_from_distributed`) while rank 0 broadcasts the tensors in that order. A restarted
+  engine breaks the group: the next sync builds a new one (under a new name: torch keeps group names
+  for the life of a process).
 Any engine's failure raises `WeightSyncError`: the loop stops rather than train on stale rollouts.
 """
 
@@ -94,41 +97,45 @@ class DistributedSync:
         self.timeout = timedelta(seconds=timeout_s)
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.group: Any = None
-        self.store: Any = None
         self.members: tuple[str, ...] = ()
+        self.generation = 0
+        self.group_name = GROUP_NAME
 
     def invalidate(self) -> None:
         """Forget the group (an engine restarted: its ranks are gone); the next push builds a new one."""
-        self.group = self.store = None
+        self.group = None
         self.members = ()
 
     def _ensure_group(self, clients: Sequence[Any]) -> None:
         urls = tuple(c.base_url for c in clients)
         if self.group is not None and urls == self.members:
             return
-        if self.members:  # best effort: let the surviving engines drop the old group
+        from sglang.srt.utils.common import init_custom_process_group
+
+        if self.generation:  # best effort: let the surviving engines drop the old group
             for c in clients:
                 try:
-                    c._control("/destroy_weights_update_group", {"group_name": GROUP_NAME},
+                    c._control("/destroy_weights_update_group", {"group_name": self.group_name},
                                "DestroyWeightsUpdateGroupReqInput")
                 except Exception as exc:  # noqa: BLE001
                     log.debug("destroy_weights_update_group on %s: %s", c.base_url, exc)
+        self.generation += 1
+        self.group_name = f"{GROUP_NAME}_{self.generation}"
         world = 1 + self.tp_size * len(clients)
         with socket.socket() as s:
             s.bind((self.host, 0))
             port = s.getsockname()[1]
-        store = torch.distributed.TCPStore(self.host, port, world, is_master=True, timeout=self.timeout,
-                                           wait_for_workers=False)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-group") as pool:
             joining = pool.submit(_on_all, clients, "init_weights_update_group",
                                   lambda i, c: c.init_weights_update_group(self.host, port, 1 + i * self.tp_size,
-                                                                           world, GROUP_NAME, self.backend))
-            if self.backend == "gloo":
-                group = torch.distributed.ProcessGroupGloo(store, 0, world, self.timeout)
-            else:  # pragma: no cover - GPU machines
-                group = torch.distributed.ProcessGroupNCCL(store, 0, world)
-            joining.result()
-        self.group, self.store, self.members = group, store, urls
+                                                                           world, self.group_name, self.backend))
+            try:
+                group = init_custom_process_group(backend=self.backend, init_method=f"tcp://{self.host}:{port}",
+                                                  timeout=self.timeout, world_size=world, rank=0,
+                                                  group_name=self.group_name)
+            finally:
+                joining.result()
+        self.group, self.members = group, urls
         log.info("weight-update group: rank 0 here + %d engine rank(s) over %s", world - 1, self.backend)
 
     def push(self, clients: Sequence[Any], named: NamedTensors, version: str, snapshot: Optional[Path]) -> None:
@@ -139,13 +146,11 @@ class DistributedSync:
         device = "cuda" if self.backend == "nccl" else "cpu"
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-announce") as pool:
             announced = pool.submit(_on_all, clients, f"update_weights_from_distributed (version {version})",
-                                    lambda i, c: c.update_weights_from_distributed(names, dtypes, shapes, GROUP_NAME,
+                                    lambda i, c: c.update_weights_from_distributed(names, dtypes, shapes, self.group_name,
                                                                                   weight_version=version))
             try:
-                opts = torch.distributed.BroadcastOptions()
-                opts.rootRank, opts.rootTensor = 0, 0
                 for _, t in named:
-                    self.group.broadcast([t.detach().to(device).contiguous()], opts).wait()
+                    torch.distributed.broadcast(t.detach().to(device).contiguous(), src=0, group=self.group)
             except Exception as exc:  # an engine died mid-broadcast: its announce fails too
                 self.invalidate()
                 announced.cancel()

@@ -129,12 +129,19 @@ def test_a_failed_update_stops_with_a_message_and_keeps_the_old_version(pool, mo
 
 
 def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_tokens(pool):
-    reference = pool.generate(_requests(n_prompts=4, n=2, max_new=40, tag="kill"))
+    reference = pool.generate(_requests(n_prompts=4, n=2, max_new=120, tag="kill"))
     victim = pool.actors[1]
     pid = victim.pid()
-    killer = threading.Timer(0.3, lambda: os.kill(pid, signal.SIGKILL))
+
+    def kill_once_its_requests_are_in_flight() -> None:
+        while pool._outstanding[1] == 0:
+            time.sleep(0.002)
+        time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_its_requests_are_in_flight)
     killer.start()
-    results = pool.generate(_requests(n_prompts=4, n=2, max_new=40, tag="kill"))
+    results = pool.generate(_requests(n_prompts=4, n=2, max_new=120, tag="kill"))
     killer.join()
     assert victim.pid() != pid and victim.restart_count() == 1
     assert all(r.finish_reason != "failed" for r in results)
