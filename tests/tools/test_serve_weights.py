@@ -102,6 +102,14 @@ def request(rid: str, seed: int = 3, specs=None) -> GenerateRequest:
                            sampler_specs=specs or [])
 
 
+@pytest.fixture
+def file_system_sharing():
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    yield
+    torch.multiprocessing.set_sharing_strategy(before)
+
+
 # -- disk ------------------------------------------------------------------------------------------
 def test_update_from_disk_sets_weights_and_version_and_keeps_both_on_a_bad_tensor(model_dir, tmp_path):
     from safetensors.torch import save_file
@@ -183,6 +191,45 @@ def test_version_session_group_and_memory_routes(model_dir):
         code, body = call(url, "/update_weights_from_disk", {"model_path": 5})
         assert code == 400 and body["error"]["param"] == "model_path"
         assert state.weight_version == "v1"
+
+
+def test_tensor_payload_forms_and_refusals(model_dir, file_system_sharing):
+    """sglang's flattened bucket is unpacked; payloads this server cannot or must not rebuild are refused
+    with the reason: file descriptors (the sender's sharing strategy) and arbitrary globals."""
+    import base64
+    import io
+    import pickle
+
+    from sglang.srt.utils.common import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    def post(payload, load_format=None):
+        return call(srv.url, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
+                                                             "load_format": load_format, "weight_version": "b"})
+
+    with in_process(model_dir) as (srv, state):
+        assert call(srv.url, "/begin_weight_update", {})[0] == 200
+        named = [("model.norm.weight", torch.randn(32)), ("model.layers.0.mlp.gate.weight", torch.randn(4, 32))]
+        bucket = FlattenedTensorBucket(named_tensors=named)
+        payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+        assert post(MultiprocessingSerializer.serialize(payload, output_str=True), "flattened_bucket")[0] == 200
+        for name, t in named:
+            assert torch.equal(state.engine.model.state_dict()[name], t)
+        assert state.weight_version == "b"
+
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+        code, body = post(MultiprocessingSerializer.serialize([("model.norm.weight", torch.ones(32))], output_str=True))
+        assert code == 400 and "set_sharing_strategy('file_system')" in body["message"]
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("true",))
+
+        code, body = post(base64.b64encode(pickle.dumps([("model.norm.weight", Evil())])).decode())
+        assert code == 400 and "blocked unsafe global" in body["message"]
+        code, body = post(base64.b64encode(b"garbage").decode())
+        assert code == 400 and "cannot deserialize" in body["message"]
+        assert torch.equal(state.engine.model.state_dict()["model.norm.weight"], named[0][1])
 
 
 def test_updates_wait_for_the_running_generate_call_and_version_its_results():
@@ -276,14 +323,6 @@ def process_server(model_dir, partner_dir):
             proc.wait()
 
 
-@pytest.fixture
-def file_system_sharing():
-    before = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    yield
-    torch.multiprocessing.set_sharing_strategy(before)
-
-
 def test_partner_samplers_run_in_a_partner_server(process_server, model_dir, partner_dir):
     """--partner: a tandem request (the client with native_partner=True) runs policy and partner in the
     server exactly as the embedded engine does in-process; a server without a partner refuses it."""
@@ -360,6 +399,27 @@ def test_distributed_update_from_a_trainer_at_rank_0(process_server):
         assert client.weight_version() == "4"
         (res,) = client.generate([request("after-dist")])
         assert res.weight_version == "4"
+
+        # load_format flattened_bucket: sglang's FlattenedTensorBucket, one uint8 broadcast
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+        flat = [("model.norm.weight", torch.randn(32)),
+                ("model.layers.1.mlp.experts.0.up_proj.weight", torch.randn(16, 32).to(torch.bfloat16))]
+        bucket = FlattenedTensorBucket(named_tensors=flat)
+        body = {"names": [n for n, _ in flat], "dtypes": [str(t.dtype)[6:] for _, t in flat],
+                "shapes": [list(t.shape) for _, t in flat], "group_name": group, "load_format": "flattened_bucket",
+                "weight_version": "5"}
+        update = threading.Thread(target=lambda: sent.update(flat=[call(process_server, "/begin_weight_update", {}),
+                                                                   call(process_server, path, body),
+                                                                   call(process_server, "/end_weight_update", {})]))
+        path = "/update_weights_from_distributed"
+        update.start()
+        torch.distributed.broadcast(bucket.get_flattened_tensor(), src=0, group=pg)
+        update.join(timeout=30)
+        assert [code for code, _ in sent["flat"]] == [200, 200, 200], sent["flat"]
+        for name, t in flat:
+            assert torch.equal(served(process_server, name), t.float()), name
+        assert client.weight_version() == "5"
         assert call(process_server, "/destroy_weights_update_group", {"group_name": group})[1]["success"] is True
     finally:
         torch.distributed.destroy_process_group(pg)
