@@ -237,19 +237,21 @@ class ServerEnginePool:
         (self.weights_dir / f"{LATEST}.tmp").write_text(json.dumps({"dir": str(snapshot), "version": version}))
         (self.weights_dir / f"{LATEST}.tmp").replace(self.weights_dir / LATEST)
         self._prune_snapshots(keep=str(snapshot))
-        self.check_versions(version)
+        at_version = self.check_versions(version)
         self.sync_seconds.append(t2 - t1)
-        return {"time/sync_snapshot": t1 - t0, "time/sync_push": t2 - t1}
+        return {"time/sync_snapshot": t1 - t0, "time/sync_push": t2 - t1, "sync/engines_at_version": at_version}
 
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The engine interface's update (no version known): versioned as "unversioned"."""
         self.sync_weights(named_tensors, "unversioned")
 
-    def check_versions(self, version: str) -> None:
+    def check_versions(self, version: str) -> int:
+        """Every engine must now serve `version` (asked over /model_info); returns how many do."""
         served = self.versions()
         wrong = {self.urls[i]: v for i, v in enumerate(served) if v != version}
         if wrong:
             raise WeightSyncError(f"after the sync of version {version} the engines serve {wrong}")
+        return len(served)
 
     def versions(self) -> list[Optional[str]]:
         return [c.weight_version() for c in self.clients]

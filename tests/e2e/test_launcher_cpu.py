@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import REPO
 from tests.e2e.hf_checkpoint import make_tiny_hf_checkpoint, read_hf_weights, read_metrics, write_math_data
 
-# The rollout engine of the launched run. When `rollout.engine=sglang` starts engine server processes, this
-# becomes ["rollout.engine=sglang", "sglang.num_engines=2"].
-ENGINE = ["rollout.engine=embedded"]
+# The rollout engines of the launched run: two engine server processes (the project's SGLang-protocol
+# server on CPU) behind sglang-router, weights synced over a gloo group after every step.
+ENGINE = ["rollout.engine=sglang", "sglang.num_engines=2", "sglang.router=true", "sglang.weight_sync=distributed"]
 STEPS = 3
 LAYOUT = [  # 2 gloo trainer ranks; MoE with TP needs sequence parallel, and ETP 1 keeps EP x ETP within 2 ranks
     "train.parallel.tensor_model_parallel_size=2", "train.parallel.expert_model_parallel_size=2",
@@ -77,6 +77,12 @@ def test_the_launcher_trains_tp2_ep2_on_cpu_from_the_hf_checkpoint(tmp_path, che
 
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(STEPS))
+    # step t rolled out with version t (the loop refuses anything else) and both engines took every sync
+    assert all(m["rollout/weight_version_min"] == m["rollout/weight_version_max"] == m["step"] for m in metrics)
+    assert all(m["sync/engines_at_version"] == 2 and m["time/sync_push"] > 0 for m in metrics)
+    assert "2 SGLang-protocol server(s)" in plan and "router on" in plan
+    logs = run_dir / "engine_logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["engine_0.log", "engine_1.log", "router.log"]
     assert all(0.0 <= m["reward/mean"] <= 1.0 for m in metrics)
     assert metrics[0]["train/approx_kl_old"] < 1e-5  # the 2 ranks started from the checkpoint's weights
 

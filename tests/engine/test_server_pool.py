@@ -104,7 +104,8 @@ def test_every_sync_path_delivers_the_weights_and_the_version(pool, model_dir, k
     base = pool.generate(_requests(tag=f"{kind}-base"))
     timings = pool.sync_weights(_named(model_dir, 1.5), version)
     assert pool.versions() == [version, version]
-    assert set(timings) == {"time/sync_snapshot", "time/sync_push"}
+    assert set(timings) == {"time/sync_snapshot", "time/sync_push", "sync/engines_at_version"}
+    assert timings["sync/engines_at_version"] == 2
     after = pool.generate(_requests(tag=f"{kind}-after"))
     assert {r.weight_version for r in after} == {version}
     # the scaled weights change the logprobs of the same tokens' distribution: the outputs differ
@@ -126,6 +127,23 @@ def test_a_failed_update_stops_with_a_message_and_keeps_the_old_version(pool, mo
     with pytest.raises(StaleRollout):  # step 8 would have rolled out with version 7
         reqs = _requests(1, 2, tag="stale")
         check_weight_versions(reqs, pool.generate(reqs), 8)
+
+
+def test_sglang_router_in_front_of_the_engines_gives_the_same_tokens(pool, tmp_path):
+    """sglang-router (manual policy, a prompt group per routing key) between the pool and the servers."""
+    from slime_ext.engine.weight_sync import make_weight_sync
+
+    pool.weight_sync = make_weight_sync("disk")
+    direct = pool.generate(_requests(tag="routed"))
+    pool.start_router(log_path=str(tmp_path / "router.log"))
+    try:
+        routed = pool.generate(_requests(tag="routed"))
+        assert pool.router.stats["requests"] == len(routed)  # every request went through the router
+    finally:
+        pool._router_server.stop(grace_s=5.0)
+        pool.router = pool.router_url = None
+    assert [r.output_ids for r in routed] == [r.output_ids for r in direct]
+    assert all(r.finish_reason != "failed" for r in routed)
 
 
 def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_tokens(pool):
