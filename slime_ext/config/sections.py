@@ -329,3 +329,14 @@ class CoreConfig(Section):
                 ("rollout.max_prompt_len", "rollout.max_response_len", "model.max_position_embeddings"),
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_cpu_engine_servers(self) -> "CoreConfig":
+        """On a CPU run the engine servers are the project's one-process servers: no tensor parallelism."""
+        if self.rollout.engine == "sglang" and self.cluster.gpus_per_node == 0 and self.sglang.tp_size > 1:
+            raise ConfigCheckError(
+                f"sglang.tp_size = {self.sglang.tp_size} on a CPU run (cluster.gpus_per_node = 0): the CPU engine "
+                "server is one process per engine; set sglang.tp_size=1 (or run on GPUs)",
+                ("sglang.tp_size", "cluster.gpus_per_node"),
+            )
+        return self

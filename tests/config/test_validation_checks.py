@@ -144,3 +144,9 @@ def test_cross_field_checks_name_every_place_their_keys_were_set():
     assert msg.startswith("command line override 'dapo.overlong_buffer=500', configs/base.yaml: dapo.overlong_buffer (500)")
     msg = problem(CONFIGS / "dagrpo.yaml", "train.steps=30")
     assert msg.startswith("command line override 'train.steps=30', configs/dagrpo.yaml: train.steps (30) must equal")
+
+
+def test_cpu_engine_servers_have_no_tensor_parallelism(capsys):
+    assert config_main(["--check", str(GRPO), "rollout.engine=sglang", "sglang.tp_size=2"]) == 2
+    assert "sglang.tp_size = 2 on a CPU run (cluster.gpus_per_node = 0)" in capsys.readouterr().err
+    assert config_main(["--check", str(GRPO), "rollout.engine=sglang", "sglang.num_engines=2"]) == 0
