@@ -112,13 +112,10 @@ def stop_on_actor_failure(what: str, run_dir: Path, ckpt_dir: Path) -> Iterator[
         yield
     except ACTOR_FAILURES as exc:
         raise RunStopped(actor_failure_message(what, exc, run_dir, ckpt_dir)) from exc
-    except EngineFailure as exc:
-        raise RunStopped(engine_failure_message(what, exc, run_dir, ckpt_dir)) from exc
-    except ray.exceptions.RayTaskError as exc:  # an engine failure inside the rollout manager actor
-        cause = vars(exc).get("cause")
-        if isinstance(cause, EngineFailure):
-            raise RunStopped(engine_failure_message(what, cause, run_dir, ckpt_dir)) from exc
-        raise
+    except EngineFailure as exc:  # in the driver, or passed on by the rollout manager actor (Ray wraps it)
+        cause = vars(exc).get("cause") if isinstance(exc, ray.exceptions.RayTaskError) else exc
+        raise RunStopped(engine_failure_message(what, cause if isinstance(cause, BaseException) else exc,
+                                                run_dir, ckpt_dir)) from exc
 
 
 def _checkpoint_sentence(ckpt_dir: Path) -> str:

@@ -196,6 +196,25 @@ def test_other_dead_worker_errors_stop_the_same_way(tmp_path, exc, described):
     assert "no checkpoint was completed yet, so the run restarts from its first step" in str(info.value)
 
 
+@pytest.mark.parametrize("raised", ["direct", "through the manager actor"])
+def test_engine_failures_stop_with_the_checkpoint_the_engine_logs_and_the_resume_command(tmp_path, raised):
+    """A weight sync that did not reach every engine (in the driver) or restarts used up (in the rollout
+    manager actor, so wrapped by Ray): RunStopped, never training on with stale rollouts."""
+    from slime_ext.engine.failures import EngineUnavailable, WeightSyncError
+
+    exc: BaseException = WeightSyncError("update_weights_from_disk (version 4) failed: engine 1: HTTP 400")
+    if raised != "direct":
+        exc = ray.exceptions.RayTaskError("rollout", "ray::RolloutManager.rollout() (pid=1)",
+                                          EngineUnavailable("engine 0 restarts used up")).as_instanceof_cause()
+    with pytest.raises(RunStopped) as info:
+        with stop_on_actor_failure("step 3", tmp_path, tmp_path / "checkpoints"):
+            raise exc
+    msg = str(info.value)
+    name = "WeightSyncError: update_weights_from_disk (version 4)" if raised == "direct" else "EngineUnavailable: engine 0"
+    assert msg.startswith(f"the rollout engines failed during step 3 ({name}")
+    assert f"Engine logs: {tmp_path / 'engine_logs'}" in msg and msg.endswith(f"resume={tmp_path}")
+
+
 def test_a_bug_in_the_trainer_keeps_its_traceback(tmp_path):
     group = FakeGroup(fail={("train_step", 0): ValueError("shape mismatch")})
     with pytest.raises(ValueError, match="shape mismatch"):
