@@ -56,11 +56,14 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
     """(argv, extra environment) of one engine server."""
     host = cfg_sglang.host
     if use_sglang if use_sglang is not None else sglang_host_available():
-        argv = build_server_command(cfg_sglang, model_dir, port, host)
-        argv += ["--weight-version", weight_version]
         env = {}
         if partner_dir:  # the two-model tandem engine (sglang_patches.tandem_model) serves the pair
+            from sglang_patches.tandem_model import write_tandem_checkpoint
+
+            model_dir = str(write_tandem_checkpoint(model_dir, partner_dir, Path(model_dir).parent / "tandem_pair"))
             env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_patches.tandem_model"
+        argv = build_server_command(cfg_sglang, model_dir, port, host)
+        argv += ["--weight-version", weight_version]
         return argv, env
     argv = [sys.executable, "-m", STANDIN, "--model", str(model_dir), "--host", host, "--port", str(port),
             "--threads", str(threads), "--weight-version", weight_version, "--max-batch", "1024",
@@ -124,6 +127,11 @@ class EngineServerActor:
 
             SGLangEngineClient(url, validate=False).update_weights_from_disk(snapshot_dir, weight_version=weight_version)
         return url
+
+    def host_kind(self) -> str:
+        """"sglang" (a real SGLang server) or "standin" (the project's server): the client's tandem mode differs."""
+        use = self.use_sglang if self.use_sglang is not None else sglang_host_available()
+        return "sglang" if use else "standin"
 
     def restart_count(self) -> int:
         return self.restarts

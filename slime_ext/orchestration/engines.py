@@ -74,7 +74,10 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
         log.info("starting %d engine server(s); logs in %s", s.num_engines, log_dir)
         urls = ray.get([a.start.remote() for a in actors])
         client_kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),
-                         "vocab_size": len(tokenizer), "native_partner": partner_dir is not None}
+                         "vocab_size": len(tokenizer)}
+        if partner_dir is not None:  # SGLang serves the pair as one model of width 2V; our server holds two
+            sglang_hosts = ray.get(actors[0].host_kind.remote()) == "sglang"
+            client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})
         pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs)
         if s.router and s.num_engines > 1:
             pool.start_router(log_path=str(log_dir / "router.log"))
