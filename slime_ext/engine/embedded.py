@@ -176,23 +176,38 @@ class EmbeddedEngine:
         out["prefix_cache_hit_rate"] = out["cached_tokens"] / max(out["cached_tokens"] + out["prefill_tokens"], 1)
         return out
 
+    def parameter(self, name: str) -> torch.Tensor:
+        """The policy's tensor (or expert slice) an HF name refers to; KeyError when none does."""
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        try:
+            target, rows = _resolve_target(name, params)
+        except (ValueError, IndexError):
+            target = None
+        if target is None:
+            raise KeyError(f"weight update: {name!r} matches no parameter of the engine's model")
+        return target if rows is None else target[rows]
+
+    def check_weight_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(destination, new value) for every tensor; raises before anything is copied (KeyError for an
+        unknown name, ValueError for a shape mismatch), so a bad update leaves the weights as they were."""
+        pairs = []
+        for name, tensor in named_tensors:
+            dst = self.parameter(name)
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight update: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(dst.shape)}")
+            pairs.append((dst, tensor))
+        return pairs
+
     @torch.no_grad()
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy canonical HF-named tensors (megatron_glue's export format) into the policy in place.
 
         transformers keeps Qwen3-MoE experts fused (`experts.gate_up_proj` [E, 2I, H], gate rows first;
-        `experts.down_proj` [E, H, I]); per-expert names are written into their slices. The prefix cache
-        is flushed: its KV was computed with the old weights.
+        `experts.down_proj` [E, H, I]); per-expert names are written into their slices. Everything is
+        checked first (all or nothing). The prefix cache is flushed: its KV was computed with the old weights.
         """
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
-        for name, tensor in named_tensors:
-            target, rows = _resolve_target(name, params)
-            if target is None:
-                raise KeyError(f"weight update: {name!r} matches no parameter of the engine's model")
-            dst = target if rows is None else target[rows]
-            if tuple(dst.shape) != tuple(tensor.shape):
-                raise ValueError(f"weight update: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(dst.shape)}")
+        for dst, tensor in self.check_weight_update(named_tensors):
             dst.copy_(tensor.to(dst.dtype))
         self.flush_cache()
 

@@ -247,24 +247,26 @@ class WeightUpdater:
 
     def check(self, named: NamedTensors) -> None:
         """Every name resolves to a parameter (per-expert names into the fused experts) of the right shape."""
-        from slime_ext.engine.embedded import _resolve_target
-
-        model = self._model()
-        params = dict(model.named_parameters())
-        params.update(dict(model.named_buffers()))
+        self._model()
         if not named:
             raise WeightUpdateError("the update holds no tensors")
-        for name, tensor in named:
-            try:
-                target, rows = _resolve_target(name, params)
-                dst = None if target is None else (target if rows is None else target[rows])
-            except (ValueError, IndexError):
-                dst = None
-            if dst is None:
-                raise WeightUpdateError(f"weight update: {name!r} matches no parameter of the served model")
-            if tuple(dst.shape) != tuple(tensor.shape):
-                raise WeightUpdateError(f"weight update: {name!r} has shape {tuple(tensor.shape)}, "
-                                        f"the served model expects {tuple(dst.shape)}")
+        check = getattr(self.state.engine, "check_weight_update", None)
+        if check is None:  # an engine without the check validates inside its own update
+            return
+        try:
+            check(named)
+        except KeyError:
+            bad = next(n for n, _ in named if not self._resolves(n))
+            raise WeightUpdateError(f"weight update: {bad!r} matches no parameter of the served model") from None
+        except ValueError as exc:
+            raise WeightUpdateError(str(exc).replace("model expects", "the served model expects")) from None
+
+    def _resolves(self, name: str) -> bool:
+        try:
+            self.state.engine.parameter(name)
+            return True
+        except KeyError:
+            return False
 
     def apply(self, named: NamedTensors, weight_version: Optional[str], abort_all: bool) -> None:
         """Check everything, then copy with no generate call running; sets the version when given."""
@@ -395,19 +397,12 @@ class WeightUpdater:
 
     def get(self, name: str, truncate_size: int) -> list:
         """SGLang's get_weights_by_name: the first `truncate_size` rows of a parameter, as float32 lists."""
-        from slime_ext.engine.embedded import _resolve_target
-
-        model = self._model()
-        params = dict(model.named_parameters())
-        params.update(dict(model.named_buffers()))
+        self._model()
         with self.state.batcher.exclusive():
             try:
-                target, rows = _resolve_target(name, params)
-                value = None if target is None else (target if rows is None else target[rows])
-            except (ValueError, IndexError):
-                value = None
-            if value is None:
-                raise WeightUpdateError(f"Get parameter by name failed: {name!r} matches no parameter")
+                value = self.state.engine.parameter(name)
+            except KeyError:
+                raise WeightUpdateError(f"Get parameter by name failed: {name!r} matches no parameter") from None
             return value.detach().cpu().to(torch.float32).tolist()[:truncate_size]
 
     # -- versions and memory ----------------------------------------------------------------------
