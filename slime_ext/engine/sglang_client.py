@@ -54,6 +54,8 @@ from sglang_patches.request_sampler import replay_annotations
 from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
 
 logger = logging.getLogger(__name__)
+# importing sglang's request definitions registers its model configs, each with an INFO line
+logging.getLogger("sglang.srt.configs").setLevel(logging.WARNING)
 
 _FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
 
