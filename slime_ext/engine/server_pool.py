@@ -182,7 +182,7 @@ class ServerEnginePool:
         EngineUnavailable when an engine has used up `sglang.max_restarts`."""
         restarted = []
         for e, (actor, client) in enumerate(zip(self.actors, self.clients)):
-            if _get(actor, "alive") and client.health(timeout_s=10.0):
+            if _get(actor, "alive") and client.health(timeout_s=min(10.0, self.cfg.request_timeout_s)):
                 continue
             used = _get(actor, "restart_count")
             if used >= self.cfg.max_restarts:

@@ -223,6 +223,7 @@ class SGLangServer:
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(proc.pid, signal.SIGCONT)  # a stopped (hung) server would never see the SIGTERM
                 except ProcessLookupError:
                     pass
                 try:

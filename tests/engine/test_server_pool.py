@@ -169,3 +169,22 @@ def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_token
     time.sleep(0.5)
     with pytest.raises(EngineUnavailable, match="restart"):
         pool.generate(_requests(n_prompts=4, n=2, tag="dead"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_server_that_stops_answering_is_restarted(model_dir, tmp_path):
+    """SIGSTOP: the process lives but answers nothing; the client times out, /health fails, the actor
+    restarts it (SIGTERM + SIGCONT), and the requests are answered by the new process."""
+    cfg = SGLangConfig(num_engines=1, max_restarts=1, startup_timeout_s=120, request_timeout_s=3)
+    actor = EngineServerActor(0, cfg, str(model_dir), log_dir=str(tmp_path))
+    try:
+        pool = ServerEnginePool([actor], [actor.start()], cfg, str(tmp_path / "w"))
+        reference = pool.generate(_requests(n_prompts=2, n=2, max_new=120, tag="hang"))
+        pid = actor.pid()
+        threading.Timer(0.1, lambda: os.kill(pid, signal.SIGSTOP)).start()
+        results = pool.generate(_requests(n_prompts=2, n=2, max_new=120, tag="hang"))
+        assert actor.restart_count() == 1 and actor.pid() != pid
+        assert [r.output_ids for r in results] == [r.output_ids for r in reference]
+    finally:
+        actor.stop()
