@@ -23,6 +23,9 @@ The per-request seed goes to `sampling_params["sampling_seed"]` (SGLang reads it
 `--enable-deterministic-inference`, and then needs `--sampling-backend pytorch` for top-p/top-k; without
 it SGLang's draws are unseeded, while our samplers' coins still derive from the seed in custom_params). Per-token annotations cannot come back
 through SGLang's response, so they are recomputed with `replay_annotations` from the returned ids.
+A request a sampler ended (its forced EOS) comes back with finish reason "sampler", as from the embedded
+engine, when the server says so: the project's server (`slime_ext.tools.serve`) adds `"sampler": true` to
+the stop finish_reason. SGLang itself reports that EOS as a matched stop token, so there it reads "stop".
 
 Every payload is validated before it is sent: `sampling_params` is built into sglang's own
 `SamplingParams` (unknown keys raise, `verify` checks ranges, and a msgpack round trip checks that
@@ -50,7 +53,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from sglang_patches.request_sampler import replay_annotations
+from sglang_patches.request_sampler import FINISH_SAMPLER, replay_annotations
 from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
 
 logger = logging.getLogger(__name__)
@@ -386,6 +389,9 @@ class SGLangEngineClient:
         kind = reason.get("type") if isinstance(reason, dict) else reason
         if kind not in _FINISH_TYPES:
             raise ValueError(f"unknown finish_reason {reason!r}")
+        finish = _FINISH_TYPES[kind]
+        if kind == "stop" and isinstance(reason, dict) and reason.get("sampler") is True:
+            finish = FINISH_SAMPLER  # the project's server marks a sampler's forced EOS (SGLang cannot)
         logprobs = None
         if request.return_logprob:
             triples = meta.get("output_token_logprobs")
@@ -408,7 +414,7 @@ class SGLangEngineClient:
                 self.stats["aborted"] += 1
         version = meta.get("weight_version")
         return GenerateResult(rid=request.rid, output_ids=output_ids, logprobs=logprobs,
-                              finish_reason=_FINISH_TYPES[kind], annotations=annotations, cached_tokens=cached,
+                              finish_reason=finish, annotations=annotations, cached_tokens=cached,
                               prompt_len=prompt_len, weight_version=None if version is None else str(version))
 
     def _decoder(self) -> Optional[Callable[[Sequence[int]], str]]:

@@ -60,6 +60,16 @@ def _register_samplers(specs: list[dict[str, Any]], modules: Any) -> None:
                                   param="sampling_params.custom_params") from None
 
 
+def _finish_reason(res: GenerateResult) -> dict[str, Any]:
+    """SGLang's finish_reason object. A sampler that ended the request forced EOS, which SGLang reports
+    as a matched stop token ({"type": "stop", "matched": EOS}); this server adds `"sampler": true`, so
+    `SGLangEngineClient` returns finish reason "sampler" as the embedded engine does (DUET counts only
+    natural "stop" ends in its length window)."""
+    if res.finish_reason == "sampler":
+        return {"type": "stop", "matched": res.output_ids[-1] if res.output_ids else None, "sampler": True}
+    return {"type": res.finish_reason}
+
+
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request) -> Response:
     state = get_state(request)
@@ -85,7 +95,7 @@ async def generate(request: Request) -> Response:
             (res,) = await generate_all(state.batcher, request, tickets=tickets)
             version = ticket.weight_version or state.weight_version
         meta: dict[str, Any] = {
-            "id": req.rid, "finish_reason": {"type": res.finish_reason if res.finish_reason != "sampler" else "stop"},
+            "id": req.rid, "finish_reason": _finish_reason(res),
             "prompt_tokens": len(ids), "weight_version": version, "completion_tokens": len(res.output_ids),
             "cached_tokens": res.cached_tokens,
         }

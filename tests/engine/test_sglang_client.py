@@ -353,6 +353,21 @@ def test_cached_tokens_metrics_and_order(fake):
     assert m["generated_tokens"] == sum(len(r.output_ids) for r in [first, *results])
 
 
+def test_a_samplers_forced_eos_reads_sampler_only_where_the_server_marks_it():
+    """The project's server marks a sampler's finish (`"sampler": true` in the stop finish_reason): the
+    client returns "sampler" as the embedded engine does; SGLang's plain matched stop stays "stop"."""
+    client = SGLangEngineClient("http://127.0.0.1:9", eos_token_id=EOS, validate=False)
+
+    def body(reason):
+        return {"output_ids": [4, EOS], "meta_info": {"finish_reason": reason, "prompt_tokens": 2,
+                                                      "output_token_logprobs": [[-1.0, 4, None], [-2.0, EOS, None]]}}
+
+    r = req("f1", [2, 3])
+    assert client._parse(r, body({"type": "stop", "matched": EOS, "sampler": True})).finish_reason == "sampler"
+    assert client._parse(r, body({"type": "stop", "matched": EOS})).finish_reason == "stop"
+    assert client._parse(r, body({"type": "length", "length": 2})).finish_reason == "length"
+
+
 def test_retries_after_two_503_then_success(fake):
     fake.status_plan["r503"] = [503, 503]
     client = client_for(fake)
