@@ -214,9 +214,29 @@ def replay_annotations(
     and the emitted tokens (the protocol's contract); hosts like SGLang that cannot return per-token
     annotations use this after the request finishes.
     """
+    return replay_with_finish(specs, seed, prompt_ids, output_ids, eos_token_id, decode, rid)[0]
+
+
+def replay_with_finish(
+    specs: Sequence[dict[str, Any]], seed: int, prompt_ids: Sequence[int], output_ids: Sequence[int],
+    eos_token_id: int, decode: Optional[Callable[[Sequence[int]], str]] = None, rid: str = "",
+    vocab_size: Optional[int] = None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """The annotations, and whether the final EOS was a sampler's finish (SGLang reports that EOS as a
+    matched stop token; the embedded engine says "sampler"). The finish is recomputed by asking the chain
+    to adjust at the last position, which by the protocol's contract changes no state `on_token` reads;
+    a sampler that cannot adjust on placeholder logits counts as not finishing."""
     chain = SamplerChain.from_specs(specs, seed)
     out = []
+    finished = False
     for i, token in enumerate(output_ids):
         view = RequestView(rid, seed, prompt_ids, output_ids[:i], eos_token_id, decode)
+        if i == len(output_ids) - 1 and int(token) == eos_token_id and chain.samplers:
+            width = max(int(vocab_size or 0), eos_token_id + 1)
+            try:
+                placeholder = torch.zeros(width)
+                finished = chain.adjust(placeholder, placeholder.clone() if chain.needs_partner else None, view).finish
+            except Exception:  # noqa: BLE001 - placeholder logits a sampler cannot use: no finish inferred
+                finished = False
         out.append(chain.on_token(int(token), view))
-    return out
+    return out, finished

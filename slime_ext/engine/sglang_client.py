@@ -24,8 +24,9 @@ The per-request seed goes to `sampling_params["sampling_seed"]` (SGLang reads it
 it SGLang's draws are unseeded, while our samplers' coins still derive from the seed in custom_params). Per-token annotations cannot come back
 through SGLang's response, so they are recomputed with `replay_annotations` from the returned ids.
 A request a sampler ended (its forced EOS) comes back with finish reason "sampler", as from the embedded
-engine, when the server says so: the project's server (`slime_ext.tools.serve`) adds `"sampler": true` to
-the stop finish_reason. SGLang itself reports that EOS as a matched stop token, so there it reads "stop".
+engine: the project's server (`slime_ext.tools.serve`) adds `"sampler": true` to the stop finish_reason;
+SGLang reports that EOS as a matched stop token, so the client recomputes it (`replay_with_finish`: would
+the chain have finished at the last position?).
 
 Every payload is validated before it is sent: `sampling_params` is built into sglang's own
 `SamplingParams` (unknown keys raise, `verify` checks ranges, and a msgpack round trip checks that
@@ -53,7 +54,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from sglang_patches.request_sampler import FINISH_SAMPLER, replay_annotations
+from sglang_patches.request_sampler import FINISH_SAMPLER, replay_with_finish
 from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
 
 logger = logging.getLogger(__name__)
@@ -401,9 +402,12 @@ class SGLangEngineClient:
                 raise ValueError("output_token_logprobs token ids differ from output_ids")
             logprobs = [float(t[0]) for t in triples]
         decode = self._decoder() if request.sampler_specs else None
-        annotations = replay_annotations(request.sampler_specs, request.seed, request.input_ids, output_ids,
-                                         -1 if self.eos_token_id is None else int(self.eos_token_id), decode,
-                                         rid=request.rid)
+        annotations, sampler_finish = replay_with_finish(
+            request.sampler_specs, request.seed, request.input_ids, output_ids,
+            -1 if self.eos_token_id is None else int(self.eos_token_id), decode, rid=request.rid,
+            vocab_size=self.vocab_size)
+        if finish == "stop" and sampler_finish:
+            finish = FINISH_SAMPLER  # SGLang reports a sampler's forced EOS as a matched stop: recomputed here
         prompt_len = int(meta.get("prompt_tokens", len(request.input_ids)))
         cached = int(meta.get("cached_tokens", 0))
         with self._lock:

@@ -368,6 +368,35 @@ def test_a_samplers_forced_eos_reads_sampler_only_where_the_server_marks_it():
     assert client._parse(r, body({"type": "length", "length": 2})).finish_reason == "length"
 
 
+def test_a_samplers_finish_is_recomputed_from_sglangs_plain_stop():
+    """SGLang reports a sampler's forced EOS as a matched stop: the client asks the replayed chain whether
+    it would have finished at the last position ("sampler"), or whether the EOS was drawn ("stop")."""
+    from sglang_patches.request_sampler import Sampler, StepAction, register_sampler
+
+    @register_sampler
+    class FinishAfter(Sampler):
+        kind = "test_finish_after"
+
+        def __init__(self, seed: int, n: int):
+            super().__init__(seed)
+            self.n = n
+
+        def adjust(self, logits, partner_logits, view):
+            return StepAction(finish=len(view.output_ids) >= self.n)
+
+    client = SGLangEngineClient("http://127.0.0.1:9", eos_token_id=EOS, validate=False)
+    body = {"output_ids": [4, EOS], "meta_info": {"finish_reason": {"type": "stop", "matched": EOS}, "prompt_tokens": 2,
+                                                  "output_token_logprobs": [[-1.0, 4, None], [0.0, EOS, None]]}}
+
+    def finish(n: int) -> str:
+        r = GenerateRequest(f"fa{n}", [2, 3], SamplingParams(max_new_tokens=8), seed=1,
+                            sampler_specs=[{"kind": "test_finish_after", "n": n}])
+        return client._parse(r, body).finish_reason
+
+    assert finish(1) == "sampler"  # after one token the sampler ends the request: its EOS
+    assert finish(5) == "stop"  # the sampler would not have ended it: the model drew the EOS
+
+
 def test_retries_after_two_503_then_success(fake):
     fake.status_plan["r503"] = [503, 503]
     client = client_for(fake)
