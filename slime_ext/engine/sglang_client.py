@@ -188,7 +188,7 @@ class SGLangEngineClient:
         eos_token_id: Optional[int] = None,
         tokenizer_path: Optional[str] = None,
         decode: Optional[Callable[[Sequence[int]], str]] = None,
-        max_concurrency: int = 64,
+        max_concurrency: int = 512,
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
         vocab_size: Optional[int] = None,
@@ -206,6 +206,9 @@ class SGLangEngineClient:
         self.eos_token_id = eos_token_id
         self.tokenizer_path = tokenizer_path
         self._decode = decode
+        # Requests in flight per generate call. The server can batch only what it has: a step's rollouts
+        # should all be in flight at once (slime's --sglang-server-concurrency defaults to 512 per server;
+        # the cap of 64 this had made the stand-in server decode a 512-rollout step in 64-request batches).
         self.max_concurrency = int(max_concurrency)
         self.backoff_s = float(backoff_s)
         self.backoff_max_s = float(backoff_max_s)
