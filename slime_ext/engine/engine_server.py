@@ -67,7 +67,9 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
         return argv, env
     argv = [sys.executable, "-m", STANDIN, "--model", str(model_dir), "--host", host, "--port", str(port),
             "--threads", str(threads), "--weight-version", weight_version, "--max-batch", "1024",
-            "--max-concurrency", "1024", "--max-queue", "4096"]
+            "--max-concurrency", "1024", "--max-queue", "4096",
+            # an RL step's requests arrive as one burst: batch it whole (20 ms gaps, at most 2 s)
+            "--batch-window-ms", "20", "--batch-settle-ms", "2000"]
     if partner_dir:
         argv += ["--partner", str(partner_dir)]
     return argv, {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}

@@ -41,10 +41,13 @@ def aborted_result(request: GenerateRequest) -> GenerateResult:
 
 
 class Batcher:
-    """Collects queued tickets (up to `max_batch`, waiting `window_s` for stragglers) into one call."""
+    """Collects queued tickets (up to `max_batch`, waiting `window_s` for stragglers) into one call.
+    With `settle_s`, the wait restarts after every arrival, for at most `settle_s` in all."""
 
-    def __init__(self, engine: Any, max_batch: int = 64, window_s: float = 0.005, weight_version: str = "default"):
+    def __init__(self, engine: Any, max_batch: int = 64, window_s: float = 0.005, weight_version: str = "default",
+                 settle_s: Optional[float] = None):
         self.engine, self.max_batch, self.window_s = engine, int(max_batch), float(window_s)
+        self.settle_s = None if settle_s is None else float(settle_s)
         self.weight_version = str(weight_version)
         self.queue: "queue.Queue[Optional[Ticket]]" = queue.Queue()
         self.calls = 0
@@ -117,7 +120,8 @@ class Batcher:
             if first is None:
                 return
             items = [first]
-            deadline = time.monotonic() + self.window_s
+            start = time.monotonic()
+            deadline = start + self.window_s
             while len(items) < self.max_batch:
                 try:
                     item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -127,6 +131,8 @@ class Batcher:
                     self._stop.set()
                     break
                 items.append(item)
+                if self.settle_s is not None:  # a burst is still arriving: keep collecting it
+                    deadline = min(start + self.settle_s, time.monotonic() + self.window_s)
             with self._gate:  # an update is waiting or applying: let it go first
                 self._gate.wait_for(lambda: not self._exclusive_pending or self._stop.is_set())
             with self._engine_lock:

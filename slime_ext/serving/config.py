@@ -28,6 +28,12 @@ class ServeConfig:
     max_n: int = 16  # choices per OpenAI request
     api_key: Optional[str] = None  # if set, every route but /health needs `Authorization: Bearer KEY`
     model_aliases: tuple[str, ...] = ("default",)  # model names accepted besides the served one
+    # Batching of concurrent requests into one engine.generate call: the first request waits
+    # `batch_window_s` for others; with `batch_settle_s` set, the window restarts with every arrival (up
+    # to `batch_settle_s` after the first), so a burst (an RL step's requests) is taken whole instead of
+    # its first few starting alone while the rest wait a whole call (engine servers use 20 ms / 2 s).
+    batch_window_s: float = 0.005
+    batch_settle_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_concurrency", "max_queue", "max_connections", "backlog", "max_n"):

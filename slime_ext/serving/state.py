@@ -64,7 +64,8 @@ class ServerState:
         self.context_length = self.config.context_length or engine_context_length(engine)
         self.max_prompt_tokens = self.config.max_prompt_tokens or self.context_length
         self.vocab_size = engine_vocab_size(engine, tokenizer)
-        self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version)
+        self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version,
+                               window_s=self.config.batch_window_s, settle_s=self.config.batch_settle_s)
         self.weights = WeightUpdater(self)
         self.admission = Admission(self.config.max_concurrency, self.config.max_queue, self.config.queue_timeout_s)
         self._seeds = itertools.count(1)

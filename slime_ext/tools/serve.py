@@ -75,6 +75,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     lim.add_argument("--max-connections", type=int, default=d.max_connections,
                      help="open connections + requests beyond which new requests get 503")
     lim.add_argument("--backlog", type=int, default=d.backlog, help="listen backlog")
+    lim.add_argument("--batch-window-ms", type=float, default=d.batch_window_s * 1e3,
+                     help="how long the first request waits for others to batch with")
+    lim.add_argument("--batch-settle-ms", type=float, default=None,
+                     help="restart the batch window with every arrival, up to this long in all (bursts)")
     lim.add_argument("--max-n", type=int, default=d.max_n, help="most choices (n) per request")
     lim.add_argument("--api-key", default=os.environ.get("SLIME_SERVE_API_KEY"),
                      help="require 'Authorization: Bearer KEY' on every route but /health "
@@ -87,7 +91,8 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
         max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens,
         context_length=args.context_length, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout, body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
-        keep_alive_s=args.keep_alive, max_connections=args.max_connections, backlog=args.backlog, max_n=args.max_n,
+        keep_alive_s=args.keep_alive, batch_window_s=args.batch_window_ms / 1e3,
+        batch_settle_s=None if args.batch_settle_ms is None else args.batch_settle_ms / 1e3, max_connections=args.max_connections, backlog=args.backlog, max_n=args.max_n,
         api_key=args.api_key or None)
 
 

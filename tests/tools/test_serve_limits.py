@@ -354,3 +354,35 @@ def test_cli_flags_become_the_config():
         (1234, 3, 0, "k", 99)
     with pytest.raises(ValueError):
         ServeConfig(max_concurrency=0)
+
+
+@pytest.mark.parametrize("settle_s", [None, 1.0])
+def test_a_burst_is_batched_whole_when_the_window_settles(settle_s):
+    """A burst trickling in (one request every 10 ms): a fixed 20 ms window starts the first few alone and
+    the rest wait for that call; with settling, the window restarts with each arrival and takes the burst."""
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
+    from slime_ext.serving.batcher import Batcher
+
+    engine = StubEngine(delay_s=0.01)
+    batcher = Batcher(engine, max_batch=64, window_s=0.02, settle_s=settle_s)
+    try:
+        tickets = []
+        for i in range(8):
+            tickets.append(batcher.submit(GenerateRequest(f"b{i}", [1], SamplingParams(max_new_tokens=3), seed=i)))
+            time.sleep(0.01)
+        results = [t.future.result(timeout=10) for t in tickets]
+    finally:
+        batcher.close()
+    assert [r.rid for r in results] == [f"b{i}" for i in range(8)]
+    assert engine.calls == 1 if settle_s else engine.calls >= 2
+
+
+def test_engine_servers_batch_bursts():
+    from slime_ext.config.sections import SGLangConfig
+    from slime_ext.engine.engine_server import server_command
+    from slime_ext.tools.serve import config_from, parse_args
+
+    argv, _ = server_command(SGLangConfig(), "/m", 1234, use_sglang=False)
+    cfg = config_from(parse_args(argv[3:]))
+    assert (cfg.batch_window_s, cfg.batch_settle_s) == (0.02, 2.0)
