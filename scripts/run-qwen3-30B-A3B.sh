@@ -161,6 +161,17 @@ check_and_plan() {
   "$PY" -m slime_ext.orchestration.plan "$config" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 }
 
+# Checks the checkpoint, composes the run config into RUN_DIR (default runs/launch/<$1>-<time>), validates
+# it and prints the plan (kept as RUN_DIR/plan.txt). Sets RUN_DIR and CONFIG.
+prepare_run_dir() {
+  [[ -f "$HF_CKPT/config.json" ]] || die "HF_CKPT=$HF_CKPT has no config.json"
+  RUN_DIR="${RUN_DIR:-$ROOT/runs/launch/$1-$(date +%Y%m%d-%H%M%S)}"
+  mkdir -p "$RUN_DIR"
+  CONFIG="$RUN_DIR/config.yaml"
+  compose_config "$CONFIG"
+  check_and_plan "$CONFIG" | tee "$RUN_DIR/plan.txt"
+}
+
 if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
   bash "$ROOT/scripts/setup.sh"
 fi
@@ -183,12 +194,7 @@ fi
 
 # -- CPU run: one machine, the driver starts a local Ray -----------------------------------------------
 if [[ "$CPU_RUN" == 1 ]]; then
-  [[ -f "$HF_CKPT/config.json" ]] || die "HF_CKPT=$HF_CKPT has no config.json"
-  RUN_DIR="${RUN_DIR:-$ROOT/runs/launch/qwen3-30b-a3b-cpu-$(date +%Y%m%d-%H%M%S)}"
-  mkdir -p "$RUN_DIR"
-  CONFIG="$RUN_DIR/config.yaml"
-  compose_config "$CONFIG"
-  check_and_plan "$CONFIG" | tee "$RUN_DIR/plan.txt"
+  prepare_run_dir "qwen3-30b-a3b-cpu"
   log "starting the job on this machine (CPU): config $CONFIG"
   exec "$PY" -m slime_ext.orchestration.driver "$CONFIG" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 fi
@@ -208,12 +214,7 @@ if (( NODE_RANK > 0 )); then
   exec "$VENV/bin/ray" start --address "$MASTER_ADDR:$RAY_PORT" --num-gpus "$GPUS_PER_NODE" --block
 fi
 
-[[ -f "$HF_CKPT/config.json" ]] || die "HF_CKPT=$HF_CKPT has no config.json"
-RUN_DIR="${RUN_DIR:-$ROOT/runs/launch/qwen3-30b-a3b-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$RUN_DIR"
-CONFIG="$RUN_DIR/config.yaml"
-compose_config "$CONFIG"
-check_and_plan "$CONFIG" | tee "$RUN_DIR/plan.txt"
+prepare_run_dir "qwen3-30b-a3b"
 
 log "starting the Ray head on port $RAY_PORT"
 "$VENV/bin/ray" start --head --port "$RAY_PORT" --num-gpus "$GPUS_PER_NODE"

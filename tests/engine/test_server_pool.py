@@ -22,21 +22,7 @@ from slime_ext.engine.engine_server import EngineServerActor
 from slime_ext.engine.failures import EngineUnavailable, StaleRollout, WeightSyncError
 from slime_ext.engine.server_pool import ServerEnginePool, group_key
 from slime_ext.orchestration.rollout_manager import check_weight_versions
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from slime_ext.tokenizer import train_tokenizer
-    from tests.megatron_fixtures import tiny_moe_config
-
-    d = tmp_path_factory.mktemp("m")
-    tok = train_tokenizer(["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40,
-                          vocab_size=300, out_dir=d)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), initializer_range=0.3)).save_pretrained(d)
-    return d
+from tests.tools.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
 
 
 def _requests(n_prompts: int = 4, n: int = 3, max_new: int = 16, tag: str = "r") -> list[GenerateRequest]:
