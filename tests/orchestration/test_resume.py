@@ -80,8 +80,14 @@ class FakeGroup:
 
 
 class FakeEngine:
-    def update_weights_from_tensor(self, weights: list) -> None:
-        pass
+    """The loop's engine interface: weights go out after every step under the next step's version."""
+
+    def __init__(self) -> None:
+        self.versions: list[int] = []
+
+    def sync_weights(self, weights: list, version: int) -> dict:
+        self.versions.append(int(version))
+        return {}
 
 
 def fake_job(run_dir: Path, steps: int) -> TrainingJob:
@@ -139,12 +145,14 @@ def test_resume_from_a_checkpoint_continues_the_metrics_and_the_peak(tmp_path):
     for row, peak in zip(rows, (1.0, 2.5, 3.0, 0.5)):
         row["memory/peak_rss_gib"] = peak
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    job, manager = fake_job(tmp_path, steps=5), FakeManager()
-    start = job._resume(FakeGroup(), manager, FakeEngine(), ckpt)
+    job, manager, engine = fake_job(tmp_path, steps=5), FakeManager(), FakeEngine()
+    start = job._resume(FakeGroup(), manager, engine, ckpt)
     assert start == 2 and manager.loaded == {"manager_state": 2}
     assert steps_of(tmp_path) == [0, 1] and job.peak_gib == 2.5  # the kept rows' peak, not 0 and not 3.0
-    job._rl_loop(start, manager, FakeGroup(step=2), FakeEngine(), ckpt)
+    job._rl_loop(start, manager, FakeGroup(step=2), engine, ckpt)
     assert steps_of(tmp_path) == [0, 1, 2, 3, 4]
+    # the restored weights go out as version 2 (step 2 rolls out with them), each step's update as the next
+    assert engine.versions == [2, 3, 4, 5]
     assert [json.loads(line)["memory/peak_rss_gib"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][2:] \
         == [2.5, 2.5, 2.5]
 
