@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -75,15 +74,15 @@ class ServerEnginePool:
         self._init_local()
         self.weight_sync = make_weight_sync(cfg_sglang.weight_sync, cfg_sglang.host, cfg_sglang.tp_size,
                                             cfg_sglang.request_timeout_s)
-        self.router_process: Optional[subprocess.Popen] = None
-        self.sync_seconds: list[float] = []
 
     # -- per-process state (not pickled) -------------------------------------------------------------
+    def _client(self, url: str, **extra: Any) -> SGLangEngineClient:
+        return SGLangEngineClient(url, timeout_s=self.cfg.request_timeout_s, max_retries=2, backoff_s=0.2,
+                                  **self.client_kwargs, **extra)
+
     def _init_local(self) -> None:
-        kwargs = {"timeout_s": self.cfg.request_timeout_s, "max_retries": 2, "backoff_s": 0.2, **self.client_kwargs}
-        self.clients = [SGLangEngineClient(u, **kwargs) for u in self.urls]
-        self.router = (SGLangEngineClient(self.router_url, routing_key=group_key, **kwargs)
-                       if self.router_url else None)
+        self.clients = [self._client(u) for u in self.urls]
+        self.router = self._client(self.router_url, routing_key=group_key) if self.router_url else None
         self._lock = threading.Lock()
         self._outstanding = [0] * len(self.urls)
         self._owner: dict[str, int] = {}
@@ -92,7 +91,7 @@ class ServerEnginePool:
         self.restarts = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "weight_sync", "sync_seconds")
+        keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "weight_sync")
         state = {k: self.__dict__[k] for k in keep}
         if getattr(self.weight_sync, "name", "") == "distributed":
             state["weight_sync"] = make_weight_sync("distributed", self.cfg.host, self.cfg.tp_size,
@@ -101,7 +100,6 @@ class ServerEnginePool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.router_process = None
         self._init_local()
 
     # -- generation ----------------------------------------------------------------------------------
@@ -238,7 +236,6 @@ class ServerEnginePool:
         (self.weights_dir / f"{LATEST}.tmp").replace(self.weights_dir / LATEST)
         self._prune_snapshots(keep=str(snapshot))
         at_version = self.check_versions(version)
-        self.sync_seconds.append(t2 - t1)
         return {"time/sync_snapshot": t1 - t0, "time/sync_push": t2 - t1, "sync/engines_at_version": at_version}
 
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -296,8 +293,7 @@ class ServerEnginePool:
         server.wait_healthy()
         self._router_server = server
         self.router_url = server.base_url
-        self.router = SGLangEngineClient(self.router_url, routing_key=group_key, timeout_s=self.cfg.request_timeout_s,
-                                         max_retries=2, backoff_s=0.2, **self.client_kwargs)
+        self.router = self._client(self.router_url, routing_key=group_key)
         log.info("sglang-router at %s in front of %d engine(s)", self.router_url, len(self.urls))
         return self.router_url
 

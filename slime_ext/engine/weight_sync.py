@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -168,12 +167,4 @@ def make_weight_sync(kind: str, host: str = "127.0.0.1", tp_size: int = 1, timeo
     raise ValueError(f"sglang.weight_sync={kind!r}: expected disk, tensor or distributed")
 
 
-def timed_push(sync: Any, clients: Sequence[Any], named: NamedTensors, version: str,
-               snapshot: Optional[Path]) -> float:
-    t0 = time.perf_counter()
-    sync.push(clients, named, version, snapshot)
-    return time.perf_counter() - t0
-
-
-__all__ = ["DiskSync", "TensorSync", "DistributedSync", "make_weight_sync", "write_snapshot", "timed_push",
-           "WeightSyncError"]
+__all__ = ["DiskSync", "TensorSync", "DistributedSync", "make_weight_sync", "write_snapshot", "WeightSyncError"]
