@@ -28,6 +28,7 @@ from megatron_glue import cpu_compat
 from megatron_glue.logprobs import vocab_parallel_logprobs
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
+from slime_ext.algo.mismatch import MismatchSpec, importance_weights, mismatch_sums
 from slime_ext.data import RolloutBatch, Sample, build_batch
 
 LossKind = Literal["grpo", "sft"]
@@ -62,6 +63,21 @@ class TrainerSettings:
     kl_estimator: str = "low_var_kl"
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"
+    # Mini-batch PPO: samples per optimizer step (None: the whole rollout batch, one step)
+    global_batch_size: Optional[int] = None
+    # Old-policy logprobs of the PPO ratio: the engine's, or the trainer's recomputed before the first update
+    old_logprobs: str = "engine"
+    # Train-inference mismatch correction (slime_ext.algo.mismatch; needs old_logprobs "trainer")
+    mismatch_mode: str = "none"
+    mismatch_level: str = "token"
+    mismatch_cap: float = 2.0
+    mismatch_low: float = 0.5
+    mismatch_high: float = 2.0
+
+    @property
+    def mismatch(self) -> MismatchSpec:
+        return MismatchSpec(self.mismatch_mode, self.mismatch_level, self.mismatch_cap, self.mismatch_low,
+                            self.mismatch_high)
 
     def with_loss(self, loss: LossSpec) -> "TrainerSettings":
         """These settings with a method's loss specification."""
@@ -296,20 +312,85 @@ class MegatronTrainer:
         kind: LossKind = "grpo",
         ref_logprobs: Optional[dict[str, torch.Tensor]] = None,
     ) -> dict[str, float]:
-        """One optimizer step on the whole batch. GRPO needs `advantage` on every sample and, unless
-        they are recomputed by the caller, engine logprobs as old logprobs. Returns global metrics."""
+        """One rollout batch: one optimizer step, or one per mini-batch with `global_batch_size` (mini-batch
+        PPO). GRPO needs `advantage` and the engine's logprobs on every sample; with `old_logprobs: trainer`
+        the old policy's logprobs are recomputed for the whole batch before the first update. Returns global
+        metrics: means over the batch's trained tokens (`_max` keys: maxima), `grad_norm` the mean over the
+        optimizer steps, `optimizer_steps` their number, and the train-inference mismatch (`mismatch/*`)."""
         s = self.settings
         if kind == "grpo":
-            missing = [x.sample_id for x in samples if x.advantage is None]
-            if missing:
-                raise ValueError(f"GRPO step needs an advantage on every sample; missing on {missing[:5]}")
-            lacking_lp = [x.sample_id for x in samples if x.logprobs is None]
-            if lacking_lp:
-                raise ValueError(f"GRPO step needs old logprobs on every sample; missing on {lacking_lp[:5]}")
-            if s.kl_coef > 0 and ref_logprobs is None:
-                raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
-        # Global denominator from the whole batch (every rank sees all samples); only the response
-        # masks matter, so no full token batch is built for it.
+            self._check_grpo_inputs(samples, ref_logprobs)
+        chunks = self.minibatches(samples) if kind == "grpo" else [list(samples)]
+        old: Optional[dict[str, torch.Tensor]] = None
+        raw: dict[str, float] = {}
+        if kind == "grpo" and s.old_logprobs == "trainer":
+            old, raw = self._recompute_old_logprobs(chunks)
+        steps, ratios = [], []
+        for i, chunk in enumerate(chunks):
+            # Without a recompute, the first mini-batch's forward runs on the old weights: it measures the mismatch.
+            measure = kind == "grpo" and old is None and i == 0
+            metrics, step_raw, step_ratios = self._optimizer_step(chunk, kind, ref_logprobs, old, measure)
+            steps.append(metrics)
+            raw.update(step_raw)
+            ratios.extend(step_ratios)
+        self.step += 1
+        out = _combine_steps(steps)
+        out.update(_mismatch_metrics(raw))
+        if kind == "grpo":
+            out.update(self._ratio_quantiles(ratios))
+        return out
+
+    def minibatches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+        """The rollout batch cut into round(trained samples / global_batch_size) mini-batches of near-equal
+        size, in order. Samples with no trained token (dropped groups, failed rollouts) add nothing to a loss
+        or its denominator, so they are left out when the batch is cut (they would only pad mini-batches)."""
+        gbs = self.settings.global_batch_size
+        if gbs is None or gbs >= len(samples):
+            return [list(samples)]
+        trained = [x for x in samples if any(m > 0 for m in x.loss_mask)]
+        count = max(1, min(round(len(trained) / gbs), len(trained) // self.dp_size))
+        if count == 1:
+            return [list(samples)]
+        bounds = [round(i * len(trained) / count) for i in range(count + 1)]
+        return [trained[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _check_grpo_inputs(self, samples: Sequence[Sample], ref_logprobs: Optional[dict]) -> None:
+        missing = [x.sample_id for x in samples if x.advantage is None]
+        if missing:
+            raise ValueError(f"GRPO step needs an advantage on every sample; missing on {missing[:5]}")
+        lacking_lp = [x.sample_id for x in samples if x.logprobs is None]
+        if lacking_lp:
+            raise ValueError(f"GRPO step needs the engine's logprobs on every sample; missing on {lacking_lp[:5]}")
+        if self.settings.kl_coef > 0 and ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, chunks: list[list[Sample]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """This rank's old-policy logprobs (on the last pipeline stage; empty elsewhere) for every mini-batch,
+        with the weights before any update, and the global mismatch sums against the engine's logprobs.
+        The model stays in train mode so that the first mini-batch's ratio is exactly 1."""
+        old: dict[str, torch.Tensor] = {}
+        outputs: list[dict] = []
+        for chunk in chunks:
+            micro_batches = self._micro_batches(self._my_samples(chunk))
+            outputs.extend(self._run(micro_batches, self._old_logprob_loss, forward_only=True))
+        for out in outputs:
+            old.update(out.pop("logprobs"))
+        return old, self._global_sums(outputs)
+
+    def _old_logprob_loss(self, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        lp, _ = vocab_parallel_logprobs(logits, mb["targets"])
+        out: dict[str, Any] = {"logprobs": _per_sample_response(_shift_right(lp).cpu(), mb["batch"])}
+        out.update(_raw_mismatch(lp, mb["old_logprobs"].to(lp.device), mb["loss_mask"].to(lp.device)))
+        return torch.zeros((), device=logits.device), out
+
+    def _optimizer_step(self, samples: list[Sample], kind: LossKind, ref_logprobs: Optional[dict[str, torch.Tensor]],
+                        old: Optional[dict[str, torch.Tensor]], measure: bool) -> tuple[dict, dict, list]:
+        """Forward-backward over one mini-batch and one optimizer step; the loss is normalised by this
+        mini-batch's own global denominator. Returns (metrics, raw mismatch sums, per-token ratios)."""
+        s = self.settings
+        # Global denominator from the whole mini-batch (every rank sees all of it); only the response masks
+        # matter, so no full token batch is built for it.
         masks = torch.nn.utils.rnn.pad_sequence(
             [torch.tensor(x.loss_mask, dtype=torch.float32) for x in samples], batch_first=True)
         _, denominator = loss_coefficients(masks, s.loss_agg if kind == "grpo" else "token_mean")
@@ -318,69 +399,158 @@ class MegatronTrainer:
         extra = {}
         if ref_logprobs is not None:
             extra["ref_logprobs"] = {x.sample_id: ref_logprobs[x.sample_id] for x in mine}
+        if old is not None and mpu.is_pipeline_last_stage():
+            extra["trainer_old_logprobs"] = {x.sample_id: old[x.sample_id] for x in mine}
         micro_batches = self._micro_batches(mine, extra)
         scale = len(micro_batches) * self.dp_size / max(denominator, 1e-8)
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        loss_func = partial(self._train_loss, kind, scale)
+        loss_func = partial(self._train_loss, kind, scale, measure)
         outputs = self._run(micro_batches, loss_func, forward_only=False)
         success, grad_norm, _ = self.optimizer.step()
         if success:
             self.scheduler.step(increment=1)
-        self.step += 1
-        metrics = self._reduce_metrics(outputs, denominator)
-        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
+        ratios = [out.pop("ratios") for out in outputs if "ratios" in out]
+        sums = self._global_sums(outputs)
+        raw = {k: sums.pop(k) for k in list(sums) if k.startswith(RAW_PREFIX)}
+        metrics = {name: (value if name.endswith("_max") else value / max(denominator, 1e-8))
+                   for name, value in sums.items() if name != "tokens"}
+        metrics.update(tokens=sums.get("tokens", 0.0), denominator=denominator,
+                       grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                        lr=self.optimizer.param_groups[0]["lr"], step_skipped=float(not success))
-        return metrics
+        return metrics, raw, ratios
 
-    def _train_loss(self, kind: LossKind, scale: float, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def _train_loss(self, kind: LossKind, scale: float, measure: bool, mb: dict,
+                    logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
         s = self.settings
         lp, ent = vocab_parallel_logprobs(logits, mb["targets"], with_entropy=kind == "grpo")
-        seq_mask = mb["loss_mask"]
+        seq_mask = mb["loss_mask"].to(lp.device)
         coef, _ = loss_coefficients(seq_mask, s.loss_agg if kind == "grpo" else "token_mean")
-        coef = coef.to(lp.device)
+        extra: dict[str, Any] = {}
         if kind == "sft":
             per_token = -lp
             parts = {"nll": per_token.detach()}
         else:
+            engine_lp = mb["old_logprobs"].to(lp.device)
+            old_lp = mb["trainer_old_logprobs"].to(lp.device) if "trainer_old_logprobs" in mb else engine_lp
+            correction = importance_weights(old_lp, engine_lp, seq_mask, s.mismatch) if s.mismatch_mode != "none" else None
             per_token, parts = grpo_per_token_loss(
-                lp, mb["old_logprobs"].to(lp.device), mb["advantages"].to(lp.device),
+                lp, old_lp, mb["advantages"].to(lp.device),
                 weights=mb["weights"].to(lp.device),
                 ref_logprobs=mb["ref_logprobs"].to(lp.device) if "ref_logprobs" in mb else None,
                 entropy=ent if s.entropy_coef > 0 else (ent.detach() if ent is not None else None),
                 eps_low=s.eps_clip_low, eps_high=s.eps_clip_high, kl_coef=s.kl_coef,
                 kl_estimator=s.kl_estimator, entropy_coef=s.entropy_coef,
+                mismatch_weights=correction.weights if correction is not None else None,
             )
+            if correction is not None:
+                parts["mismatch/truncated_frac"] = correction.truncated
+                parts["mismatch/masked_frac"] = correction.masked
+                parts["mismatch/weight_mean"] = correction.weights
+            trained = seq_mask > 0
+            extra["ratios"] = torch.exp(lp.detach() - old_lp)[trained].float().cpu()
+            if measure:
+                extra.update(_raw_mismatch(lp.detach(), engine_lp, seq_mask))
         loss = (per_token * coef).sum() * scale
-        reduced = {name: float((value * coef).sum()) for name, value in parts.items()}
+        reduced: dict[str, Any] = {name: float((value * coef).sum()) for name, value in parts.items()}
         reduced["tokens"] = float((seq_mask > 0).sum())
+        reduced.update(extra)
         return loss, reduced
 
-    def _reduce_metrics(self, outputs: list[dict], denominator: float) -> dict[str, float]:
-        """Sum micro-batch metric sums over DP ranks; every rank returns the same numbers."""
-        names = sorted({k for out in outputs for k in out}) if outputs else []
+    def _global_sums(self, outputs: list[dict]) -> dict[str, float]:
+        """Every float a micro-batch reported, summed over micro-batches and DP ranks (names ending in
+        `_max`: the maximum); every rank returns the same numbers."""
+        names = sorted({k for out in outputs for k, v in out.items() if isinstance(v, float)}) if outputs else []
         # Ranks that hold no loss (earlier pipeline stages) learn the names from the last stage.
         holder = [names]
-        if mpu.get_pipeline_model_parallel_world_size() > 1:
+        pp = mpu.get_pipeline_model_parallel_world_size() > 1
+        if pp:
             torch.distributed.broadcast_object_list(
                 holder, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
             )
         names = holder[0]
+        is_max = torch.tensor([name.endswith("_max") for name in names], dtype=torch.bool)
         sums = torch.zeros(len(names), dtype=torch.float64)
+        maxima = torch.zeros(len(names), dtype=torch.float64)
         if mpu.is_pipeline_last_stage():
             for out in outputs:
                 for i, name in enumerate(names):
                     sums[i] += out.get(name, 0.0)
+                    maxima[i] = max(float(maxima[i]), out.get(name, 0.0))
         torch.distributed.all_reduce(sums, group=mpu.get_data_parallel_group())
-        if mpu.get_pipeline_model_parallel_world_size() > 1:
+        torch.distributed.all_reduce(maxima, op=torch.distributed.ReduceOp.MAX, group=mpu.get_data_parallel_group())
+        values = torch.where(is_max, maxima, sums)
+        if pp:
             torch.distributed.broadcast(
-                sums, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
+                values, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
             )
-        metrics = {name: float(sums[i]) / max(denominator, 1e-8) for i, name in enumerate(names) if name != "tokens"}
-        if "tokens" in names:
-            metrics["tokens"] = float(sums[names.index("tokens")])
-        return metrics
+        return {name: float(values[i]) for i, name in enumerate(names)}
+
+    def _ratio_quantiles(self, ratios: list[torch.Tensor]) -> dict[str, float]:
+        """Quantiles of pi / pi_old over the batch's trained tokens (gathered over DP; same on every rank)."""
+        local = torch.cat(ratios) if ratios else torch.zeros(0)
+        parts: list[Any] = [local]
+        if self.dp_size > 1:
+            parts = [None] * self.dp_size
+            torch.distributed.all_gather_object(parts, local, group=mpu.get_data_parallel_group())
+        values = torch.cat([p for p in parts if p is not None]).double()
+        probs = torch.tensor(RATIO_QUANTILES, dtype=torch.float64)
+        result = torch.quantile(values, probs) if values.numel() else torch.ones(len(probs), dtype=torch.float64)
+        holder = [result]
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            torch.distributed.broadcast_object_list(
+                holder, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
+            )
+        return {f"ratio/p{round(q * 100):02d}": float(v) for q, v in zip(RATIO_QUANTILES, holder[0])}
+
+
+RAW_PREFIX = "raw/"
+RATIO_QUANTILES = (0.0, 0.01, 0.5, 0.99, 1.0)
+# Metrics of one optimizer step that are not token means: summed, or taken from the last step
+_SUMMED = ("tokens", "step_skipped")
+
+
+def _raw_mismatch(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    sums = mismatch_sums(train_lp, engine_lp, mask)
+    return {"raw/mismatch_abs_diff": sums["abs_diff"], "raw/mismatch_kl": sums["kl"],
+            "raw/mismatch_tokens": sums["tokens"], "raw/mismatch_abs_diff_max": sums["abs_diff_max"]}
+
+
+def _mismatch_metrics(raw: dict[str, float]) -> dict[str, float]:
+    """Token means of the mismatch sums (the max is already global)."""
+    if "raw/mismatch_tokens" not in raw:
+        return {}
+    n = max(raw["raw/mismatch_tokens"], 1.0)
+    return {"mismatch/abs_diff_mean": raw["raw/mismatch_abs_diff"] / n, "mismatch/kl": raw["raw/mismatch_kl"] / n,
+            "mismatch/abs_diff_max": raw["raw/mismatch_abs_diff_max"]}
+
+
+def _combine_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """One rollout batch's metrics from its optimizer steps: token means weighted by each mini-batch's
+    denominator (so they equal the means over the whole batch), maxima, sums, the mean grad norm and the
+    last learning rate."""
+    if len(steps) == 1:
+        out = dict(steps[0])
+        out.pop("denominator")
+        out["optimizer_steps"] = 1.0
+        return out
+    total = sum(m["denominator"] for m in steps)
+    out: dict[str, float] = {}
+    for name in steps[0]:
+        values = [m.get(name, 0.0) for m in steps]
+        if name in _SUMMED:
+            out[name] = sum(values)
+        elif name.endswith("_max"):
+            out[name] = max(values)
+        elif name == "grad_norm":
+            out[name] = sum(values) / len(values)
+        elif name == "lr":
+            out[name] = values[-1]
+        elif name != "denominator":
+            out[name] = sum(v * m["denominator"] for v, m in zip(values, steps)) / max(total, 1e-8)
+    out["optimizer_steps"] = float(len(steps))
+    return out
 
 
 def _pad_rows(rows: list[torch.Tensor], batch: RolloutBatch) -> torch.Tensor:

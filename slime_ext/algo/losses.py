@@ -121,16 +121,24 @@ def grpo_per_token_loss(
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "low_var_kl",
     entropy_coef: float = 0.0,
+    mismatch_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective per token, before aggregation, and its per-token parts (for metrics).
 
-    loss_t = w * clip_surrogate_t + kl_coef * KL_t - entropy_coef * H_t. Weights scale the
-    policy-gradient term only (DUET's importance weights), not the regularisers.
+    loss_t = w * m_t * clip_surrogate_t + kl_coef * KL_t - entropy_coef * H_t. The method's weights w
+    (DUET's importance weights, per sample) and the train-inference mismatch weights m_t
+    (`slime_ext.algo.mismatch`) scale the policy-gradient term only, not the regularisers; they multiply.
+    `clip_frac_low` / `clip_frac_high` count tokens whose surrogate the clip replaced below 1 - eps_low
+    (negative advantage) and above 1 + eps_high (positive advantage).
     """
     pg, clipped = ppo_clip_loss(logprobs, old_logprobs, advantages, eps_low, eps_high)
     if weights is not None:
         pg = pg * weights
-    parts = {"pg_loss": pg.detach(), "clip_frac": clipped, "approx_kl_old": kl_penalty(logprobs.detach(), old_logprobs, "k3")}
+    if mismatch_weights is not None:
+        pg = pg * mismatch_weights
+    above = (logprobs.detach() > old_logprobs).float()
+    parts = {"pg_loss": pg.detach(), "clip_frac": clipped, "clip_frac_low": clipped * (1.0 - above),
+             "clip_frac_high": clipped * above, "approx_kl_old": kl_penalty(logprobs.detach(), old_logprobs, "k3")}
     loss = pg
     if kl_coef > 0:
         if ref_logprobs is None:

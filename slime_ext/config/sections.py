@@ -165,6 +165,10 @@ class RolloutConfig(Section):
     max_response_len: int = Field(160, ge=1)
     stop: list[str] = Field(default_factory=list)
     threads: int = Field(1, ge=1)  # torch threads of the embedded engine (DESIGN: one per process on 2 cores)
+    # Precision of the rollout engine's weights and activations. null: fp32 for the embedded engine and the
+    # CPU engine server, the checkpoint's dtype (bf16) for SGLang on GPUs. bf16 on CPU reproduces the GPU
+    # train-inference mismatch (an fp32 trainer against a bf16 engine: grpo.mismatch corrects it).
+    precision: Optional[Literal["fp32", "bf16"]] = None
     # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
     # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
     prompt_pool: Optional[int] = Field(None, ge=1)
@@ -221,6 +225,14 @@ class TrainConfig(Section):
     threads: int = Field(1, ge=1)
     precision: Literal["fp32", "bf16"] = "fp32"
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    # Mini-batch PPO: samples per optimizer step; the rollout batch (prompts_per_step x n_samples_per_prompt)
+    # is cut into rollout batch / global_batch_size optimizer steps (slime's --global-batch-size). null: one.
+    global_batch_size: Optional[int] = Field(None, ge=1)
+    # Before the first update, compare the trainer's logprobs on the first rollout batch with the engine's
+    # and stop the run if their mean |difference| exceeds consistency_tolerance (slime's step-0 CI check).
+    check_consistency_at_start: bool = False
+    # null: 1e-3 when engine and trainer run in one precision (only kernel noise is expected), 0.1 when not
+    consistency_tolerance: Optional[float] = Field(None, gt=0)
 
 
 class SFTConfig(Section):
@@ -231,6 +243,17 @@ class SFTConfig(Section):
     # Seed of the warm start (init and data order); None = run.seed. Studies vary run.seed (RL sampling)
     # over one shared warm start by fixing this.
     seed: Optional[int] = Field(None, ge=0)
+
+
+class MismatchConfig(Section):
+    """Train-inference mismatch correction (slime_ext.algo.mismatch): weight each token's policy-gradient term
+    by r = pi_old / pi_engine, bounded. TIS = truncate/token; IcePop = mask/token; MIS = mask/sequence."""
+
+    mode: Literal["none", "truncate", "mask"] = "none"  # truncate: w = min(r, cap); mask: w = r in [low, high] else 0
+    level: Literal["token", "sequence", "geometric"] = "token"  # r per token, per sequence, or its geometric mean
+    cap: float = Field(2.0, ge=1)
+    low: float = Field(0.5, gt=0, le=1)
+    high: float = Field(2.0, ge=1)
 
 
 class GRPOConfig(Section):
@@ -244,6 +267,16 @@ class GRPOConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     entropy_coef: float = Field(0.0, ge=0)
     loss_agg: Literal["token_mean", "sample_mean"] = "token_mean"
+    # The PPO ratio's old policy: the engine's logprobs, or the trainer's recomputed before the first update
+    # of a step. null: trainer when a step takes several optimizer steps (train.global_batch_size) or
+    # mismatch correction is on, else engine.
+    old_logprobs: Optional[Literal["engine", "trainer"]] = None
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
+
+    def resolved_old_logprobs(self, minibatches: int) -> str:
+        if self.old_logprobs is not None:
+            return self.old_logprobs
+        return "trainer" if minibatches > 1 or self.mismatch.mode != "none" else "engine"
 
 
 class EvalConfig(Section):
@@ -328,6 +361,38 @@ class CoreConfig(Section):
                 f"{r.max_prompt_len + r.max_response_len} exceeds the model's context ({source} = {context})",
                 ("rollout.max_prompt_len", "rollout.max_response_len", "model.max_position_embeddings"),
             )
+        return self
+
+    def rollout_batch_size(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.n_samples_per_prompt
+
+    def minibatches_per_step(self) -> int:
+        """Optimizer steps per rollout batch (mini-batch PPO)."""
+        gbs = self.train.global_batch_size
+        return 1 if gbs is None else max(1, self.rollout_batch_size() // gbs)
+
+    @model_validator(mode="after")
+    def _check_minibatches(self) -> "CoreConfig":
+        """Mini-batches must cut the rollout batch evenly and hold a sample per data-parallel rank; a mismatch
+        correction needs the trainer's old logprobs (the engine's against themselves give a ratio of 1)."""
+        gbs, batch = self.train.global_batch_size, self.rollout_batch_size()
+        if gbs is not None and (gbs > batch or batch % gbs):
+            raise ConfigCheckError(
+                f"train.global_batch_size = {gbs} does not divide the rollout batch rollout.prompts_per_step x "
+                f"rollout.n_samples_per_prompt = {batch}; use a divisor of {batch} (e.g. {batch // 2 or 1} for two "
+                "optimizer steps per rollout) or null for one step",
+                ("train.global_batch_size", "rollout.prompts_per_step", "rollout.n_samples_per_prompt"))
+        dp = self.train.parallel.data_parallel_size
+        if gbs is not None and gbs < dp:
+            raise ConfigCheckError(
+                f"train.global_batch_size = {gbs} is smaller than train.parallel.data_parallel_size = {dp}: every "
+                "data-parallel rank needs a sample of each mini-batch", ("train.global_batch_size",
+                                                                         "train.parallel.data_parallel_size"))
+        if self.grpo.mismatch.mode != "none" and self.grpo.old_logprobs == "engine":
+            raise ConfigCheckError(
+                f"grpo.mismatch.mode = {self.grpo.mismatch.mode} needs the trainer's old logprobs, but "
+                "grpo.old_logprobs = engine (the engine's logprobs against themselves give a ratio of 1); set "
+                "grpo.old_logprobs=trainer (or null)", ("grpo.mismatch.mode", "grpo.old_logprobs"))
         return self
 
     @model_validator(mode="after")

@@ -50,10 +50,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def engine_dtype(precision: Optional[str]) -> Optional[str]:
+    """`rollout.precision` as the engines' `--dtype` (None: the engine's own default)."""
+    return {"fp32": "float32", "bf16": "bfloat16", None: None}[precision]
+
+
 def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int = 1,
                    partner_dir: Optional[str] = None, weight_version: str = INITIAL_VERSION,
-                   use_sglang: Optional[bool] = None) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) of one engine server."""
+                   use_sglang: Optional[bool] = None, dtype: Optional[str] = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) of one engine server. `dtype` (float32 / bfloat16; None: the server's default,
+    the checkpoint's dtype on SGLang and float32 on the CPU server) is passed as `--dtype`."""
     host = cfg_sglang.host
     if use_sglang if use_sglang is not None else sglang_host_available():
         env = {}
@@ -63,7 +69,7 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
             model_dir = str(write_tandem_checkpoint(model_dir, partner_dir, Path(model_dir).parent / "tandem_pair"))
             env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_patches.tandem_model"
         argv = build_server_command(cfg_sglang, model_dir, port, host)
-        argv += ["--weight-version", weight_version]
+        argv += ["--weight-version", weight_version] + (["--dtype", dtype] if dtype else [])
         return argv, env
     argv = [sys.executable, "-m", STANDIN, "--model", str(model_dir), "--host", host, "--port", str(port),
             "--threads", str(threads), "--weight-version", weight_version, "--max-batch", "1024",
@@ -72,6 +78,8 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
             "--batch-window-ms", "20", "--batch-settle-ms", "2000"]
     if partner_dir:
         argv += ["--partner", str(partner_dir)]
+    if dtype:
+        argv += ["--dtype", dtype]
     return argv, {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -89,8 +97,9 @@ class EngineServerActor:
 
     def __init__(self, index: int, cfg_sglang: Any, model_dir: str, *, threads: int = 1,
                  partner_dir: Optional[str] = None, log_dir: Optional[str] = None,
-                 use_sglang: Optional[bool] = None):
+                 use_sglang: Optional[bool] = None, dtype: Optional[str] = None):
         self.index = index
+        self.dtype = dtype
         self.cfg = cfg_sglang
         self.model_dir = str(model_dir)
         self.threads = threads
@@ -109,7 +118,7 @@ class EngineServerActor:
         """Start the server and wait for /health; returns its URL."""
         argv, env = server_command(self.cfg, self.model_dir, self.port, threads=self.threads,
                                    partner_dir=self.partner_dir, weight_version=weight_version,
-                                   use_sglang=self.use_sglang)
+                                   use_sglang=self.use_sglang, dtype=self.dtype)
         self.server = SGLangServer(argv, self.cfg.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
                                    poll_interval_s=0.2, env=env, log_path=self.log_path,
                                    preexec_fn=_die_with_parent)

@@ -19,6 +19,7 @@ import ray
 import torch
 
 from slime_ext.config.schema import Config
+from slime_ext.engine.engine_server import engine_dtype
 from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
 from slime_ext.orchestration.placement import ActorGroup, ray_options
 
@@ -46,7 +47,8 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
     handle = ray.remote(EmbeddedEngineActor).options(
         **ray_options(group), max_concurrency=2,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
-    ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None)
+    ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None,
+             engine_dtype(cfg.rollout.precision) or "float32")
     return RunEngine(VersionedRemoteEngine(handle), lambda: ray.kill(handle))
 
 
@@ -61,7 +63,7 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
     actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
         i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
-        log_dir=str(log_dir)) for i in range(s.num_engines)]
+        log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision)) for i in range(s.num_engines)]
     pool: Optional[ServerEnginePool] = None
 
     def shutdown() -> None:

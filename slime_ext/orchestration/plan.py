@@ -294,20 +294,22 @@ def _engine_command(config: Config, warnings: list[str]) -> Optional[list[str]]:
         warnings.append("neither sglang.model_path nor model.hf_path is set: engine command shows a placeholder")
         model_path = "<model.hf_path>"
     host = "0.0.0.0" if config.sglang.num_engines > 1 else "127.0.0.1"
-    if config.cluster.gpus_per_node == 0:  # CPU run: the project's SGLang-protocol server, as the loop starts it
-        from slime_ext.engine.engine_server import server_command
+    from slime_ext.engine.engine_server import engine_dtype, server_command
 
+    dtype = engine_dtype(config.rollout.precision)
+    if config.cluster.gpus_per_node == 0:  # CPU run: the project's SGLang-protocol server, as the loop starts it
         partner = "<partner checkpoint>" if method_class(config).needs_partner else None
         port = config.sglang.base_port or ENGINE_PORT
         return server_command(config.sglang, model_path, port, threads=config.rollout.threads,
-                              partner_dir=partner, use_sglang=False)[0]
+                              partner_dir=partner, use_sglang=False, dtype=dtype)[0]
     saver = config.cluster.colocate and config.cluster.gpus_per_node > 0
+    dtype_flag = ["--dtype", dtype] if dtype else []
     try:
-        return build_server_command(config.sglang, model_path, ENGINE_PORT, host, enable_memory_saver=saver)
+        return build_server_command(config.sglang, model_path, ENGINE_PORT, host, enable_memory_saver=saver) + dtype_flag
     except ImportError as exc:
         warnings.append(f"sglang is not importable here ({exc}): engine flags not validated")
         return build_server_command(config.sglang, model_path, ENGINE_PORT, host, enable_memory_saver=saver,
-                                    validate=False)
+                                    validate=False) + dtype_flag
 
 
 def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:

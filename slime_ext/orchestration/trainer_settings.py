@@ -10,13 +10,19 @@ from slime_ext.algo import LossSpec
 
 def trainer_settings(cfg: Any, loss: LossSpec, total_steps: Optional[int] = None,
                      lr: Optional[float] = None) -> TrainerSettings:
-    t = cfg.train
+    """Without `total_steps` (the RL run) the schedule counts optimizer steps: `train.steps` and
+    `train.lr_warmup_steps` are rollout steps, each `cfg.minibatches_per_step()` optimizer steps."""
+    t, g = cfg.train, cfg.grpo
+    m = g.mismatch
+    per_step = cfg.minibatches_per_step() if total_steps is None else 1
     return TrainerSettings(
-        lr=lr if lr is not None else t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps,
-        lr_decay_style=t.lr_decay_style, total_steps=max(1, total_steps or t.steps),
+        lr=lr if lr is not None else t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps * per_step,
+        lr_decay_style=t.lr_decay_style, total_steps=max(1, total_steps or t.steps * per_step),
         weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
         clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size,
         use_distributed_optimizer=t.parallel.use_distributed_optimizer, precision=t.precision,
         optimizer_cpu_offload=t.parallel.optimizer_cpu_offload,
         recompute=t.parallel.recompute, seed=cfg.run.seed,
+        global_batch_size=t.global_batch_size, old_logprobs=g.resolved_old_logprobs(cfg.minibatches_per_step()),
+        mismatch_mode=m.mode, mismatch_level=m.level, mismatch_cap=m.cap, mismatch_low=m.low, mismatch_high=m.high,
     ).with_loss(loss)

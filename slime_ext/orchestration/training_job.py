@@ -432,11 +432,23 @@ class TrainingJob:
         self.method.final_evaluations(final_hf, warm_dir, self.run_dir, self.eval_rows, EmbeddedEngine.from_pretrained)
         return reports
 
+    def _check_consistency(self, group: TrainGroup, samples: list[Sample]) -> dict[str, float]:
+        """Before the first update: the trainer's logprobs on the first batch against the engine's."""
+        from slime_ext.orchestration.consistency import check_consistency, consistency_report
+
+        trainer = group.first("compute_logprobs", samples)["logprobs"]
+        metrics = check_consistency(consistency_report(samples, trainer), self.cfg)
+        log.info("step-0 consistency check passed: mean |logp_trainer - logp_engine| = %.3g (tolerance %.3g)",
+                 metrics["consistency/abs_diff_mean"], metrics["consistency/tolerance"])
+        return metrics
+
     def _rl_step(self, step: int, manager: RolloutManager | RemoteRolloutManager, group: TrainGroup,
                  engine: Any) -> dict:
         t_start = time.perf_counter()
         groups, row = manager.rollout(step)
         samples = [s for g in groups for s in g]
+        if step == 0 and self.cfg.train.check_consistency_at_start:
+            row.update(self._check_consistency(group, samples))
         t0 = time.perf_counter()
         ref = group.first("compute_logprobs", samples, True) if self.kl_active else None
         train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None)

@@ -57,6 +57,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--partner", default=None,
                     help="HF checkpoint of a partner model run beside the policy (Tandem's junior); requests whose "
                          "samplers need a partner are served only with one")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="weights and activations of the served model (SGLang's flag; bfloat16 reproduces a GPU engine's "
+                         "precision against an fp32 trainer)")
     ap.add_argument("--weight-version", default="default",
                     help="the version of the weights served at start (SGLang's flag; updates move it)")
     lim = ap.add_argument_group("limits")
@@ -121,7 +124,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         try:
             tokenizer = load_tokenizer(args.model)
-            engine = EmbeddedEngine.from_pretrained(args.model, partner_path=args.partner)
+            engine = EmbeddedEngine.from_pretrained(args.model, partner_path=args.partner,
+                                                    dtype=getattr(torch, args.dtype))
         except (OSError, ValueError) as exc:
             which = f"--model {args.model}" + (f" / --partner {args.partner}" if args.partner else "")
             print(f"error: {which}: {exc}", file=sys.stderr)
