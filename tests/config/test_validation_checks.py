@@ -150,3 +150,22 @@ def test_cpu_engine_servers_have_no_tensor_parallelism(capsys):
     assert config_main(["--check", str(GRPO), "rollout.engine=sglang", "sglang.tp_size=2"]) == 2
     assert "sglang.tp_size = 2 on a CPU run (cluster.gpus_per_node = 0)" in capsys.readouterr().err
     assert config_main(["--check", str(GRPO), "rollout.engine=sglang", "sglang.num_engines=2"]) == 0
+
+
+def test_a_global_batch_must_divide_the_rollout_batch():
+    msg = problem(GRPO, "train.global_batch_size=100")
+    assert "train.global_batch_size = 100 does not divide the rollout batch" in msg and "= 512" in msg
+    assert "rollout.prompts_per_step" in msg and "256" in msg
+    msg = problem(GRPO, "train.global_batch_size=1", "train.parallel.data_parallel_size=2")
+    assert "train.parallel.data_parallel_size = 2" in msg
+    cfg = load_config(GRPO, ["train.global_batch_size=128"]).config
+    assert cfg.minibatches_per_step() == 4 and cfg.grpo.resolved_old_logprobs(4) == "trainer"
+    assert load_config(GRPO, []).config.grpo.resolved_old_logprobs(1) == "engine"
+
+
+def test_a_mismatch_correction_needs_the_trainers_old_logprobs():
+    msg = problem(GRPO, "grpo.mismatch.mode=truncate", "grpo.old_logprobs=engine")
+    assert "grpo.mismatch.mode = truncate needs the trainer's old logprobs" in msg and "grpo.old_logprobs=trainer" in msg
+    cfg = load_config(GRPO, ["grpo.mismatch.mode=mask"]).config
+    assert cfg.grpo.resolved_old_logprobs(cfg.minibatches_per_step()) == "trainer"
+    assert "grpo.mismatch.low" in problem(GRPO, "grpo.mismatch.low=1.5")

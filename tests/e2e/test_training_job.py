@@ -63,6 +63,10 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
     early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert late > early + 0.2, rewards
     assert all(0 < m["time/sync"] < m["time/step"] for m in read_metrics(run_dir))
+    # the step-0 consistency check (configs/base.yaml) ran before the first update, on step 0 only
+    rows = read_metrics(run_dir)
+    assert rows[0]["consistency/abs_diff_mean"] < 1e-4 and "consistency/abs_diff_mean" not in rows[1]
+    assert rows[0]["train/mismatch/abs_diff_mean"] < 1e-4 and rows[0]["train/clip_frac"] == 0.0
 
 
 @pytest.mark.timeout(900)
@@ -108,9 +112,13 @@ def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
         aborted = m["duet/abort_rate"] * m["duet/rollouts"]  # a share of whole rollouts
         assert m["duet/rollouts"] >= 4 and aborted == pytest.approx(round(aborted), abs=1e-9)
         assert m["duet/budget_tokens"] > 0 and m["time/controller"] < m["time/step"]
-    assert main([str(CONFIGS / "dapo.yaml"), f"run.output_dir={tmp_path / 'dapo'}", *common, "dapo.overlong_buffer=8"]) == 0
+    assert main([str(CONFIGS / "dapo.yaml"), f"run.output_dir={tmp_path / 'dapo'}", *common, "dapo.overlong_buffer=8",
+                 "train.global_batch_size=8"]) == 0
     (dapo_dir,) = (tmp_path / "dapo").iterdir()
-    assert all(m["dapo/drawn_groups"] == 6 for m in read_metrics(dapo_dir))  # 1.5 x 4 prompts
+    for m in read_metrics(dapo_dir):
+        assert m["dapo/drawn_groups"] == 6  # 1.5 x 4 prompts
+        # the informative groups' samples (8 each) in mini-batches of 8; the old logprobs recomputed
+        assert m["train/optimizer_steps"] == max(1, m["dapo/trained_groups"]) and "train/mismatch/abs_diff_mean" in m
 
 
 @pytest.mark.timeout(900)

@@ -196,7 +196,8 @@ def test_keeping_every_gated_rollout_breaks_the_budget():
 
 
 def test_dapo_drops_uninformative_groups_and_penalises_overlong():
-    cfg = _cfg("dapo.yaml", "rollout.prompts_per_step=2", "rollout.max_response_len=20", "dapo.overlong_buffer=10")
+    cfg = _cfg("dapo.yaml", "rollout.prompts_per_step=2", "rollout.max_response_len=20", "dapo.overlong_buffer=10",
+               "train.global_batch_size=8")
     method = build_method(cfg)
     assert method.prompts_to_draw(2) == 3
     same = [_rollout("a", "g1", "\\boxed{7}", 5), _rollout("b", "g1", "\\boxed{7}", 5)]

@@ -93,7 +93,7 @@ COMMON = ("rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollo
 DUET = ("duet.grace=4", "duet.poll=2", "duet.refit_every=1", "duet.eps_abort=0.5", "duet.budget_fraction=1.0")
 CASES = {
     "grpo": Case("grpo.yaml"),
-    "dapo": Case("dapo.yaml", ("dapo.overlong_buffer=8",)),
+    "dapo": Case("dapo.yaml", ("dapo.overlong_buffer=8", "train.global_batch_size=8")),
     "tandem": Case("tandem.yaml", ("tandem.kappa=4",)),
     "duet": Case("duet.yaml", DUET, steps=2),
     "duet_tandem": Case("duet_tandem.yaml", DUET + ("tandem.kappa=4",), steps=2),
