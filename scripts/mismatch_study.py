@@ -82,13 +82,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "mismatch_study")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "mismatch_study")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                    help="run only these arms (the table covers the arms run so far)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = "python scripts/mismatch_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    rows: dict[str, list[dict[str, float]]] = {a: [] for a in ARMS}
-    runs: dict[str, list[Path]] = {a: [] for a in ARMS}
+    rows: dict[str, list[dict[str, float]]] = {a: [] for a in args.arms}
+    runs: dict[str, list[Path]] = {a: [] for a in args.arms}
     for seed in args.seeds:
-        for arm, extra in ARMS.items():
+        for arm in args.arms:
+            extra = ARMS[arm]
             slug = arm.replace(" ", "_").replace("+", "and")
             run = run_one("grpo_quick.yaml", seed, args.runs / f"{slug}-seed{seed}", [*COMMON, *args.overrides, *extra])
             rows[arm].append(row_of(run))
