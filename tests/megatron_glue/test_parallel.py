@@ -40,7 +40,7 @@ def _hf_weights(config):
     return sd
 
 
-def _worker(rank, config, hf_sd, sizes, steps):
+def _worker(rank, config, hf_sd, sizes, steps, extra_settings=None):
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
     from megatron_glue.sharding import shard_megatron_state
     from megatron_glue.weight_names import hf_to_megatron
@@ -48,7 +48,8 @@ def _worker(rank, config, hf_sd, sizes, steps):
     from megatron.core import parallel_state as mpu
 
     init_model_parallel(sizes, seed=11)
-    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-3, micro_batch_size=2, entropy_coef=0.01), sizes)
+    trainer = MegatronTrainer(config, TrainerSettings(**({"lr": 1e-3, "micro_batch_size": 2, "entropy_coef": 0.01}
+                                                         | (extra_settings or {}))), sizes)
     shard = shard_megatron_state(
         hf_to_megatron(hf_sd, config), config,
         tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
@@ -66,9 +67,9 @@ def _worker(rank, config, hf_sd, sizes, steps):
     return {"metrics": metrics, "logprobs": logprobs, "exported": exported}
 
 
-def _run(config, sizes, world):
+def _run(config, sizes, world, extra_settings=None):
     hf_sd = _hf_weights(config)
-    results = run_ranks(_worker, world, config, hf_sd, sizes, 2)
+    results = run_ranks(_worker, world, config, hf_sd, sizes, 2, extra_settings)
     union: dict = {}
     for r in results:
         union.update(r["exported"])
@@ -123,3 +124,33 @@ def test_dense_tp2_matches_single_process():
     results = _run(config, ParallelSizes(tp=2), 2)
     result = next(r for r in results if r["logprobs"] is not None)
     _assert_same(result, reference)
+
+
+# mini-batch PPO with recomputed old logprobs and TIS: 3 optimizer steps per call (6 samples, 2 per mini-batch)
+MINIBATCH = {"lr": 0.02, "global_batch_size": 2, "old_logprobs": "trainer", "mismatch_mode": "truncate",
+             "mismatch_cap": 1.5}
+
+
+@pytest.mark.parametrize("name, sizes", [
+    pytest.param("pp2", dict(pp=2), marks=pytest.mark.slow),
+    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1, sequence_parallel=True)),
+    ("dp2", dict()),
+])
+def test_minibatch_ppo_layouts_match_single_process(name, sizes):
+    from megatron_glue.model_provider import ParallelSizes
+
+    reference = _run(tiny_moe_config(), ParallelSizes(), 1, MINIBATCH)[0]
+    results = _run(tiny_moe_config(), ParallelSizes(**sizes), 2, MINIBATCH)
+    output = next(r for r in results if r["logprobs"] is not None)
+    assert results[0]["metrics"] == results[1]["metrics"]
+    # six Adam steps at lr 0.02 amplify the layouts' reduction-order noise (~1e-7) to ~1e-4; a wrong
+    # denominator, sharding or old-logprob bookkeeping differs by orders of magnitude more
+    for got, want in zip(output["metrics"], reference["metrics"]):
+        assert got["optimizer_steps"] == want["optimizer_steps"] == 3
+        for key in ("pg_loss", "entropy", "grad_norm", "clip_frac", "approx_kl_old", "mismatch/abs_diff_mean",
+                    "mismatch/weight_mean", "ratio/p50", "ratio/p100"):
+            assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-6), key
+    # the engine's logprobs (-2 - 0.1 j) are far above the model's (~ -4.2): TIS weights r = pi_old / pi_e < 1
+    # scale the tokens down; and the later mini-batches of the second call clip
+    m = reference["metrics"]
+    assert m[0]["mismatch/weight_mean"] < 0.5 and m[1]["clip_frac"] > 0, m
