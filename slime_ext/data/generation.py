@@ -20,6 +20,9 @@ class GenerateRequest:
     seed: int
     sampler_specs: list[dict[str, Any]] = field(default_factory=list)
     return_logprob: bool = True
+    # record the top-k expert ids of every MoE layer for every token fed to the model (sglang's
+    # GenerateReqInput.return_routed_experts); MoE engines only, for rollout routing replay (R3)
+    return_routed_experts: bool = False
 
 
 @dataclass
@@ -35,6 +38,10 @@ class GenerateResult:
     # the engine's weight version when it answered (SGLang's meta_info.weight_version); None: not reported
     weight_version: Optional[str] = None
     served_by: Optional[str] = None  # which engine server answered (an engine pool sets it)
+    # with return_routed_experts: int16 tensor [prompt_len + len(output_ids) - 1, num_moe_layers, top_k], the
+    # engine's top-k expert ids for every token it fed (the prompt and every output token but the last);
+    # row t is the routing of the forward at token t. None when not asked. See docs/routing-replay.md.
+    routed_experts: Optional[Any] = None
 
 
 def check_unique_rids(requests: list[GenerateRequest]) -> None:
