@@ -221,6 +221,9 @@ class TrainConfig(Section):
     threads: int = Field(1, ge=1)
     precision: Literal["fp32", "bf16"] = "fp32"
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    # Rollout routing replay (R3, MoE only): the engine records each token's top-k experts and the trainer's
+    # MoE layers replay them in logprob recompute and training (docs/routing-replay.md).
+    routing_replay: bool = False
 
 
 class SFTConfig(Section):
@@ -327,6 +330,18 @@ class CoreConfig(Section):
                 f"rollout.max_prompt_len + rollout.max_response_len = {r.max_prompt_len} + {r.max_response_len} = "
                 f"{r.max_prompt_len + r.max_response_len} exceeds the model's context ({source} = {context})",
                 ("rollout.max_prompt_len", "rollout.max_response_len", "model.max_position_embeddings"),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_routing_replay(self) -> "CoreConfig":
+        """Routing replay replays MoE routers: a dense model has none."""
+        m = self.model
+        if self.train.routing_replay and (m.arch == "qwen3" or m.num_experts == 0):
+            raise ConfigCheckError(
+                f"train.routing_replay = true needs a MoE model, but model.arch = {m.arch!r} and model.num_experts = "
+                f"{m.num_experts} (a dense model has no router to replay); set train.routing_replay=false",
+                ("train.routing_replay", "model.arch", "model.num_experts"),
             )
         return self
 
