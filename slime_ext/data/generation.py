@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+
 from sglang_patches.decoding import SamplingParams
 
 FINISH_FAILED = "failed"
@@ -50,3 +52,30 @@ def check_unique_rids(requests: list[GenerateRequest]) -> None:
     if len(set(rids)) != len(rids):
         dup = sorted({r for r in rids if rids.count(r) > 1})
         raise ValueError(f"request ids in one generate call must be unique; repeated: {dup[:5]}")
+
+
+def encode_routed_experts_b64(routed: torch.Tensor) -> str:
+    """SGLang's wire form of `meta_info.routed_experts`: base64 of the int32 array [tokens, layers, top_k]
+    (C order, native little-endian), tokens = prompt + output - 1 (every token the engine fed)."""
+    import base64
+
+    return base64.b64encode(routed.to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).decode("ascii")
+
+
+def decode_routed_experts_b64(value: Any, tokens: int, top_k: Optional[int], rid: str = "?") -> torch.Tensor:
+    """`meta_info.routed_experts` -> int16 tensor [tokens, layers, top_k] (tokens = prompt + output - 1). The
+    wire carries no shape: the array is split by the token count and the model's experts per token."""
+    import base64
+
+    import numpy as np
+
+    if value is None:
+        raise ValueError(f"request {rid!r} asked for routed experts but meta_info has none "
+                         "(an SGLang server needs --enable-return-routed-experts)")
+    if not top_k:
+        raise ValueError("decoding routed experts needs the model's experts per token: give the client moe_top_k")
+    arr = np.frombuffer(base64.b64decode(value), dtype="<i4")
+    if tokens <= 0 or arr.size % (tokens * top_k):
+        raise ValueError(f"request {rid!r}: routed_experts holds {arr.size} ids, not {tokens} tokens x layers x "
+                         f"top-{top_k}")
+    return torch.from_numpy(arr.astype(np.int16)).view(tokens, -1, top_k)
