@@ -107,10 +107,14 @@ def transformer_config_from_hf(
     parallel: ParallelSizes = ParallelSizes(),
     params_dtype: torch.dtype = torch.float32,
     recompute: str = "none",
+    routing_replay: bool = False,
     **overrides: Any,
 ) -> TransformerConfig:
-    """Megatron TransformerConfig equivalent to an HF Qwen3 / Qwen3-MoE config."""
+    """Megatron TransformerConfig equivalent to an HF Qwen3 / Qwen3-MoE config. `routing_replay` gives every
+    router a RouterReplay (`moe_enable_routing_replay`, fed by `megatron_glue.routing_replay`)."""
     moe = hf_is_moe(hf_config)
+    if routing_replay and not moe:
+        raise ValueError("train.routing_replay needs a MoE model; this HF config is dense (no num_experts)")
     if moe and getattr(hf_config, "mlp_only_layers", None):
         raise ValueError("Qwen3-MoE configs with dense mlp_only_layers are not supported")
     if moe and int(getattr(hf_config, "decoder_sparse_step", 1)) != 1:
@@ -165,6 +169,7 @@ def transformer_config_from_hf(
             moe_grouped_gemm=False,
             moe_router_dtype="fp32",
             moe_permute_fusion=False,
+            moe_enable_routing_replay=bool(routing_replay),
         )
     if recompute == "full":
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)

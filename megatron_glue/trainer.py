@@ -24,7 +24,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron_glue import cpu_compat
+from megatron_glue import cpu_compat, routing_replay
 from megatron_glue.logprobs import vocab_parallel_logprobs
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
@@ -56,6 +56,7 @@ class TrainerSettings:
     precision: str = "fp32"
     recompute: str = "none"
     seed: int = 0
+    routing_replay: bool = False  # R3: replay the engine's routed experts (samples' routed_experts) in MoE layers
     # GRPO core
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.2
@@ -126,7 +127,8 @@ class MegatronTrainer:
         self.sizes = sizes
         self.pad_id = pad_id
         dtype = torch.bfloat16 if settings.precision == "bf16" else torch.float32
-        self.tconfig = transformer_config_from_hf(hf_config, sizes, params_dtype=dtype, recompute=settings.recompute)
+        self.tconfig = transformer_config_from_hf(hf_config, sizes, params_dtype=dtype, recompute=settings.recompute,
+                                                  routing_replay=settings.routing_replay)
         model = build_gpt_model(
             hf_config,
             self.tconfig,
@@ -224,6 +226,10 @@ class MegatronTrainer:
             for name, per_sample in (extra or {}).items():
                 rows = [per_sample[s.sample_id] for s in chunk]
                 mb[name] = _shift_left(_pad_rows(rows, batch))
+            if self.settings.routing_replay and any(s.routed_experts is not None for s in chunk):
+                # token-aligned (not shifted): row t is the routing of the forward at token t
+                mb["routed_experts"] = routing_replay.batch_grid([s.routed_experts for s in chunk],
+                                                                 tuple(batch.tokens.shape))
             out.append(mb)
         return out
 
@@ -237,19 +243,26 @@ class MegatronTrainer:
 
         def forward_step(data_iterator: Iterator[dict], model: Any) -> tuple[torch.Tensor, Any]:
             mb = self._to_device(next(data_iterator))
+            if self.settings.routing_replay:  # every micro-batch sets targets (-1 grid without routing)
+                routing_replay.set_targets(self.model, mb.get("routed_experts"), tuple(mb["tokens"].shape),
+                                           self.tconfig.moe_router_topk, self.sizes.sequence_parallel)
             output = model(mb["tokens"], mb["position_ids"], attention_mask=None)
             return output, partial(loss_func, mb)
 
         seq_len = max(mb["tokens"].shape[1] for mb in micro_batches)
-        return fb(
-            forward_step_func=forward_step,
-            data_iterator=iter(micro_batches),
-            model=[self.model],
-            num_microbatches=len(micro_batches),
-            seq_length=seq_len,
-            micro_batch_size=max(mb["tokens"].shape[0] for mb in micro_batches),
-            forward_only=forward_only,
-        )
+        try:
+            return fb(
+                forward_step_func=forward_step,
+                data_iterator=iter(micro_batches),
+                model=[self.model],
+                num_microbatches=len(micro_batches),
+                seq_length=seq_len,
+                micro_batch_size=max(mb["tokens"].shape[0] for mb in micro_batches),
+                forward_only=forward_only,
+            )
+        finally:
+            if self.settings.routing_replay:
+                routing_replay.clear(self.model)
 
     # -- forward only -----------------------------------------------------------------------------
     @torch.no_grad()

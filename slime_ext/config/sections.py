@@ -233,6 +233,9 @@ class TrainConfig(Section):
     check_consistency_at_start: bool = False
     # null: 1e-3 when engine and trainer run in one precision (only kernel noise is expected), 0.1 when not
     consistency_tolerance: Optional[float] = Field(None, gt=0)
+    # Rollout routing replay (R3, MoE only): the engine records each token's top-k experts and the trainer's
+    # MoE layers replay them in logprob recompute and training (docs/routing-replay.md).
+    routing_replay: bool = False
 
 
 class SFTConfig(Section):
@@ -393,6 +396,18 @@ class CoreConfig(Section):
                 f"grpo.mismatch.mode = {self.grpo.mismatch.mode} needs the trainer's old logprobs, but "
                 "grpo.old_logprobs = engine (the engine's logprobs against themselves give a ratio of 1); set "
                 "grpo.old_logprobs=trainer (or null)", ("grpo.mismatch.mode", "grpo.old_logprobs"))
+        return self
+
+    @model_validator(mode="after")
+    def _check_routing_replay(self) -> "CoreConfig":
+        """Routing replay replays MoE routers: a dense model has none."""
+        m = self.model
+        if self.train.routing_replay and (m.arch == "qwen3" or m.num_experts == 0):
+            raise ConfigCheckError(
+                f"train.routing_replay = true needs a MoE model, but model.arch = {m.arch!r} and model.num_experts = "
+                f"{m.num_experts} (a dense model has no router to replay); set train.routing_replay=false",
+                ("train.routing_replay", "model.arch", "model.num_experts"),
+            )
         return self
 
     @model_validator(mode="after")

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+
 from sglang_patches.decoding import SamplingParams
 
 FINISH_FAILED = "failed"
@@ -20,6 +22,9 @@ class GenerateRequest:
     seed: int
     sampler_specs: list[dict[str, Any]] = field(default_factory=list)
     return_logprob: bool = True
+    # record the top-k expert ids of every MoE layer for every token fed to the model (sglang's
+    # GenerateReqInput.return_routed_experts); MoE engines only, for rollout routing replay (R3)
+    return_routed_experts: bool = False
 
 
 @dataclass
@@ -35,6 +40,10 @@ class GenerateResult:
     # the engine's weight version when it answered (SGLang's meta_info.weight_version); None: not reported
     weight_version: Optional[str] = None
     served_by: Optional[str] = None  # which engine server answered (an engine pool sets it)
+    # with return_routed_experts: int16 tensor [prompt_len + len(output_ids) - 1, num_moe_layers, top_k], the
+    # engine's top-k expert ids for every token it fed (the prompt and every output token but the last);
+    # row t is the routing of the forward at token t. None when not asked. See docs/routing-replay.md.
+    routed_experts: Optional[Any] = None
 
 
 def check_unique_rids(requests: list[GenerateRequest]) -> None:
@@ -43,3 +52,30 @@ def check_unique_rids(requests: list[GenerateRequest]) -> None:
     if len(set(rids)) != len(rids):
         dup = sorted({r for r in rids if rids.count(r) > 1})
         raise ValueError(f"request ids in one generate call must be unique; repeated: {dup[:5]}")
+
+
+def encode_routed_experts_b64(routed: torch.Tensor) -> str:
+    """SGLang's wire form of `meta_info.routed_experts`: base64 of the int32 array [tokens, layers, top_k]
+    (C order, native little-endian), tokens = prompt + output - 1 (every token the engine fed)."""
+    import base64
+
+    return base64.b64encode(routed.to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).decode("ascii")
+
+
+def decode_routed_experts_b64(value: Any, tokens: int, top_k: Optional[int], rid: str = "?") -> torch.Tensor:
+    """`meta_info.routed_experts` -> int16 tensor [tokens, layers, top_k] (tokens = prompt + output - 1). The
+    wire carries no shape: the array is split by the token count and the model's experts per token."""
+    import base64
+
+    import numpy as np
+
+    if value is None:
+        raise ValueError(f"request {rid!r} asked for routed experts but meta_info has none "
+                         "(an SGLang server needs --enable-return-routed-experts)")
+    if not top_k:
+        raise ValueError("decoding routed experts needs the model's experts per token: give the client moe_top_k")
+    arr = np.frombuffer(base64.b64decode(value), dtype="<i4")
+    if tokens <= 0 or arr.size % (tokens * top_k):
+        raise ValueError(f"request {rid!r}: routed_experts holds {arr.size} ids, not {tokens} tokens x layers x "
+                         f"top-{top_k}")
+    return torch.from_numpy(arr.astype(np.int16)).view(tokens, -1, top_k)

@@ -61,6 +61,11 @@ class Sample:
     author: Optional[list[int]] = None
     channel: Optional[list[int]] = None
     logprobs: Optional[list[float]] = None  # the engine's logprob of each response token
+    # Rollout routing replay (MoE): the engine's top-k expert ids per token of prompt + response and MoE
+    # layer, an integer tensor [total_len - 1, moe_layers, top_k] (row t: the forward at token t; the last
+    # token is never fed to the engine). -1 (NOT_ROUTED) marks tokens the engine did not route (spliced
+    # text): the trainer's router chooses for them. None: no routing recorded. See docs/routing-replay.md.
+    routed_experts: Any = None
     # Per-sample.
     reward: Optional[float] = None
     rewards: dict[str, float] = field(default_factory=dict)  # named components (format, correctness, ...)
@@ -113,13 +118,86 @@ class Sample:
             raise SampleValidationError(f"sample {sid!r}: channel values must be 0 (think) or 1 (speak)")
         if self.weight < 0:
             raise SampleValidationError(f"sample {sid!r}: weight {self.weight} is negative")
+        if self.routed_experts is not None:
+            self._validate_routed_experts()
+
+    def _validate_routed_experts(self) -> None:
+        import torch
+
+        sid = self.sample_id
+        r = self.routed_experts
+        if not isinstance(r, torch.Tensor):
+            self.routed_experts = r = decode_routed_experts(r, sid)
+        if r.dim() != 3 or r.dtype.is_floating_point or r.dtype == torch.bool:
+            raise SampleValidationError(f"sample {sid!r}: routed_experts must be an integer tensor [total_len - 1, "
+                                        f"moe_layers, top_k], got {r.dtype} of shape {tuple(r.shape)}")
+        if r.shape[0] != self.total_len - 1:
+            raise SampleValidationError(f"sample {sid!r}: routed_experts has {r.shape[0]} token rows but prompt + "
+                                        f"response has {self.total_len} tokens (expected total_len - 1 = "
+                                        f"{self.total_len - 1})")
+        if r.numel() and int(r.min()) < NOT_ROUTED:
+            raise SampleValidationError(f"sample {sid!r}: routed_experts values must be expert ids >= 0 or "
+                                        f"{NOT_ROUTED} (not routed)")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (for rollout dumps and resume)."""
         out = dict(self.__dict__)
         out["status"] = self.status.value
+        if self.routed_experts is not None:
+            out["routed_experts"] = encode_routed_experts(self.routed_experts)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Sample":
-        return cls(**data)
+        return cls(**data)  # routed_experts is decoded by validation
+
+
+NOT_ROUTED = -1
+
+
+def encode_routed_experts(routed: Any) -> dict[str, Any]:
+    """JSON form of a routed-experts tensor: {"dtype", "shape", "base64"} (little-endian bytes)."""
+    import base64
+
+    import numpy as np
+    import torch
+
+    t = torch.as_tensor(routed)
+    arr = t.numpy().astype(np.dtype(str(t.dtype).replace("torch.", "")).newbyteorder("<"), copy=False)
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+            "base64": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def decode_routed_experts(value: Any, sample_id: str = "?") -> Any:
+    """A routed-experts tensor from `encode_routed_experts`' dict, a nested list or an array."""
+    import base64
+
+    import numpy as np
+    import torch
+
+    try:
+        if isinstance(value, dict):
+            dtype = np.dtype(value["dtype"]).newbyteorder("<")
+            arr = np.frombuffer(base64.b64decode(value["base64"]), dtype=dtype).reshape(value["shape"])
+            return torch.from_numpy(arr.astype(dtype.newbyteorder("="), copy=True))
+        return torch.as_tensor(np.asarray(value, dtype=np.int32))
+    except Exception as exc:  # noqa: BLE001
+        raise SampleValidationError(f"sample {sample_id!r}: routed_experts cannot be decoded: {exc}") from None
+
+
+def splice_routed_experts(routed: Any, kept: list[int], new_total_len: int) -> Any:
+    """Routing of a sample whose tokens were rearranged after generation (e.g. DA-GRPO's cloud splice).
+
+    `kept[j]` is the original position (in prompt + response) of new token j for the tokens kept from the
+    engine's sequence; tokens after them (spliced in from outside) and kept tokens the engine never fed
+    (its last one) get NOT_ROUTED. Returns [new_total_len - 1, moe_layers, top_k]."""
+    import torch
+
+    if routed is None:
+        return None
+    routed = torch.as_tensor(routed)
+    out = torch.full((new_total_len - 1, *routed.shape[1:]), NOT_ROUTED, dtype=routed.dtype)
+    for j, src in enumerate(kept[: new_total_len - 1]):
+        if 0 <= src < routed.shape[0]:
+            out[j] = routed[src]
+    return out

@@ -13,7 +13,11 @@ One `generate` call decodes a static batch:
    for stop; finished or aborted rows leave the batch (their cache rows are dropped) so the rest do
    not pay for them;
 4. a partner model (Tandem's junior) runs in lockstep on the same tokens with its own cache, and its
-   logits are handed to the samplers.
+   logits are handed to the samplers;
+5. when a request asks for routed experts (`return_routed_experts`, rollout routing replay), forward hooks
+   on the policy's MoE routers record every fed token's top-k expert ids per MoE layer for the duration of
+   the call (no hooks, no cost otherwise). Prefix-cache entries written by such a call carry their tokens'
+   routing next to their KV, and recording calls only reuse prefixes that have it (docs/routing-replay.md).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class _Row:
     annotations: list[dict[str, Any]] = field(default_factory=list)
     cached_tokens: int = 0
     finish_reason: Optional[str] = None
+    routing: list[torch.Tensor] = field(default_factory=list)  # recorded chunks, each [n, moe_layers, top_k]
 
 
 def _row_kv(cache: DynamicCache, row: int, valid: torch.Tensor) -> KV:
@@ -51,15 +56,68 @@ def _row_kv(cache: DynamicCache, row: int, valid: torch.Tensor) -> KV:
     return [(layer.keys[row][:, idx].clone(), layer.values[row][:, idx].clone()) for layer in cache.layers]
 
 
+def _is_moe_router(module: torch.nn.Module) -> bool:
+    """transformers' top-k MoE router (Qwen3MoeTopKRouter and its relatives): forward returns
+    (router_logits, top-k weights, top-k expert ids [tokens, top_k])."""
+    return type(module).__name__.endswith("TopKRouter") and hasattr(module, "top_k")
+
+
+class RoutingRecorder:
+    """Records the top-k expert ids of every MoE router of a model, per forward, with forward hooks.
+
+    The hooks are registered only inside `with recorder:` (a generate call that has a request asking for
+    routed experts), so an engine that nobody asks pays nothing. `take()` returns the last forward's routing
+    as an int16 tensor [batch * seq, moe_layers, top_k] in the model's token order (batch-major), layers in
+    model order.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.routers = [m for m in model.modules() if _is_moe_router(m)]
+        if not self.routers:
+            raise ValueError("routed experts were requested but the engine's model has no MoE router")
+        self.top_k = int(self.routers[0].top_k)
+        self._captured: list[Optional[torch.Tensor]] = [None] * len(self.routers)
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> "RoutingRecorder":
+        for i, router in enumerate(self.routers):
+            self._handles.append(router.register_forward_hook(self._hook(i)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._captured = [None] * len(self.routers)
+
+    def _hook(self, layer: int) -> Callable[..., None]:
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+            self._captured[layer] = output[2]
+        return hook
+
+    def take(self) -> torch.Tensor:
+        if any(c is None for c in self._captured):
+            raise RuntimeError("a MoE router did not run in the last forward")
+        out = torch.stack([c.to("cpu", torch.int16) for c in self._captured], dim=1)
+        self._captured = [None] * len(self.routers)
+        return out
+
+
 class _ModelState:
     """One model's batched KV cache during a generate call. Bookkeeping (masks, tokens, sampling) stays
     on the CPU; inputs move to the model's device per call and last-position logits come back."""
 
-    def __init__(self, model: torch.nn.Module, store: PrefixCache):
+    def __init__(self, model: torch.nn.Module, store: PrefixCache, recorder: Optional[RoutingRecorder] = None):
         self.model = model
         self.store = store
+        self.recorder = recorder
         self.cache: Optional[DynamicCache] = None
         self.device = next(model.parameters()).device
+        self.prefill_routing: list[torch.Tensor] = []  # per input [len(ids), moe_layers, top_k] (with a recorder)
+        self.step_routing: Optional[torch.Tensor] = None  # per row [B, moe_layers, top_k] (with a recorder)
+
+    def prefix_length(self, ids: list[int], max_len: int) -> int:
+        return self.store.prefix_length(ids, max_len, with_routing=self.recorder is not None)
 
     @torch.no_grad()
     def prefill(self, inputs: list[list[int]], limits: Optional[list[int]] = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -67,7 +125,13 @@ class _ModelState:
         models in lockstep reuse the same lengths and share one attention mask). Returns last-position
         logits [U, V], the attention mask [U, T] and the number of cached tokens used per input."""
         caps = limits if limits is not None else [len(ids) - 1 for ids in inputs]
-        prefixes = [self.store.longest_prefix(ids, max_len=min(len(ids) - 1, cap)) for ids, cap in zip(inputs, caps)]
+        routed: list[Optional[torch.Tensor]] = [None] * len(inputs)
+        if self.recorder is not None:  # only prefixes whose routing is known (stored with their KV)
+            found = [self.store.longest_prefix_routed(ids, max_len=min(len(ids) - 1, cap)) for ids, cap in zip(inputs, caps)]
+            prefixes = [(p, kv) for p, kv, _ in found]
+            routed = [r for _, _, r in found]
+        else:
+            prefixes = [self.store.longest_prefix(ids, max_len=min(len(ids) - 1, cap)) for ids, cap in zip(inputs, caps)]
         p_max = max(p for p, _ in prefixes)
         rest = [ids[p:] for ids, (p, _) in zip(inputs, prefixes)]
         r_max = max(len(r) for r in rest)
@@ -99,8 +163,15 @@ class _ModelState:
                          past_key_values=cache, use_cache=True, logits_to_keep=1,
                          cache_position=torch.arange(p_max, p_max + r_max, device=dev))
         self.cache = out.past_key_values
+        self.prefill_routing = []
+        if self.recorder is not None:
+            new = self.recorder.take().view(n, r_max, -1, self.recorder.top_k)
+            for i, ((p, _), r) in enumerate(zip(prefixes, rest)):
+                parts = ([routed[i]] if p else []) + [new[i, r_max - len(r):]]
+                self.prefill_routing.append(torch.cat(parts) if len(parts) > 1 else parts[0].clone())
         for i, ids in enumerate(inputs):
-            self.store.insert(ids, _row_kv(self.cache, i, mask[i].bool()))
+            self.store.insert(ids, _row_kv(self.cache, i, mask[i].bool()),
+                              self.prefill_routing[i] if self.recorder is not None else None)
         return out.logits[:, -1].float().cpu(), mask, [p for p, _ in prefixes]
 
     def select(self, index: torch.Tensor) -> None:
@@ -115,6 +186,8 @@ class _ModelState:
                          past_key_values=self.cache, use_cache=True, logits_to_keep=1,
                          cache_position=torch.arange(length - 1, length, device=dev))
         self.cache = out.past_key_values
+        if self.recorder is not None:
+            self.step_routing = self.recorder.take()
         return out.logits[:, -1].float().cpu()
 
 
@@ -225,9 +298,23 @@ class EmbeddedEngine:
         rows = [self._new_row(r) for r in requests]
         if any(row.chain.needs_partner for row in rows) and self.partner is None:
             raise ValueError("a sampler needs a partner model but the engine has none")
-        states = [_ModelState(self.model, self.prefix_cache)]
+        recorder = RoutingRecorder(self.model) if any(r.return_routed_experts for r in requests) else None
+        states = [_ModelState(self.model, self.prefix_cache, recorder)]
         if self.partner is not None and any(row.chain.needs_partner for row in rows):
             states.append(_ModelState(self.partner, self.partner_prefix_cache))
+        if recorder is None:
+            self._decode_batch(requests, rows, states)
+        else:
+            with recorder:
+                self._decode_batch(requests, rows, states)
+        self.stats["requests"] += len(rows)
+        with self._lock:
+            self._aborted.difference_update(rids)
+        return [self._result(row) for row in rows]
+
+    def _decode_batch(self, requests: list[GenerateRequest], rows: list[_Row], states: list[_ModelState]) -> None:
+        """Prefill and decode `rows` to the end (one static batch; rows leave as they finish)."""
+        record = states[0].recorder is not None
 
         unique: dict[tuple[int, ...], int] = {}
         for r in requests:
@@ -236,7 +323,7 @@ class EmbeddedEngine:
         logits_list, masks, cached = [], None, None
         # every model reuses the same prefix length (the shortest any of their caches holds): the partner's
         # cache may lack prefixes the policy cached while serving requests without a partner
-        limits = [min(st.store.prefix_length(ids, len(ids) - 1) for st in states) for ids in inputs] \
+        limits = [min(st.prefix_length(ids, len(ids) - 1) for st in states) for ids in inputs] \
             if len(states) > 1 else None
         for state in states:
             logits, mask, used = state.prefill(inputs, limits)
@@ -250,6 +337,8 @@ class EmbeddedEngine:
         logits_list = [lg[expand] for lg in logits_list]
         for row, u in zip(rows, expand.tolist()):
             row.cached_tokens = cached[u]
+            if record:
+                row.routing = [states[0].prefill_routing[u]]
         self.stats["cached_tokens"] += sum(cached)
         self.stats["prefill_tokens"] += sum(len(i) - c for i, c in zip(inputs, cached))
 
@@ -266,8 +355,9 @@ class EmbeddedEngine:
                     continue
                 fed = int(mask[b].sum())  # keep its KV for continuations (the last token was not fed)
                 ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
-                for state in states:
-                    state.store.insert(ids, _row_kv(state.cache, b, mask[b].bool()))
+                routing = torch.cat(rows[ri].routing)[:fed] if record else None
+                for k, state in enumerate(states):
+                    state.store.insert(ids, _row_kv(state.cache, b, mask[b].bool()), routing if k == 0 else None)
             if not keep:
                 break
             keep_t = torch.tensor(keep)
@@ -279,11 +369,11 @@ class EmbeddedEngine:
             active = [active[b] for b in keep]
             mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
             logits_list = [state.step(tokens, mask) for state in states]
+            if record:
+                step = states[0].step_routing
+                for b, ri in enumerate(active):
+                    rows[ri].routing.append(step[b : b + 1])
         self.stats["decode_seconds"] += time.perf_counter() - start
-        self.stats["requests"] += len(rows)
-        with self._lock:
-            self._aborted.difference_update(rids)
-        return [self._result(row) for row in rows]
 
     def _new_row(self, request: GenerateRequest) -> _Row:
         if not request.input_ids:
@@ -346,7 +436,17 @@ class EmbeddedEngine:
             annotations=row.annotations,
             cached_tokens=row.cached_tokens,
             prompt_len=len(row.request.input_ids),
+            routed_experts=self._routed(row) if row.request.return_routed_experts else None,
         )
+
+    @staticmethod
+    def _routed(row: _Row) -> torch.Tensor:
+        """[prompt_len + len(output) - 1, moe_layers, top_k]: every fed token (the last output token never is)."""
+        n = len(row.request.input_ids) + len(row.output_ids) - 1
+        routing = torch.cat(row.routing) if len(row.routing) > 1 else row.routing[0]
+        if routing.shape[0] < n:
+            raise RuntimeError(f"request {row.request.rid!r}: {routing.shape[0]} routed tokens recorded, {n} fed")
+        return routing[:n].clone()
 
 
 def _resolve_target(name: str, params: dict[str, torch.Tensor]) -> tuple[Optional[torch.Tensor], Any]:

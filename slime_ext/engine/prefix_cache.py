@@ -34,6 +34,7 @@ class PrefixCache:
     def __init__(self, max_tokens: int = 1 << 20):
         self.max_tokens = max_tokens
         self._entries: "OrderedDict[tuple[int, ...], KV]" = OrderedDict()
+        self._routing: dict[tuple[int, ...], torch.Tensor] = {}  # key -> [len(key), moe_layers, top_k]
         self._tokens = 0
         self.hits = 0
         self.lookups = 0
@@ -42,27 +43,35 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def insert(self, ids: Sequence[int], kv: KV) -> None:
+    def insert(self, ids: Sequence[int], kv: KV, routing: Optional[torch.Tensor] = None) -> None:
         key = tuple(int(i) for i in ids)
+        if routing is not None and routing.shape[0] != len(key):
+            raise ValueError(f"routing length {routing.shape[0]} does not match {len(key)} token ids")
         if not key or key in self._entries:
             if key in self._entries:
                 self._entries.move_to_end(key)
+                if routing is not None and key not in self._routing:
+                    self._routing[key] = routing
             return
         if any(k.shape[1] != len(key) for k, _ in kv):
             raise ValueError(f"KV length {kv[0][0].shape[1]} does not match {len(key)} token ids")
         self._entries[key] = kv
+        if routing is not None:
+            self._routing[key] = routing
         self._tokens += len(key)
         while self._tokens > self.max_tokens and len(self._entries) > 1:
             old, _ = self._entries.popitem(last=False)
+            self._routing.pop(old, None)
             self._tokens -= len(old)
 
-    def longest_prefix(self, ids: Sequence[int], max_len: Optional[int] = None) -> tuple[int, Optional[KV]]:
-        """(length, KV truncated to it) of the longest cached prefix of `ids`, at most `max_len` long."""
+    def _match(self, ids: Sequence[int], max_len: Optional[int], with_routing: bool) -> tuple[int, Optional[tuple[int, ...]]]:
         self.lookups += 1
         query = tuple(int(i) for i in ids)
         limit = len(query) if max_len is None else min(max_len, len(query))
         best_key, best_len = None, 0
         for key in self._entries:
+            if with_routing and key not in self._routing:
+                continue
             n = _common_prefix(key, query, limit)
             if n > best_len:
                 best_key, best_len = key, n
@@ -71,15 +80,33 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         self.hits += 1
         self.hit_tokens += best_len
-        kv = [(k[:, :best_len], v[:, :best_len]) for k, v in self._entries[best_key]]
-        return best_len, kv
+        return best_len, best_key
 
-    def prefix_length(self, ids: Sequence[int], max_len: Optional[int] = None) -> int:
+    def longest_prefix(self, ids: Sequence[int], max_len: Optional[int] = None) -> tuple[int, Optional[KV]]:
+        """(length, KV truncated to it) of the longest cached prefix of `ids`, at most `max_len` long."""
+        n, key = self._match(ids, max_len, with_routing=False)
+        if key is None:
+            return 0, None
+        return n, [(k[:, :n], v[:, :n]) for k, v in self._entries[key]]
+
+    def longest_prefix_routed(self, ids: Sequence[int], max_len: Optional[int] = None
+                              ) -> tuple[int, Optional[KV], Optional[torch.Tensor]]:
+        """(length, KV, routing [length, moe_layers, top_k]) of the longest cached prefix among the entries
+        that carry routing (a request that records routed experts must not reuse a prefix whose routing is
+        unknown: that prefix is recomputed)."""
+        n, key = self._match(ids, max_len, with_routing=True)
+        if key is None:
+            return 0, None, None
+        return n, [(k[:, :n], v[:, :n]) for k, v in self._entries[key]], self._routing[key][:n]
+
+    def prefix_length(self, ids: Sequence[int], max_len: Optional[int] = None, with_routing: bool = False) -> int:
         """Length of the longest cached prefix (no statistics, no reordering)."""
         query = tuple(int(i) for i in ids)
         limit = len(query) if max_len is None else min(max_len, len(query))
-        return max((_common_prefix(key, query, limit) for key in self._entries), default=0)
+        return max((_common_prefix(key, query, limit) for key in self._entries
+                    if not with_routing or key in self._routing), default=0)
 
     def clear(self) -> None:
         self._entries.clear()
+        self._routing.clear()
         self._tokens = 0

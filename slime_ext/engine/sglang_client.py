@@ -55,7 +55,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from sglang_patches.request_sampler import FINISH_SAMPLER, replay_with_finish
-from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids
+from slime_ext.data.generation import (FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids,
+                                       decode_routed_experts_b64)
 
 logger = logging.getLogger(__name__)
 # importing sglang's request definitions registers its model configs, each with an INFO line
@@ -198,8 +199,10 @@ class SGLangEngineClient:
         api_key: Optional[str] = None,
         native_partner: bool = False,
         routing_key: Optional[Callable[[GenerateRequest], Optional[str]]] = None,
+        moe_top_k: Optional[int] = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self.moe_top_k = moe_top_k  # experts per token: splits meta_info.routed_experts (the wire has no shape)
         self.api_key = api_key  # sent as `Authorization: Bearer`, for servers started with --api-key
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
@@ -291,6 +294,8 @@ class SGLangEngineClient:
             "sampling_params": sampling,
             "return_logprob": bool(request.return_logprob),
         }
+        if request.return_routed_experts:  # needs a server started with --enable-return-routed-experts
+            payload["return_routed_experts"] = True
         if request.sampler_specs or self.partner_vocab is not None:
             from sglang_patches.sglang_adapter import SamplerLogitProcessor, build_custom_params, check_hostable
 
@@ -420,9 +425,14 @@ class SGLangEngineClient:
             if kind == "abort":
                 self.stats["aborted"] += 1
         version = meta.get("weight_version")
+        routed = None
+        if request.return_routed_experts:
+            routed = decode_routed_experts_b64(meta.get("routed_experts"), len(request.input_ids) + len(output_ids) - 1,
+                                           self.moe_top_k, request.rid)
         return GenerateResult(rid=request.rid, output_ids=output_ids, logprobs=logprobs,
                               finish_reason=finish, annotations=annotations, cached_tokens=cached,
-                              prompt_len=prompt_len, weight_version=None if version is None else str(version))
+                              prompt_len=prompt_len, weight_version=None if version is None else str(version),
+                              routed_experts=routed)
 
     def _decoder(self) -> Optional[Callable[[Sequence[int]], str]]:
         if self._decode is None and self.tokenizer_path:

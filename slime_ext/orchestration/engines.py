@@ -52,6 +52,18 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
     return RunEngine(VersionedRemoteEngine(handle), lambda: ray.kill(handle))
 
 
+def _experts_per_token(cfg: Config, model_dir: Path) -> int:
+    """num_experts_per_tok of the served checkpoint (its config.json), else of the config's model section."""
+    import json
+
+    path = Path(model_dir) / "config.json"
+    if path.is_file():
+        value = json.loads(path.read_text()).get("num_experts_per_tok")
+        if value:
+            return int(value)
+    return int(cfg.model.num_experts_per_tok)
+
+
 def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: Optional[Path], run_dir: Path,
                    tokenizer: Any) -> RunEngine:
     from slime_ext.engine.engine_server import EngineServerActor
@@ -77,6 +89,8 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
         urls = ray.get([a.start.remote() for a in actors])
         client_kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),
                          "vocab_size": len(tokenizer)}
+        if cfg.train.routing_replay:  # R3: the client splits meta_info.routed_experts by experts per token
+            client_kwargs["moe_top_k"] = _experts_per_token(cfg, model_dir)
         if partner_dir is not None:  # SGLang serves the pair as one model of width 2V; our server holds two
             sglang_hosts = ray.get(actors[0].host_kind.remote()) == "sglang"
             client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})

@@ -117,11 +117,13 @@ class RolloutManager:
         rows = source.next_batch(self.method.prompts_to_draw(self.config.rollout.prompts_per_step))
         plans = self.method.plan(rows, step)
         requests, where = [], []
+        replay = self.config.train.routing_replay  # R3: the engine records routed experts for the trainer
         for i, (row, plan) in enumerate(zip(rows, plans)):
             ids = self.prompt_ids(row["prompt"])
             for j in range(plan.n):
                 requests.append(GenerateRequest(f"s{step}-p{i}-k{j}", ids, plan.sampling,
-                                                request_seed(self.config.run.seed, step, i, j), plan.sampler_specs))
+                                                request_seed(self.config.run.seed, step, i, j), plan.sampler_specs,
+                                                return_routed_experts=replay))
                 where.append(i)
         results = self._generate(requests)
         check_weight_versions(requests, results, step)
@@ -141,12 +143,19 @@ class RolloutManager:
 
     def _to_sample(self, req: GenerateRequest, res: GenerateResult, row: dict, step: int, prompt_index: int) -> Sample:
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+        routed = None
+        if req.return_routed_experts and res.finish_reason != "failed":
+            if res.routed_experts is None:
+                raise ValueError(f"request {req.rid!r} asked for routed experts (train.routing_replay) but the engine "
+                                 "returned none (an SGLang server needs --enable-return-routed-experts)")
+            routed = res.routed_experts  # [prompt + response - 1, moe_layers, top_k]
         return Sample(
             sample_id=req.rid,
             prompt_ids=list(req.input_ids),
             response_ids=list(res.output_ids),
             group_id=f"s{step}-p{prompt_index}",
             logprobs=list(res.logprobs) if res.logprobs is not None else None,
+            routed_experts=routed,
             status=STATUS_BY_FINISH.get(res.finish_reason, SampleStatus.FAILED),
             label=row["label"],
             response_text=text,

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_ext.data.generation import GenerateResult
+from slime_ext.data.generation import encode_routed_experts_b64
 from slime_ext.serving.errors import bad_request
 from slime_ext.serving.openai_routes import _sampling, get_state, read_json
 from slime_ext.serving.native_schemas import (AbortReq, GenerateReqInput, SamplingParamsBody, check_generate,
@@ -87,7 +88,11 @@ async def generate(request: Request) -> Response:
             specs = _decode_specs(custom["sampler_specs"])
             _register_samplers(specs, custom.get("sampler_modules"))
             state.check_specs(specs, seed)
-        req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=body.rid)
+        if body.return_routed_experts and (max_new == 0 or not hasattr(state.engine, "prefix_cache")):
+            raise bad_request("'return_routed_experts' needs an embedded-engine MoE server and max_new_tokens > 0",
+                              param="return_routed_experts")
+        req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=body.rid,
+                            return_routed_experts=body.return_routed_experts)
         if max_new == 0:  # nothing to generate: SGLang answers an empty output finished by length
             res, version = GenerateResult(req.rid, [], [], "length", [], 0, len(ids)), state.weight_version
         else:
@@ -103,6 +108,9 @@ async def generate(request: Request) -> Response:
             text = (lambda t: state.tokenizer.decode([t])) if body.return_text_in_logprobs else (lambda t: None)
             meta["output_token_logprobs"] = [[lp, tok, text(tok)]
                                              for lp, tok in zip(res.logprobs or [], res.output_ids)]
+        if body.return_routed_experts and res.routed_experts is not None:
+            # SGLang's encoding: base64 of int32 [prompt + output - 1, layers, top_k]
+            meta["routed_experts"] = encode_routed_experts_b64(res.routed_experts)
         return JSONResponse({"text": state.completion_text(res), "output_ids": res.output_ids, "meta_info": meta})
 
 

@@ -149,7 +149,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "audio_data": (None, []), "mm_hashes": (None,), "mm_content_hashes": (None,), "use_audio_in_video": (False,),
     "video_config": (None,), "top_logprobs_num": (None, 0), "token_ids_logprob": (None, []),
     "logprob_start_len": (None, -1), "return_sampling_mask": (None, False), "sampling_logprobs_mode": (None,),
-    "return_flat_raw_top_logprobs": (False,), "return_hidden_states": (False,), "return_routed_experts": (False,),
+    "return_flat_raw_top_logprobs": (False,), "return_hidden_states": (False,), "routed_experts_start_len": (0,),
     "return_indexer_topk": (False,), "modalities": (None,), "session_id": (None,), "session_params": (None,),
     "lora_path": (None,), "lora_id": (None,), "positional_embed_overrides": (None,), "background": (False,),
     "require_reasoning": (False,), "max_thinking_tokens": (None,), "return_bytes": (False,),

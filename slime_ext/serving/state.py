@@ -151,9 +151,9 @@ class ServerState:
         return value - 2 ** 64 if value > SEED_MAX else max(value, SEED_MIN)
 
     def request(self, ids: list[int], sampling: SamplingParams, seed: int, specs: Optional[list] = None,
-                rid: Optional[str] = None) -> GenerateRequest:
+                rid: Optional[str] = None, return_routed_experts: bool = False) -> GenerateRequest:
         return GenerateRequest(rid or f"req-{uuid.uuid4().hex[:12]}", ids, sampling, seed, specs or [],
-                               return_logprob=True)
+                               return_logprob=True, return_routed_experts=return_routed_experts)
 
     def check_specs(self, specs: list, seed: int) -> None:
         """Sampler specs are built here first: a bad one must fail its own request, not the whole batch."""

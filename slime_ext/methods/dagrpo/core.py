@@ -107,6 +107,17 @@ def splice(local_ids: Sequence[int], local_text: str, trigger: str, cloud_text: 
                   head + cloud_text)
 
 
+def spliced_routing(routed_experts: Any, prompt_len: int, local_ids: Sequence[int], eos_token_id: int,
+                    new_response_len: int) -> Any:
+    """Routing replay after `splice`: the local tokens it keeps keep the engine's routing; the cloud tokens
+    (never fed to the policy engine) and a kept token the engine never fed (its last) get -1, so the
+    trainer's router chooses for them. None stays None. [prompt_len + new_response_len - 1, layers, top_k]."""
+    from slime_ext.data.sample import splice_routed_experts
+
+    kept = list(range(prompt_len)) + [prompt_len + i for i, t in enumerate(local_ids) if t != eos_token_id]
+    return splice_routed_experts(routed_experts, kept, prompt_len + new_response_len)
+
+
 def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, seed: int = 0) -> list[dict]:
     """SFT rows where a deterministic `fraction` of solutions stop after their first step with the trigger,
     so the local model asks for help sometimes before RL (the behaviour RL then prices with lambda)."""

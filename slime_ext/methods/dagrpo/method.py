@@ -20,8 +20,8 @@ from slime_ext.algo import grouped_advantages
 from slime_ext.config.schema import Config
 from slime_ext.methods.dagrpo.cloud import CloudHelper, CloudTally, warn_if_cloud_degraded
 from slime_ext.methods.dagrpo.continual import evaluate_phases
-from slime_ext.methods.dagrpo.core import (composed_reward, dual_advantages, dual_update, format_ok, splice, tau_at,
-                                           with_trigger_examples)
+from slime_ext.methods.dagrpo.core import (composed_reward, dual_advantages, dual_update, format_ok, splice, spliced_routing,
+                                           tau_at, with_trigger_examples)
 from slime_ext.data import Sample, SampleStatus
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo.method import GRPO
@@ -254,6 +254,8 @@ class DAGRPO(GRPO):
                                 d.trigger, cloud_text, self.tokenizer, eos)
                     local = len([t for t in s.response_ids if t != eos])
                     lps = (s.logprobs or [0.0] * s.response_len)[:local]
+                    s.routed_experts = spliced_routing(s.routed_experts, len(s.prompt_ids), s.response_ids, eos,
+                                                       len(sp.response_ids))
                     s.response_ids, s.loss_mask, s.author = sp.response_ids, sp.loss_mask, sp.author
                     s.logprobs = lps + [0.0] * (len(sp.response_ids) - local)
                     s.metadata.update(asked=True, cloud_answered=cloud_text is not None)
