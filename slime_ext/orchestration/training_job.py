@@ -5,6 +5,8 @@ One RL step (docs/architecture.md):
   train group:     (reference logprobs if KL) -> optimizer step
   weight sync:     Megatron -> HF names -> engine update (the engine flushes its prefix cache)
   method.update:   controllers
+With `rollout.off_policy_steps: 1` the next step's rollout runs beside training
+(`slime_ext.orchestration.off_policy.OffPolicyRollouts` stands in for the manager and the engine).
 A checkpoint (trainer ranks + rollout manager state + step) is written every `run.save_every` steps
 (default: every step, so a killed run loses at most the step in flight); `metrics.jsonl` is truncated
 to the checkpointed step on every start (to empty when no checkpoint exists yet), so the resumed
