@@ -172,6 +172,40 @@ class RolloutConfig(Section):
     # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
     # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
     prompt_pool: Optional[int] = Field(None, ge=1)
+    # 0: on-policy (rollout t with weights version t, then train t). 1: one-step off-policy: rollout t+1
+    # is generated while step t trains, so step t+1 trains on tokens of version t (staleness <= 1; see
+    # docs/architecture.md). Needs engines that keep running while the trainer trains (not colocated GPUs).
+    off_policy_steps: Literal[0, 1] = 0
+    # off_policy_steps 1 only: a weight sync does not wait for the rollout in flight; its requests are
+    # aborted, the weights updated and the requests continued (prompt + partial response) with the new
+    # weights. Every token records the version that generated it (Sample.token_versions).
+    partial_rollouts: bool = False
+    # partial_rollouts only: what the trainer does with a resumed response's tokens from before the sync
+    # (older than the newest version in their sample). mask: loss_mask 0 (the response still counts for
+    # reward and advantage); correct: trained, with the engine logprobs of the version that generated them
+    # as the old logprobs (the ratio corrects for the version; see grpo.* importance correction).
+    # null: mask with partial rollouts; a value without partial rollouts is an error (it would change nothing).
+    stale_tokens: Optional[Literal["mask", "correct"]] = None
+
+    @model_validator(mode="after")
+    def _check_off_policy(self) -> "RolloutConfig":
+        if self.partial_rollouts and self.off_policy_steps != 1:
+            raise ConfigCheckError(
+                "rollout.partial_rollouts is true but rollout.off_policy_steps is 0: partial rollouts continue a "
+                "rollout across the weight sync that only an off-policy loop lets happen; set "
+                "rollout.off_policy_steps=1 (or rollout.partial_rollouts=false)", ("partial_rollouts", "off_policy_steps"))
+        if self.stale_tokens is not None and not self.partial_rollouts:
+            raise ConfigCheckError(
+                f"rollout.stale_tokens = {self.stale_tokens!r} but rollout.partial_rollouts is false: without partial "
+                "rollouts every response comes from one weight version, so no token is older than its sample's "
+                "newest and the key changes nothing; remove it (or set rollout.partial_rollouts=true)",
+                ("stale_tokens", "partial_rollouts"))
+        return self
+
+    @property
+    def stale_token_policy(self) -> str:
+        """What partial rollouts do with tokens older than their sample's newest: `stale_tokens`, mask by default."""
+        return self.stale_tokens or "mask"
 
 
 class SGLangConfig(Section):
@@ -271,15 +305,15 @@ class GRPOConfig(Section):
     entropy_coef: float = Field(0.0, ge=0)
     loss_agg: Literal["token_mean", "sample_mean"] = "token_mean"
     # The PPO ratio's old policy: the engine's logprobs, or the trainer's recomputed before the first update
-    # of a step. null: trainer when a step takes several optimizer steps (train.global_batch_size) or
-    # mismatch correction is on, else engine.
+    # of a step. null: trainer when a step takes several optimizer steps (train.global_batch_size), a
+    # mismatch correction is on or rollouts are one step off-policy (rollout.off_policy_steps), else engine.
     old_logprobs: Optional[Literal["engine", "trainer"]] = None
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
 
-    def resolved_old_logprobs(self, minibatches: int) -> str:
+    def resolved_old_logprobs(self, minibatches: int, off_policy: bool = False) -> str:
         if self.old_logprobs is not None:
             return self.old_logprobs
-        return "trainer" if minibatches > 1 or self.mismatch.mode != "none" else "engine"
+        return "trainer" if minibatches > 1 or off_policy or self.mismatch.mode != "none" else "engine"
 
 
 class EvalConfig(Section):
@@ -407,6 +441,20 @@ class CoreConfig(Section):
                 f"train.routing_replay = true needs a MoE model, but model.arch = {m.arch!r} and model.num_experts = "
                 f"{m.num_experts} (a dense model has no router to replay); set train.routing_replay=false",
                 ("train.routing_replay", "model.arch", "model.num_experts"),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_off_policy_placement(self) -> "CoreConfig":
+        """One-step off-policy generates while the trainer trains; colocated GPU engines sleep (release their
+        memory) during training, so nothing could overlap and the engines would be asked to generate asleep."""
+        if self.rollout.off_policy_steps and self.cluster.colocate and self.cluster.gpus_per_node > 0:
+            raise ConfigCheckError(
+                f"rollout.off_policy_steps = {self.rollout.off_policy_steps} with cluster.colocate = true on a GPU "
+                f"cluster (cluster.gpus_per_node = {self.cluster.gpus_per_node}): colocated engines sleep while the "
+                "trainer trains, so the next rollout cannot run beside it; set cluster.colocate=false (engines on "
+                "their own GPUs) or rollout.off_policy_steps=0",
+                ("rollout.off_policy_steps", "cluster.colocate", "cluster.gpus_per_node"),
             )
         return self
 

@@ -40,7 +40,7 @@ class Channel(IntEnum):
     SPEAK = 1
 
 
-PER_TOKEN_FIELDS = ("loss_mask", "author", "channel", "logprobs")
+PER_TOKEN_FIELDS = ("loss_mask", "author", "channel", "logprobs", "token_versions")
 
 
 class SampleValidationError(ValueError):
@@ -66,6 +66,9 @@ class Sample:
     # token is never fed to the engine). -1 (NOT_ROUTED) marks tokens the engine did not route (spliced
     # text): the trainer's router chooses for them. None: no routing recorded. See docs/routing-replay.md.
     routed_experts: Any = None
+    # The weight version that generated each response token (off-policy runs: `rollout.off_policy_steps`
+    # 1; a partial rollout resumed after a weight sync holds two versions). None on on-policy runs.
+    token_versions: Optional[list[int]] = None
     # Per-sample.
     reward: Optional[float] = None
     rewards: dict[str, float] = field(default_factory=dict)  # named components (format, correctness, ...)
@@ -116,6 +119,8 @@ class Sample:
             raise SampleValidationError(f"sample {sid!r}: author values must be 0, 1 or 2 ({list(Author)})")
         if self.channel is not None and any(c not in (0, 1) for c in self.channel):
             raise SampleValidationError(f"sample {sid!r}: channel values must be 0 (think) or 1 (speak)")
+        if self.token_versions is not None and any(not isinstance(v, int) or v < 0 for v in self.token_versions):
+            raise SampleValidationError(f"sample {sid!r}: token_versions must be weight versions (ints >= 0)")
         if self.weight < 0:
             raise SampleValidationError(f"sample {sid!r}: weight {self.weight} is negative")
         if self.routed_experts is not None:

@@ -218,6 +218,9 @@ class RolloutLayout:
     router: bool
     models_per_engine: int
     server_command: Optional[list[str]]
+    off_policy_steps: int = 0  # 1: rollout t+1 is generated while step t trains (rollout.off_policy_steps)
+    partial_rollouts: bool = False
+    stale_tokens: str = "mask"
 
 
 def _check_layout(config: Config, shape: ModelShape, world: int, problems: list[str]) -> None:
@@ -327,6 +330,8 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
         tp_size=tp_size, engine_gpus=engine_gpus(config), colocate=config.cluster.colocate,
         router=bool(sglang and s.router), models_per_engine=2 if method_class(config).needs_partner else 1,
         server_command=_engine_command(config, warnings),
+        off_policy_steps=config.rollout.off_policy_steps, partial_rollouts=config.rollout.partial_rollouts,
+        stale_tokens=config.rollout.stale_token_policy,
     )
 
 
@@ -512,14 +517,26 @@ def _format_layout(p: Plan) -> list[str]:
     ]
 
 
+def _format_schedule(r: RolloutLayout) -> str:
+    """How rollout and training interleave (rollout.off_policy_steps, rollout.partial_rollouts)."""
+    if not r.off_policy_steps:
+        return ("schedule: on-policy: rollout t (weights version t), then train t, then sync version t+1; "
+                "rollout and training take turns")
+    sync = ("a sync aborts the requests in flight and continues them with the new weights (partial rollouts; "
+            f"older tokens: {r.stale_tokens})" if r.partial_rollouts else "the sync waits for rollout t+1 to finish")
+    return (f"schedule: one-step off-policy: rollout t+1 runs while step t trains (weights version t, trained at "
+            f"step t+1: staleness <= 1); {sync}; the engines need their own GPUs (not colocated)")
+
+
 def _format_rollout(p: Plan) -> list[str]:
     r = p.rollout
     if r.engine != "sglang":
-        return ["rollout: embedded engine (in the rollout manager's process)"]
+        return ["rollout: embedded engine (in the rollout manager's process)", "  " + _format_schedule(r)]
     mode = "colocated with the trainer" if r.colocate else "on their own GPUs"
     kind = "SGLang-protocol server(s) (CPU: slime_ext.tools.serve)" if r.engine_gpus == 0 else "SGLang engine(s)"
     lines = [f"rollout: {r.num_engines} {kind} x TP {r.tp_size} = {r.engine_gpus} GPUs, {mode}, "
              f"router {'on' if r.router else 'off'}, {r.models_per_engine} model(s) per engine"]
+    lines.append("  " + _format_schedule(r))
     if r.server_command:
         lines.append("  engine 0: " + " ".join(r.server_command))
     return lines

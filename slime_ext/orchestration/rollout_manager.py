@@ -8,7 +8,9 @@ so the same code drives the embedded engine and SGLang servers.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import threading
 import time
 from typing import Any, Optional
 
@@ -48,6 +50,66 @@ def check_weight_versions(requests: list[GenerateRequest], results: list[Generat
                            f"{step}, e.g. {stale[:3]} (rid, version); an engine missed a weight sync")
 
 
+def check_token_versions(requests: list[GenerateRequest], versions: list[list[int]], step: int,
+                         off_policy_steps: int) -> None:
+    """Off-policy runs: every token of the rollout trained at `step` must come from a version in
+    [step - off_policy_steps, step] (older: an engine missed a sync; newer: impossible, a bug)."""
+    low = step - off_policy_steps
+    stale = [(q.rid, sorted(set(v))) for q, v in zip(requests, versions) if any(not low <= x <= step for x in v)]
+    if stale:
+        raise StaleRollout(f"step {step}: {len(stale)} rollout(s) hold tokens of weight versions outside "
+                           f"[{low}, {step}] (rollout.off_policy_steps = {off_policy_steps}), e.g. {stale[:3]} "
+                           "(rid, versions); an engine missed a weight sync")
+
+
+def continuation_seed(seed: int, generated: int) -> int:
+    """The seed of a request continued after `generated` tokens (a partial rollout resumed after a weight
+    sync): a pure function of the request's seed and the cut, so a rerun draws the same; not the original
+    seed, whose stream would repeat the draws of the first tokens."""
+    digest = hashlib.blake2b(f"continue:{seed}:{generated}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF
+
+
+@dataclasses.dataclass
+class _Partial:
+    """What a request generated so far across weight syncs (off-policy runs)."""
+
+    request: GenerateRequest
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    annotations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    first: Optional[GenerateResult] = None
+    last: Optional[GenerateResult] = None
+
+    def add(self, res: GenerateResult, version: int) -> None:
+        self.first = self.first or res
+        self.last = res
+        self.output_ids += res.output_ids
+        self.logprobs += res.logprobs or []
+        self.annotations += res.annotations or [{} for _ in res.output_ids]
+        self.versions += [version] * len(res.output_ids)
+
+    def continuation(self) -> Optional[GenerateRequest]:
+        """Prompt + partial response as the input, the rest of the token budget, the same rid and samplers."""
+        q = self.request
+        left = q.sampling.max_new_tokens - len(self.output_ids)
+        if left < 1:
+            return None
+        return GenerateRequest(q.rid, list(q.input_ids) + self.output_ids,
+                               dataclasses.replace(q.sampling, max_new_tokens=left),
+                               continuation_seed(q.seed, len(self.output_ids)), q.sampler_specs, q.return_logprob)
+
+    def result(self, finish_reason: Optional[str] = None) -> GenerateResult:
+        last, q = self.last, self.request
+        return GenerateResult(
+            rid=q.rid, output_ids=list(self.output_ids),
+            logprobs=list(self.logprobs) if q.return_logprob and last.logprobs is not None else None,
+            finish_reason=finish_reason or last.finish_reason, annotations=list(self.annotations),
+            cached_tokens=self.first.cached_tokens, prompt_len=len(q.input_ids), error=last.error,
+            weight_version=last.weight_version, served_by=last.served_by)
+
+
 def version_metrics(results: list[GenerateResult]) -> dict[str, float]:
     """The weight versions and the number of engine servers behind a step's rollouts (servers only)."""
     versions = [int(r.weight_version) for r in results if r.weight_version is not None and r.weight_version.isdigit()]
@@ -71,6 +133,14 @@ class RolloutManager:
         self.template = get_template(config.data.template)
         self.phase_sources: dict[str, DataSource] = {}  # continual methods: one data order per phase
         self._pending_phase_states: dict[str, Any] = {}
+        # Off-policy runs (slime_ext.orchestration.off_policy): the weight version the engine serves, and
+        # the pause / resume handshake around a weight sync that arrives while a rollout is in flight.
+        self._cv = threading.Condition()
+        self._version = -1
+        self._paused = False
+        self._generating = False
+        self._in_flight: set[str] = set()
+        self._sync_aborted: set[str] = set()
 
     def _source(self) -> DataSource:
         name = self.method.data_phase()
@@ -109,9 +179,15 @@ class RolloutManager:
                                 f"long are skipped when the data is prepared, this one was not: {prompt[:80]!r}...")
         return ids
 
-    def rollout(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
-        """One step's rollouts, scored and with advantages; plus metrics (including timings)."""
+    def rollout(self, step: int, weight_version: Optional[int] = None) -> tuple[list[list[Sample]], dict[str, float]]:
+        """One step's rollouts, scored and with advantages; plus metrics (including timings).
+
+        Off-policy runs (`rollout.off_policy_steps` 1) pass the `weight_version` the engine serves when the
+        rollout starts (step - 1 for a rollout generated while the previous step trains): every token then
+        records its version (`Sample.token_versions`), see `_generate_versioned`."""
+        off = self.config.rollout.off_policy_steps
         t0 = time.perf_counter()
+        started = time.time()
         source = self._source()
         self.method.data_epoch = source.epoch
         rows = source.next_batch(self.method.prompts_to_draw(self.config.rollout.prompts_per_step))
@@ -125,13 +201,23 @@ class RolloutManager:
                                                 request_seed(self.config.run.seed, step, i, j), plan.sampler_specs,
                                                 return_routed_experts=replay))
                 where.append(i)
-        results = self._generate(requests)
-        check_weight_versions(requests, results, step)
+        if off:
+            results, versions, resumed = self._generate_versioned(requests, step if weight_version is None else weight_version)
+            check_token_versions(requests, versions, step, off)
+        else:
+            results = self._generate(requests)
+            check_weight_versions(requests, results, step)
         t1 = time.perf_counter()
+        ended = time.time()
         groups: list[list[Sample]] = [[] for _ in rows]
-        for req, res, i in zip(requests, results, where):
+        for k, (req, res, i) in enumerate(zip(requests, results, where)):
             groups[i].append(self._to_sample(req, res, rows[i], step, i))
+            if off:
+                groups[i][-1].token_versions = versions[k]
         metrics = self.method.finish(groups, step)
+        if off:
+            metrics.update(self._off_policy_tokens(groups, step, resumed))
+            metrics.update({"_t_generate_start": started, "_t_generate_end": ended})  # the loop's time/overlap
         t2 = time.perf_counter()
         generated = sum(len(r.output_ids) for r in results)
         metrics.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "rollout/generated_tokens": generated,
@@ -140,6 +226,118 @@ class RolloutManager:
                         "rollout/epoch": source.epoch})
         metrics.update(version_metrics(results))
         return groups, metrics
+
+    # -- off-policy runs --------------------------------------------------------------------------
+    def _generate_versioned(self, requests: list[GenerateRequest], version: int
+                            ) -> tuple[list[GenerateResult], list[list[int]], int]:
+        """Generate, recording the weight version of every token; (results, per-token versions, number of
+        requests aborted by a weight sync and continued). A request that `pause_generation` aborted is
+        continued after `resume_generation` with the new weights (prompt + partial response as input, the
+        same rid and samplers, the rest of its token budget, a seed derived from its own and the cut); the
+        engine's reported version wins over the tracked one where it reports one (servers)."""
+        if self.config.rollout.partial_rollouts:
+            with_samplers = [q.rid for q in requests if q.sampler_specs]
+            if with_samplers:
+                raise ValueError(f"rollout.partial_rollouts is true but requests {with_samplers[:3]} carry per-request "
+                                 "samplers, whose state a continued request would lose; set "
+                                 "rollout.partial_rollouts=false for this method")
+        with self._cv:
+            self._version = max(self._version, int(version))  # a resume that came first already moved it on
+        partial = {q.rid: _Partial(q) for q in requests}
+        final: dict[str, GenerateResult] = {}
+        resumed: set[str] = set()
+        pending = list(requests)
+        while pending:
+            with self._cv:
+                while self._paused:
+                    self._cv.wait()
+                current = self._version
+                self._in_flight = {q.rid for q in pending}
+                self._generating = True
+            try:
+                results = self._generate(pending)
+            finally:
+                with self._cv:
+                    self._generating = False
+                    self._in_flight = set()
+                    self._cv.notify_all()
+            again = []
+            for q, res in zip(pending, results):
+                p = partial[q.rid]
+                reported = res.weight_version
+                p.add(res, int(reported) if reported is not None and reported.isdigit() else current)
+                with self._cv:
+                    by_sync = res.finish_reason == "abort" and q.rid in self._sync_aborted
+                    self._sync_aborted.discard(q.rid)
+                if not by_sync:
+                    final[q.rid] = p.result()
+                    continue
+                resumed.add(q.rid)
+                follow = p.continuation()
+                if follow is None:
+                    final[q.rid] = p.result("length")
+                else:
+                    again.append(follow)
+            pending = again
+        with self._cv:
+            self._sync_aborted.clear()  # aborts that came after their request had finished
+        return [final[q.rid] for q in requests], [partial[q.rid].versions for q in requests], len(resumed)
+
+    def pause_generation(self) -> int:
+        """A weight sync is coming (partial rollouts): abort the requests in flight and return once the
+        engine has answered them; no request starts until `resume_generation`. Returns how many were aborted."""
+        with self._cv:
+            self._paused = True
+            rids = sorted(self._in_flight)
+            self._sync_aborted.update(rids)
+        abort = self.engine.abort
+        for rid in rids:
+            call = getattr(abort, "remote", None)  # a Ray actor handle, or an engine object
+            if call is not None:
+                import ray
+
+                ray.get(call(rid))
+            else:
+                abort(rid)
+        with self._cv:
+            while self._generating:
+                self._cv.wait()
+        return len(rids)
+
+    def resume_generation(self, version: int) -> None:
+        """The engine now serves `version`: continue the aborted requests with it."""
+        with self._cv:
+            self._version = max(self._version, int(version))
+            self._paused = False
+            self._cv.notify_all()
+
+    def _off_policy_tokens(self, groups: list[list[Sample]], step: int, resumed: int) -> dict[str, float]:
+        """After the method's finish: versions aligned to the final responses, `rollout.stale_tokens`
+        applied, and the staleness (trainer version `step` minus token version) over trained tokens."""
+        r = self.config.rollout
+        mask = r.partial_rollouts and r.stale_token_policy == "mask"
+        staleness: list[int] = []
+        masked = 0
+        for s in (s for g in groups for s in g):
+            versions = list(s.token_versions or [])
+            n = len(s.response_ids)
+            if len(versions) != n:  # a method rewrote the response (DA-GRPO's spliced text): newest version
+                versions = (versions + [max(versions, default=step)] * n)[:n]
+            s.token_versions = versions
+            if mask and versions:
+                newest = max(versions)
+                for k, v in enumerate(versions):
+                    if v < newest and s.loss_mask[k] > 0:
+                        s.loss_mask[k] = 0.0
+                        masked += 1
+            if s.status != SampleStatus.FAILED:
+                staleness += [step - v for v, m in zip(versions, s.loss_mask) if m > 0]
+        out = {"rollout/staleness_max": float(max(staleness, default=0)),
+               "rollout/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+               "rollout/partial_aborted": float(resumed)}
+        if r.partial_rollouts:
+            out["rollout/stale_tokens_masked"] = float(masked)
+        return out
 
     def _to_sample(self, req: GenerateRequest, res: GenerateResult, row: dict, step: int, prompt_index: int) -> Sample:
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
@@ -195,8 +393,20 @@ class RemoteRolloutManager:
         self.handle = handle
         self.train_kind = ray.get(handle.get_train_kind.remote())
 
-    def rollout(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
-        return self._ray.get(self.handle.rollout.remote(step))
+    def rollout(self, step: int, weight_version: Optional[int] = None) -> tuple[list[list[Sample]], dict[str, float]]:
+        if weight_version is None:
+            return self._ray.get(self.handle.rollout.remote(step))
+        return self._ray.get(self.handle.rollout.remote(step, weight_version))
+
+    def start_rollout(self, step: int, weight_version: int) -> Any:
+        """The rollout as a Ray call in flight; `.result()` waits for it (off-policy runs)."""
+        return _RayResult(self._ray, self.handle.rollout.remote(step, weight_version))
+
+    def pause_generation(self) -> int:
+        return self._ray.get(self.handle.pause_generation.remote())
+
+    def resume_generation(self, version: int) -> None:
+        self._ray.get(self.handle.resume_generation.remote(version))
 
     def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
         return self._ray.get(self.handle.update.remote(stats, step))
@@ -206,3 +416,11 @@ class RemoteRolloutManager:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ray.get(self.handle.load_state_dict.remote(state))
+
+
+class _RayResult:
+    def __init__(self, ray: Any, ref: Any):
+        self._ray, self.ref = ray, ref
+
+    def result(self) -> Any:
+        return self._ray.get(self.ref)

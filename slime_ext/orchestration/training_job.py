@@ -5,6 +5,8 @@ One RL step (docs/architecture.md):
   train group:     (reference logprobs if KL) -> optimizer step
   weight sync:     Megatron -> HF names -> engine update (the engine flushes its prefix cache)
   method.update:   controllers
+With `rollout.off_policy_steps: 1` the next step's rollout runs beside training
+(`slime_ext.orchestration.off_policy.OffPolicyRollouts` stands in for the manager and the engine).
 A checkpoint (trainer ranks + rollout manager state + step) is written every `run.save_every` steps
 (default: every step, so a killed run loses at most the step in flight); `metrics.jsonl` is truncated
 to the checkpointed step on every start (to empty when no checkpoint exists yet), so the resumed
@@ -40,6 +42,7 @@ from slime_ext.engine.failures import EngineFailure
 from slime_ext.orchestration.engines import start_engine
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
+from slime_ext.orchestration.off_policy import OffPolicyRollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.run_logger import RunLogger
@@ -328,6 +331,8 @@ class TrainingJob:
                 group = self.train_group(threads=cfg.train.threads)
                 self._setup_trainer(group, warm_dir)
                 manager, manager_actor = self._rollout_manager(engine)
+                if cfg.rollout.off_policy_steps:  # rollout t+1 beside train t (slime_ext.orchestration.off_policy)
+                    manager = OffPolicyRollouts(manager, engine, cfg.train.steps, cfg.rollout.partial_rollouts)
                 start = self._resume(group, manager, engine, ckpt_dir)
             with self._stopping("the warm start evaluation", ckpt_dir):
                 reports = self._warm_start_report(engine, with_eval, start)
@@ -365,8 +370,10 @@ class TrainingJob:
         cfg = self.cfg
         if cfg.rollout.manager != "actor":
             return RolloutManager(cfg, self.train_rows, self.tokenizer, engine), None
+        # partial rollouts: pause/resume around a weight sync reach the manager while its rollout runs
+        concurrency = {"max_concurrency": 2} if cfg.rollout.partial_rollouts else {}
         actor = ray.remote(RolloutManager).options(
-            **ray_options(self.actors["manager"]), runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            **ray_options(self.actors["manager"]), **concurrency, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
         ).remote(cfg, self.train_rows, self.tokenizer, engine)
         return RemoteRolloutManager(actor), actor
 
@@ -407,7 +414,8 @@ class TrainingJob:
                        config=cfg.model_dump(mode="json")) as run_logger:
             for step in bar:
                 with self._stopping(f"step {step}", ckpt_dir):
-                    row = self._rl_step(step, manager, group, engine)
+                    # off-policy: the wrapper is the step's engine too (its sync finishes the rollout in flight)
+                    row = self._rl_step(step, manager, group, manager if isinstance(manager, OffPolicyRollouts) else engine)
                     run_logger.log(row)  # metrics.jsonl, TensorBoard, W&B
                     self.method.evaluate_after_step(row, engine, self.run_dir)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",

@@ -169,3 +169,39 @@ def test_a_mismatch_correction_needs_the_trainers_old_logprobs():
     cfg = load_config(GRPO, ["grpo.mismatch.mode=mask"]).config
     assert cfg.grpo.resolved_old_logprobs(cfg.minibatches_per_step()) == "trainer"
     assert "grpo.mismatch.low" in problem(GRPO, "grpo.mismatch.low=1.5")
+
+
+# -- one-step off-policy ---------------------------------------------------------------------------------------
+def test_off_policy_on_colocated_gpus_names_both_keys_and_the_fix(capsys):
+    assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1", "cluster.gpus_per_node=8"]) == 2
+    err = capsys.readouterr().err
+    assert ("rollout.off_policy_steps = 1 with cluster.colocate = true on a GPU cluster (cluster.gpus_per_node = 8)"
+            in err) and "set cluster.colocate=false" in err
+    # engines on their own GPUs, or a CPU run (its processes never sleep): accepted
+    assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1", "cluster.gpus_per_node=8",
+                        "cluster.colocate=false"]) == 0
+    assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1"]) == 0
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["rollout.partial_rollouts=true"], "rollout.partial_rollouts is true but rollout.off_policy_steps is 0"),
+    (["rollout.off_policy_steps=1", "rollout.stale_tokens=correct"],
+     "rollout.stale_tokens = 'correct' but rollout.partial_rollouts is false"),
+    (["rollout.stale_tokens=mask"], "rollout.stale_tokens = 'mask' but rollout.partial_rollouts is false"),
+    (["rollout.off_policy_steps=2"], "key 'rollout.off_policy_steps' = 2"),
+    (["rollout.off_policy_steps=1", "rollout.partial_rollouts=true", "rollout.stale_tokens=drop"],
+     "key 'rollout.stale_tokens' = 'drop'"),
+])
+def test_off_policy_keys_that_would_change_nothing_are_rejected(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPO, overrides)
+    (msg,) = info.value.problems
+    assert expected in msg and msg.startswith(f"command line override '{overrides[-1]}'")
+
+
+def test_partial_rollouts_default_to_masking_stale_tokens():
+    r = load_config(GRPO, ["rollout.off_policy_steps=1", "rollout.partial_rollouts=true"]).config.rollout
+    assert r.stale_tokens is None and r.stale_token_policy == "mask"
+    r = load_config(GRPO, ["rollout.off_policy_steps=1", "rollout.partial_rollouts=true",
+                           "rollout.stale_tokens=correct"]).config.rollout
+    assert r.stale_token_policy == "correct"

@@ -260,3 +260,14 @@ def test_dagrpo_launcher_dry_run(tmp_path):
 def test_dagrpo_launcher_refuses_to_start_without_a_cloud_endpoint(tmp_path):
     proc = _launcher(tmp_path, "run-qwen3-30B-A3B-dagrpo.sh", "--dry-run", timeout=60)
     assert proc.returncode == 2 and "set CLOUD_URL" in proc.stderr
+
+
+def test_plan_prints_the_schedule(tmp_path):
+    on = format_plan(build_plan(reference_config(tmp_path)))
+    assert "schedule: on-policy: rollout t (weights version t), then train t" in on
+    off = build_plan(reference_config(tmp_path, "cluster.colocate=false", "rollout.off_policy_steps=1",
+                                      "rollout.partial_rollouts=true", "cluster.num_nodes=2"))  # 8 engine + 8 trainer GPUs
+    assert (off.rollout.off_policy_steps, off.rollout.partial_rollouts, off.rollout.stale_tokens) == (1, True, "mask")
+    text = format_plan(off)
+    assert "schedule: one-step off-policy: rollout t+1 runs while step t trains" in text
+    assert "staleness <= 1" in text and "partial rollouts; older tokens: mask" in text
