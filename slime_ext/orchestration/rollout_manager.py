@@ -91,14 +91,15 @@ class _Partial:
         self.versions += [version] * len(res.output_ids)
 
     def continuation(self) -> Optional[GenerateRequest]:
-        """Prompt + partial response as the input, the rest of the token budget, the same rid and samplers."""
+        """Prompt + partial response as the input, the rest of the token budget, the same rid, samplers and
+        flags (logprobs, routed experts)."""
         q = self.request
         left = q.sampling.max_new_tokens - len(self.output_ids)
         if left < 1:
             return None
-        return GenerateRequest(q.rid, list(q.input_ids) + self.output_ids,
-                               dataclasses.replace(q.sampling, max_new_tokens=left),
-                               continuation_seed(q.seed, len(self.output_ids)), q.sampler_specs, q.return_logprob)
+        return dataclasses.replace(q, input_ids=list(q.input_ids) + self.output_ids,
+                                   sampling=dataclasses.replace(q.sampling, max_new_tokens=left),
+                                   seed=continuation_seed(q.seed, len(self.output_ids)))
 
     def result(self, finish_reason: Optional[str] = None) -> GenerateResult:
         last, q = self.last, self.request
@@ -107,7 +108,9 @@ class _Partial:
             logprobs=list(self.logprobs) if q.return_logprob and last.logprobs is not None else None,
             finish_reason=finish_reason or last.finish_reason, annotations=list(self.annotations),
             cached_tokens=self.first.cached_tokens, prompt_len=len(q.input_ids), error=last.error,
-            weight_version=last.weight_version, served_by=last.served_by)
+            weight_version=last.weight_version, served_by=last.served_by,
+            # the last call's input was the prompt and every earlier output: its routing covers the whole sample
+            routed_experts=last.routed_experts)
 
 
 def version_metrics(results: list[GenerateResult]) -> dict[str, float]:

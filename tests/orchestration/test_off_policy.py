@@ -143,7 +143,8 @@ class FakeGroup:
 
 def config(*overrides: str):
     base = ["rollout.manager=driver", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
-            f"rollout.max_response_len={MAX_NEW}", "run.save_every=1"]
+            f"rollout.max_response_len={MAX_NEW}", "run.save_every=1",
+            "train.check_consistency_at_start=false"]  # the fake trainer has no logprobs to compare
     return load_config(CONFIGS / "grpo.yaml", base + list(overrides)).config
 
 
@@ -282,3 +283,26 @@ def test_tokens_outside_the_version_window_are_a_stale_rollout():
     manager.rollout(3, weight_version=2)  # one behind: fine
     with pytest.raises(StaleRollout, match=r"step 4: 4 rollout\(s\) hold tokens of weight versions outside \[3, 4\]"):
         manager.rollout(4, weight_version=2)  # two behind: an engine missed a sync
+
+
+def test_a_continued_request_keeps_its_flags_and_the_last_calls_routing():
+    """Partial rollouts with routing replay: the continuation asks for routed experts again, and the merged
+    result carries the continuation's routing, which covers the prompt and every earlier output token."""
+    import torch
+
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest, GenerateResult
+    from slime_ext.orchestration.rollout_manager import _Partial
+
+    q = GenerateRequest("r0", [5, 6, 7], SamplingParams(max_new_tokens=8), seed=3, return_routed_experts=True)
+    p = _Partial(q)
+    first = torch.zeros(3 + 2 - 1, 2, 2, dtype=torch.int16)
+    p.add(GenerateResult("r0", [8, 9], [-1.0, -1.0], "abort", [{}, {}], 0, 3, routed_experts=first), 4)
+    follow = p.continuation()
+    assert follow.return_routed_experts and follow.input_ids == [5, 6, 7, 8, 9]
+    assert follow.sampling.max_new_tokens == 6 and follow.rid == "r0" and follow.seed != q.seed
+    second = torch.ones(5 + 3 - 1, 2, 2, dtype=torch.int16)
+    p.add(GenerateResult("r0", [10, 11, 1], [-1.0] * 3, "stop", [{}] * 3, 5, 5, routed_experts=second), 5)
+    merged = p.result()
+    assert merged.output_ids == [8, 9, 10, 11, 1] and p.versions == [4, 4, 5, 5, 5]
+    assert merged.routed_experts is second and merged.routed_experts.shape[0] == 3 + 5 - 1
