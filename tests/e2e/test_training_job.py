@@ -215,7 +215,8 @@ LONG_RUN = ["sft.steps=2", "train.steps=200", "run.stages=[data,tokenizer,sft,rl
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("actor", ["EmbeddedEngineActor", "TrainWorker"])
+# the engine actor's death is the slow variant; the engine failure path also has fast tests (test_resume)
+@pytest.mark.parametrize("actor", [pytest.param("EmbeddedEngineActor", marks=pytest.mark.slow), "TrainWorker"])
 def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, actor):
     """An engine or a trainer rank killed mid-run (as Ray's memory monitor would): exit 1 with one message
     naming the intact checkpoint and the resume command, without Ray's traceback."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 from slime_ext.data import Sample
 from tests.megatron_fixtures import single_process_parallel_state, tiny_moe_config
+from tests.megatron_glue.test_trainer import make_samples as trainer_samples
 
 
 def make_trainer(**kw) -> MegatronTrainer:
@@ -21,14 +21,7 @@ def make_trainer(**kw) -> MegatronTrainer:
 
 
 def make_samples(n: int = 8, seed: int = 0) -> list[Sample]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        r = rng.randint(4, 9)
-        out.append(Sample(f"s{i}", [rng.randrange(2, 64) for _ in range(rng.randint(2, 5))],
-                          [rng.randrange(2, 64) for _ in range(r)], logprobs=[0.0] * r,
-                          advantage=float(rng.choice([-1.0, 1.0])), reward=0.0))
-    return out
+    return trainer_samples(n, seed, min_response=4)
 
 
 def with_engine_logprobs(samples: list[Sample], trainer: MegatronTrainer, shift=lambda i, t: 0.0) -> list[Sample]:

@@ -133,8 +133,8 @@ MINIBATCH = {"lr": 0.02, "global_batch_size": 2, "old_logprobs": "trainer", "mis
 
 @pytest.mark.parametrize("name, sizes", [
     pytest.param("pp2", dict(pp=2), marks=pytest.mark.slow),
-    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1, sequence_parallel=True)),
-    ("dp2", dict()),
+    pytest.param("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1, sequence_parallel=True), marks=pytest.mark.slow),
+    ("dp2", dict()),  # the layout whose ranks cut each mini-batch between them
 ])
 def test_minibatch_ppo_layouts_match_single_process(name, sizes):
     from megatron_glue.model_provider import ParallelSizes

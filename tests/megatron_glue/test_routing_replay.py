@@ -187,7 +187,7 @@ def _rank_worker(rank, cfg, samples, sizes):
 
 
 @pytest.mark.parametrize("name, sizes", [("tp2_ep2_etp1_sp", dict(tp=2, ep=2, etp=1, sequence_parallel=True)),
-                                         ("pp2", dict(pp=2))])
+                                         pytest.param("pp2", dict(pp=2), marks=pytest.mark.slow)])
 def test_parallel_replay_matches_one_process(rollout, name, sizes):
     cfg, samples = rollout
     single_process_parallel_state(seed=0)

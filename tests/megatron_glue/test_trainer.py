@@ -24,11 +24,11 @@ def make_trainer(**kw) -> MegatronTrainer:
     return MegatronTrainer(tiny_moe_config(), settings, ParallelSizes())
 
 
-def make_samples(n: int = 6, seed: int = 0) -> list[Sample]:
+def make_samples(n: int = 6, seed: int = 0, min_response: int = 3) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        r = rng.randint(3, 9)
+        r = rng.randint(min_response, 9)
         out.append(Sample(f"s{i}", [rng.randrange(2, 64) for _ in range(rng.randint(2, 5))],
                           [rng.randrange(2, 64) for _ in range(r)], logprobs=[0.0] * r,
                           advantage=float(rng.choice([-1.0, 1.0])), reward=0.0))

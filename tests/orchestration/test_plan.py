@@ -239,18 +239,21 @@ def test_tandem_launcher_dry_run_plans_the_pair(tmp_path):
     assert "method=tandem" in proc.stdout and "2 model(s) per engine" in proc.stdout
 
 
+@pytest.mark.slow  # the same launcher mechanism as test_dry_run_script and the tandem launcher's
 def test_duet_launcher_dry_run(tmp_path):
     proc = _launcher(tmp_path, "run-qwen3-30B-A3B-duet.sh", "--dry-run", "duet.budget_fraction=0.25")
     assert proc.returncode == 0, proc.stderr
     assert "method=duet" in proc.stdout
 
 
+@pytest.mark.slow  # the same launcher mechanism as test_dry_run_script and the tandem launcher's
 def test_sxs_launcher_dry_run_runs_both_stages(tmp_path):
     proc = _launcher(tmp_path, "run-qwen3-30B-A3B-sxs.sh", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "method=sxs_sft" in proc.stdout and "method=sxs_rl" in proc.stdout
 
 
+@pytest.mark.slow  # the same launcher mechanism as test_dry_run_script and the tandem launcher's
 def test_dagrpo_launcher_dry_run(tmp_path):
     proc = _launcher(tmp_path, "run-qwen3-30B-A3B-dagrpo.sh", "--dry-run", CLOUD_URL="http://cloud:30000")
     assert proc.returncode == 0, proc.stderr
