@@ -28,7 +28,7 @@ from megatron_glue import cpu_compat, routing_replay
 from megatron_glue.logprobs import vocab_parallel_logprobs
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
-from slime_ext.algo.mismatch import MismatchSpec, importance_weights, mismatch_sums
+from slime_ext.algo.mismatch import MismatchSpec, importance_weights, mismatch_means, mismatch_sums
 from slime_ext.data import RolloutBatch, Sample, build_batch
 
 LossKind = Literal["grpo", "sft"]
@@ -524,19 +524,18 @@ RATIO_QUANTILES = (0.0, 0.01, 0.5, 0.99, 1.0)
 _SUMMED = ("tokens", "step_skipped")
 
 
+MISMATCH_RAW = RAW_PREFIX + "mismatch_"
+
+
 def _raw_mismatch(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    sums = mismatch_sums(train_lp, engine_lp, mask)
-    return {"raw/mismatch_abs_diff": sums["abs_diff"], "raw/mismatch_kl": sums["kl"],
-            "raw/mismatch_tokens": sums["tokens"], "raw/mismatch_abs_diff_max": sums["abs_diff_max"]}
+    """Mismatch sums under raw/ names (`_global_sums` sums them, and takes the max of `..._max`)."""
+    return {MISMATCH_RAW + k: v for k, v in mismatch_sums(train_lp, engine_lp, mask).items()}
 
 
 def _mismatch_metrics(raw: dict[str, float]) -> dict[str, float]:
-    """Token means of the mismatch sums (the max is already global)."""
-    if "raw/mismatch_tokens" not in raw:
-        return {}
-    n = max(raw["raw/mismatch_tokens"], 1.0)
-    return {"mismatch/abs_diff_mean": raw["raw/mismatch_abs_diff"] / n, "mismatch/kl": raw["raw/mismatch_kl"] / n,
-            "mismatch/abs_diff_max": raw["raw/mismatch_abs_diff_max"]}
+    """Token means of the global mismatch sums (none when nothing measured the mismatch)."""
+    sums = {k.removeprefix(MISMATCH_RAW): v for k, v in raw.items() if k.startswith(MISMATCH_RAW)}
+    return {f"mismatch/{k}": v for k, v in mismatch_means(sums).items()} if sums else {}
 
 
 def _combine_steps(steps: list[dict[str, float]]) -> dict[str, float]:

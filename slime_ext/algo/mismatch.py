@@ -94,3 +94,9 @@ def mismatch_sums(train_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, m
     kl = torch.exp(diff) - 1.0 - diff  # log(pi_train/pi_e) = diff; k3 of KL(pi_e || pi_train)
     return {"abs_diff": float(diff.abs().sum()), "abs_diff_max": float(diff.abs().max()), "kl": float(kl.sum()),
             "tokens": float(trained.sum())}
+
+
+def mismatch_means(sums: dict[str, float]) -> dict[str, float]:
+    """`mismatch_sums` (possibly summed over micro-batches and ranks) as per-token means and the maximum."""
+    n = max(sums["tokens"], 1.0)
+    return {"abs_diff_mean": sums["abs_diff"] / n, "abs_diff_max": sums["abs_diff_max"], "kl": sums["kl"] / n}

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from slime_ext.algo.mismatch import mismatch_sums
+from slime_ext.algo.mismatch import mismatch_means, mismatch_sums
 from slime_ext.data import Sample
 from slime_ext.orchestration.run_dir import RunStopped
 
@@ -41,9 +41,7 @@ def consistency_report(samples: list[Sample], trainer_logprobs: dict[str, torch.
     if not train:
         return {"abs_diff_mean": 0.0, "abs_diff_max": 0.0, "kl": 0.0, "tokens": 0.0}
     sums = mismatch_sums(torch.cat(train), torch.cat(engine), torch.cat(mask))
-    n = max(sums["tokens"], 1.0)
-    return {"abs_diff_mean": sums["abs_diff"] / n, "abs_diff_max": sums["abs_diff_max"], "kl": sums["kl"] / n,
-            "tokens": sums["tokens"]}
+    return {**mismatch_means(sums), "tokens": sums["tokens"]}
 
 
 def check_consistency(report: dict[str, float], cfg: Any, tolerance: Optional[float] = None) -> dict[str, float]:
