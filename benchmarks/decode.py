@@ -1,7 +1,8 @@
 """Decode throughput: the embedded engine vs HF transformers `generate()`, side by side in one run.
 
 Same model (the embedded default, a ~3.4M-parameter Qwen3-MoE), same batch of prompts (mixed lengths,
-left-padded for HF), same sampling (temperature 1, no top-k / top-p). Two workloads:
+left-padded for HF), same decoding: sampled (temperature 1, no top-k / top-p) and greedy. Two workloads,
+each decoded both ways:
 - fixed: every request generates exactly `--new-tokens` (no EOS): raw batched decode speed;
 - ragged: request i needs a length drawn from [new_tokens/8, new_tokens] (as RL responses end at
   different times). The embedded engine stops each row at its own length and drops it from the batch;
@@ -50,14 +51,16 @@ def ragged_lengths(batch: int, new_tokens: int, seed: int = 1) -> list[int]:
     return [rng.randint(max(1, new_tokens // 8), new_tokens) for _ in range(batch)]
 
 
-def run_embedded(model, batch_prompts, new_tokens: int, lengths: list[int] | None = None) -> float:
+def run_embedded(model, batch_prompts, new_tokens: int, lengths: list[int] | None = None, greedy: bool = False,
+                 kernel: str = "auto") -> float:
     from sglang_patches.decoding import SamplingParams
     from slime_ext.data.generation import GenerateRequest
     from slime_ext.engine.embedded import EmbeddedEngine
 
-    engine = EmbeddedEngine(model, eos_token_id=-1)
+    engine = EmbeddedEngine(model, eos_token_id=-1, kernel=kernel)
     lengths = lengths or [new_tokens] * len(batch_prompts)
-    reqs = [GenerateRequest(f"r{i}", p, SamplingParams(temperature=1.0, max_new_tokens=n), seed=i)
+    temperature = 0.0 if greedy else 1.0
+    reqs = [GenerateRequest(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=n), seed=i)
             for i, (p, n) in enumerate(zip(batch_prompts, lengths))]
     start = time.perf_counter()
     out = engine.generate(reqs)
@@ -66,7 +69,7 @@ def run_embedded(model, batch_prompts, new_tokens: int, lengths: list[int] | Non
     return elapsed
 
 
-def run_hf(model, batch_prompts, new_tokens: int) -> float:
+def run_hf(model, batch_prompts, new_tokens: int, greedy: bool = False) -> float:
     width = max(len(p) for p in batch_prompts)
     ids = torch.zeros(len(batch_prompts), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -76,8 +79,9 @@ def run_hf(model, batch_prompts, new_tokens: int) -> float:
     torch.manual_seed(0)
     start = time.perf_counter()
     with torch.no_grad():
+        sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
+                             eos_token_id=None, pad_token_id=0, **sampling)
     elapsed = time.perf_counter() - start
     assert out.shape[1] == width + new_tokens
     return elapsed
@@ -97,15 +101,18 @@ def main(argv=None) -> int:
     generated = args.batch * args.new_tokens
     print(f"[bench] decode: batch {args.batch}, {args.new_tokens} new tokens each, threads {torch.get_num_threads()}")
     lengths = ragged_lengths(args.batch, args.new_tokens)
-    useful = {"fixed": generated, "ragged": sum(lengths)}
-    timings = {(w, e): [] for w in ("fixed", "ragged") for e in ("embedded_engine", "hf_generate")}
+    workloads = {f"{shape}_{mode}": (shape == "ragged", mode == "greedy")
+                 for shape in ("fixed", "ragged") for mode in ("sampled", "greedy")}
+    useful = {w: (sum(lengths) if ragged else generated) for w, (ragged, _) in workloads.items()}
+    timings = {(w, e): [] for w in workloads for e in ("embedded_engine", "hf_generate")}
     run_embedded(model, batch_prompts[:4], 4)  # warm-up
     run_hf(model, batch_prompts[:4], 4)
     for _ in range(args.repeats):  # interleaved, so drift in machine load hits both sides alike
-        timings["fixed", "embedded_engine"].append(run_embedded(model, batch_prompts, args.new_tokens))
-        timings["fixed", "hf_generate"].append(run_hf(model, batch_prompts, args.new_tokens))
-        timings["ragged", "embedded_engine"].append(run_embedded(model, batch_prompts, args.new_tokens, lengths))
-        timings["ragged", "hf_generate"].append(run_hf(model, batch_prompts, max(lengths)))
+        for w, (ragged, greedy) in workloads.items():
+            timings[w, "embedded_engine"].append(run_embedded(model, batch_prompts, args.new_tokens,
+                                                              lengths if ragged else None, greedy))
+            timings[w, "hf_generate"].append(run_hf(model, batch_prompts, max(lengths) if ragged else args.new_tokens,
+                                                    greedy))
     results: dict = {}
     for (workload, engine), values in timings.items():
         best = min(values)
@@ -114,8 +121,8 @@ def main(argv=None) -> int:
     ratios = {w: r["embedded_engine"]["tokens_per_s"] / r["hf_generate"]["tokens_per_s"] for w, r in results.items()}
     for workload, per in results.items():
         for engine, v in per.items():
-            print(f"[bench] {workload:6s} {engine}: {v['tokens_per_s']:.0f} useful tokens/s ({v['seconds']:.2f} s)")
-        print(f"[bench] {workload:6s} ratio embedded / hf generate = {ratios[workload]:.2f}x")
+            print(f"[bench] {workload:14s} {engine}: {v['tokens_per_s']:.0f} useful tokens/s ({v['seconds']:.2f} s)")
+        print(f"[bench] {workload:14s} ratio embedded / hf generate = {ratios[workload]:.2f}x")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"command": "python benchmarks/decode.py " + " ".join(sys.argv[1:] if argv is None else argv),

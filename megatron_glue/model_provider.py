@@ -23,6 +23,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_glue import cpu_compat
+from megatron_glue.sdpa_attention import SDPADotProductAttention
 
 
 def transformer_engine_available() -> bool:
@@ -194,6 +195,7 @@ def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     attention = sub.self_attention.submodules
     attention.q_layernorm = QKRMSNorm
     attention.k_layernorm = QKRMSNorm
+    attention.core_attention = SDPADotProductAttention  # torch's fused kernel for the causal case
     return TransformerBlockSubmodules(layer_specs=[layer] * config.num_layers, layer_norm=SequenceParallelRMSNorm)
 
 

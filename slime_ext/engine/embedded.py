@@ -33,7 +33,12 @@ from transformers import DynamicCache
 from sglang_patches.request_sampler import FINISH_SAMPLER, RequestView, SamplerChain
 from sglang_patches.decoding import FINISH_ABORT, StopChecker, choose_tokens
 from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
+from slime_ext.engine import static_kv
 from slime_ext.engine.prefix_cache import KV, PrefixCache
+
+# auto: the static-KV forward (slime_ext/engine/static_kv.py) where it models the architecture, else HF;
+# static: that forward or an error; hf: transformers' forward with a DynamicCache (the reference)
+KERNELS = ("auto", "static", "hf")
 
 
 @dataclass
@@ -115,15 +120,16 @@ class _ModelState:
         self.device = next(model.parameters()).device
         self.prefill_routing: list[torch.Tensor] = []  # per input [len(ids), moe_layers, top_k] (with a recorder)
         self.step_routing: Optional[torch.Tensor] = None  # per row [B, moe_layers, top_k] (with a recorder)
+        self.mask = torch.zeros(0, 0, dtype=torch.long)  # [rows, slots]: 1 where a fed token's KV sits
 
     def prefix_length(self, ids: list[int], max_len: int) -> int:
         return self.store.prefix_length(ids, max_len, with_routing=self.recorder is not None)
 
     @torch.no_grad()
-    def prefill(self, inputs: list[list[int]], limits: Optional[list[int]] = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def prefill(self, inputs: list[list[int]], limits: Optional[list[int]] = None) -> tuple[torch.Tensor, list[int]]:
         """Prefill unique inputs (reusing cached prefixes, at most `limits[i]` tokens of input i, so that
-        models in lockstep reuse the same lengths and share one attention mask). Returns last-position
-        logits [U, V], the attention mask [U, T] and the number of cached tokens used per input."""
+        models in lockstep reuse the same lengths). Returns last-position logits [U, V] and the number of
+        cached tokens used per input."""
         caps = limits if limits is not None else [len(ids) - 1 for ids in inputs]
         routed: list[Optional[torch.Tensor]] = [None] * len(inputs)
         if self.recorder is not None:  # only prefixes whose routing is known (stored with their KV)
@@ -169,16 +175,24 @@ class _ModelState:
             for i, ((p, _), r) in enumerate(zip(prefixes, rest)):
                 parts = ([routed[i]] if p else []) + [new[i, r_max - len(r):]]
                 self.prefill_routing.append(torch.cat(parts) if len(parts) > 1 else parts[0].clone())
+        self.mask = mask
         for i, ids in enumerate(inputs):
-            self.store.insert(ids, _row_kv(self.cache, i, mask[i].bool()),
-                              self.prefill_routing[i] if self.recorder is not None else None)
-        return out.logits[:, -1].float().cpu(), mask, [p for p, _ in prefixes]
+            self.store.insert(ids, self.row_kv(i), self.prefill_routing[i] if self.recorder is not None else None)
+        return out.logits[:, -1].float().cpu(), [p for p, _ in prefixes]
+
+    def row_kv(self, row: int) -> KV:
+        return _row_kv(self.cache, row, self.mask[row].bool())
+
+    def fed(self, row: int) -> int:
+        return int(self.mask[row].sum())
 
     def select(self, index: torch.Tensor) -> None:
         self.cache.batch_select_indices(index.to(self.device))
+        self.mask = self.mask[index]
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = mask = torch.cat([self.mask, torch.ones(len(tokens), 1, dtype=self.mask.dtype)], dim=1)
         positions = (mask.sum(-1, keepdim=True) - 1)
         length = mask.shape[1]
         dev = self.device
@@ -201,7 +215,16 @@ class EmbeddedEngine:
         partner: Optional[torch.nn.Module] = None,
         decode: Optional[Callable[[Sequence[int]], str]] = None,
         prefix_cache_tokens: int = 1 << 20,
+        kernel: str = "auto",
     ):
+        if kernel not in KERNELS:
+            raise ValueError(f"engine kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel == "static":
+            for name, m in (("model", model), ("partner", partner)):
+                reason = static_kv.unsupported_reason(m) if m is not None else None
+                if reason is not None:
+                    raise ValueError(f"engine kernel 'static' cannot run the {name}: {reason} (use 'auto' or 'hf')")
+        self.kernel = kernel
         self.model = model.eval()
         self.partner = partner.eval() if partner is not None else None
         self.eos_token_id = int(eos_token_id)
@@ -299,9 +322,9 @@ class EmbeddedEngine:
         if any(row.chain.needs_partner for row in rows) and self.partner is None:
             raise ValueError("a sampler needs a partner model but the engine has none")
         recorder = RoutingRecorder(self.model) if any(r.return_routed_experts for r in requests) else None
-        states = [_ModelState(self.model, self.prefix_cache, recorder)]
+        states = [self._state(self.model, self.prefix_cache, recorder)]
         if self.partner is not None and any(row.chain.needs_partner for row in rows):
-            states.append(_ModelState(self.partner, self.partner_prefix_cache))
+            states.append(self._state(self.partner, self.partner_prefix_cache, None))
         if recorder is None:
             self._decode_batch(requests, rows, states)
         else:
@@ -312,7 +335,14 @@ class EmbeddedEngine:
             self._aborted.difference_update(rids)
         return [self._result(row) for row in rows]
 
-    def _decode_batch(self, requests: list[GenerateRequest], rows: list[_Row], states: list[_ModelState]) -> None:
+    def _state(self, model: torch.nn.Module, store: PrefixCache, recorder: Optional[RoutingRecorder]) -> Any:
+        """The per-call batch state: the static-KV forward where it models `model` (kernel auto/static),
+        else transformers' forward with a DynamicCache."""
+        if self.kernel != "hf" and static_kv.supports(model):
+            return static_kv.StaticKVState(model, store, record=recorder is not None)
+        return _ModelState(model, store, recorder)
+
+    def _decode_batch(self, requests: list[GenerateRequest], rows: list[_Row], states: list[Any]) -> None:
         """Prefill and decode `rows` to the end (one static batch; rows leave as they finish)."""
         record = states[0].recorder is not None
 
@@ -320,20 +350,19 @@ class EmbeddedEngine:
         for r in requests:
             unique.setdefault(tuple(r.input_ids), len(unique))
         inputs = [list(k) for k in unique]
-        logits_list, masks, cached = [], None, None
+        logits_list, cached = [], None
         # every model reuses the same prefix length (the shortest any of their caches holds): the partner's
         # cache may lack prefixes the policy cached while serving requests without a partner
         limits = [min(st.prefix_length(ids, len(ids) - 1) for st in states) for ids in inputs] \
             if len(states) > 1 else None
         for state in states:
-            logits, mask, used = state.prefill(inputs, limits)
+            logits, used = state.prefill(inputs, limits)
             logits_list.append(logits)
-            if masks is None:
-                masks, cached = mask, used
+            if cached is None:
+                cached = used
         expand = torch.tensor([unique[tuple(r.input_ids)] for r in requests])
         for state in states:
             state.select(expand)
-        mask = masks[expand]
         logits_list = [lg[expand] for lg in logits_list]
         for row, u in zip(rows, expand.tolist()):
             row.cached_tokens = cached[u]
@@ -353,22 +382,20 @@ class EmbeddedEngine:
                 if rows[ri].finish_reason is None:
                     keep.append(b)
                     continue
-                fed = int(mask[b].sum())  # keep its KV for continuations (the last token was not fed)
+                fed = states[0].fed(b)  # keep its KV for continuations (the last token was not fed)
                 ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
                 routing = torch.cat(rows[ri].routing)[:fed] if record else None
                 for k, state in enumerate(states):
-                    state.store.insert(ids, _row_kv(state.cache, b, mask[b].bool()), routing if k == 0 else None)
+                    state.store.insert(ids, state.row_kv(b), routing if k == 0 else None)
             if not keep:
                 break
-            keep_t = torch.tensor(keep)
-            tokens = torch.tensor(next_tokens, dtype=torch.long)[keep_t]
+            tokens = torch.tensor([next_tokens[b] for b in keep], dtype=torch.long)
             if len(keep) < len(active):
+                keep_t = torch.tensor(keep)
                 for state in states:
                     state.select(keep_t)
-                mask = mask[keep_t]
             active = [active[b] for b in keep]
-            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
-            logits_list = [state.step(tokens, mask) for state in states]
+            logits_list = [state.step(tokens) for state in states]
             if record:
                 step = states[0].step_routing
                 for b, ri in enumerate(active):

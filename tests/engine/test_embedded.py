@@ -45,7 +45,7 @@ def full_forward_logprobs(model, prompt, output):
     return [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(output)]
 
 
-def test_same_seed_same_output_and_different_seed_differs(model):
+def test_same_seed_same_output_and_different_seed_differs(model, both_kernels):
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
     a = EmbeddedEngine(model, EOS).generate(requests(sp))
     b = EmbeddedEngine(model, EOS).generate(requests(sp))
@@ -54,7 +54,7 @@ def test_same_seed_same_output_and_different_seed_differs(model):
     assert [r.output_ids for r in a] != [r.output_ids for r in c]
 
 
-def test_mixed_length_batch_equals_one_by_one_and_logprobs_match_forward(model):
+def test_mixed_length_batch_equals_one_by_one_and_logprobs_match_forward(model, both_kernels):
     sp = SamplingParams(temperature=1.0, top_p=0.95, top_k=40, max_new_tokens=20)
     engine = EmbeddedEngine(model, EOS)
     batched = engine.generate(requests(sp))
@@ -66,21 +66,23 @@ def test_mixed_length_batch_equals_one_by_one_and_logprobs_match_forward(model):
         assert res.prompt_len == len(req.input_ids) and len(res.annotations) == len(res.output_ids)
 
 
-def test_group_prompt_is_prefilled_once_and_finished_rows_leave(model, monkeypatch):
+def test_group_prompt_is_prefilled_once_and_finished_rows_leave(model, monkeypatch, both_kernels):
+    kernel = both_kernels
     sp = SamplingParams(temperature=1.0, max_new_tokens=10)
     prompt = [5, 6, 7, 8, 9, 10]
     group = [GenerateRequest(f"g{i}", prompt, sp, seed=i) for i in range(8)]
     engine = EmbeddedEngine(model, -1)  # no EOS: rows end only by their token limits
     widths = []
-    from slime_ext.engine import embedded
+    from slime_ext.engine import embedded, static_kv
 
-    original = embedded._ModelState.step
+    state_class = static_kv.StaticKVState if kernel == "static" else embedded._ModelState
+    original = state_class.step
 
-    def spy(self, tokens, mask):
+    def spy(self, tokens):
         widths.append(tokens.shape[0])
-        return original(self, tokens, mask)
+        return original(self, tokens)
 
-    monkeypatch.setattr(embedded._ModelState, "step", spy)
+    monkeypatch.setattr(state_class, "step", spy)
     # two requests stop early through their own stop id: the batch shrinks to 6 rows after that step
     early = [GenerateRequest("short0", [30, 31], SamplingParams(temperature=0.0, max_new_tokens=3), seed=0),
              GenerateRequest("short1", [32, 33], SamplingParams(temperature=0.0, max_new_tokens=2), seed=0)]
@@ -90,7 +92,7 @@ def test_group_prompt_is_prefilled_once_and_finished_rows_leave(model, monkeypat
     assert widths[0] == 10 and widths[1] == 9 and widths[2] == 8 and widths[-1] == 8
 
 
-def test_continuation_reuses_the_prefix_and_equals_generation_from_scratch(model):
+def test_continuation_reuses_the_prefix_and_equals_generation_from_scratch(model, both_kernels):
     sp = SamplingParams(temperature=1.0, max_new_tokens=12)
     engine = EmbeddedEngine(model, EOS)
     first = engine.generate([GenerateRequest("a", [5, 6, 7, 8], sp, seed=3)])[0]
@@ -122,7 +124,7 @@ class AbortOtherAtStep(Sampler):
         return StepAction()
 
 
-def test_abort_stops_only_the_named_request(model):
+def test_abort_stops_only_the_named_request(model, both_kernels):
     sp = SamplingParams(temperature=1.0, max_new_tokens=15)
     reference = EmbeddedEngine(model, -1).generate(requests(sp, 4))
     engine = EmbeddedEngine(model, -1)
@@ -138,7 +140,7 @@ def test_abort_stops_only_the_named_request(model):
     assert engine.stats["aborted"] == 1
 
 
-def test_abort_from_another_thread_while_generating(model):
+def test_abort_from_another_thread_while_generating(model, both_kernels):
     engine = EmbeddedEngine(model, -1)
     sp = SamplingParams(temperature=1.0, max_new_tokens=400)
     reqs = [GenerateRequest("long", [5, 6], sp, seed=0), GenerateRequest("other", [7, 8], SamplingParams(max_new_tokens=5), seed=1)]
@@ -155,7 +157,7 @@ def test_abort_from_another_thread_while_generating(model):
 
 
 @pytest.mark.parametrize("moe", [True, False])
-def test_weight_update_equals_loading_the_new_weights(moe):
+def test_weight_update_equals_loading_the_new_weights(moe, both_kernels):
     from megatron_glue.weight_names import canonical_hf_state_dict
 
     old, new = make_model(0, moe), make_model(1, moe)
@@ -189,7 +191,7 @@ class FollowPartner(Sampler):
         return {"author": 0 if view.step % 2 == 0 else 1}
 
 
-def test_partner_model_runs_in_lockstep():
+def test_partner_model_runs_in_lockstep(both_kernels):
     policy, partner = make_model(0), make_model(5)
     sp = SamplingParams(temperature=0.0, max_new_tokens=10)
     engine = EmbeddedEngine(policy, -1, partner=partner)
@@ -207,7 +209,7 @@ def test_partner_model_runs_in_lockstep():
         EmbeddedEngine(policy, -1).generate([GenerateRequest("t", prompt, sp, seed=0, sampler_specs=[{"kind": "test_follow_partner"}])])
 
 
-def test_request_errors(model):
+def test_request_errors(model, both_kernels):
     engine = EmbeddedEngine(model, EOS)
     sp = SamplingParams(max_new_tokens=2)
     with pytest.raises(ValueError, match="unique"):

@@ -41,7 +41,7 @@ def same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.sort(-1).values, b.sort(-1).values)
 
 
-def test_recorded_routing_equals_a_direct_forward_token_for_token(model):
+def test_recorded_routing_equals_a_direct_forward_token_for_token(model, both_kernels):
     results = EmbeddedEngine(model, EOS).generate(reqs())
     for req, res in zip(reqs(), results):
         fed = req.input_ids + res.output_ids[:-1]
@@ -62,7 +62,7 @@ def test_recorded_routing_equals_a_direct_forward_token_for_token(model):
         assert res.routed_experts.min() >= 0 and res.routed_experts.max() < 8
 
 
-def test_batching_with_early_finishing_rows_and_prefix_hits_equal_single_requests(model):
+def test_batching_with_early_finishing_rows_and_prefix_hits_equal_single_requests(model, both_kernels):
     # rows of different prompts finish at different steps (EOS or a per-request max_new_tokens)
     batch = reqs()
     for i, r in enumerate(batch):
@@ -91,7 +91,7 @@ def test_batching_with_early_finishing_rows_and_prefix_hits_equal_single_request
         assert torch.equal(h.routed_experts[:n], first[int(req.rid[1:])].routed_experts)
 
 
-def test_prefix_cached_without_routing_is_recomputed_for_a_recording_request(model):
+def test_prefix_cached_without_routing_is_recomputed_for_a_recording_request(model, both_kernels):
     engine = EmbeddedEngine(model, EOS)
     plain = engine.generate(reqs(n=2, record=False))
     assert all(r.routed_experts is None for r in plain)
@@ -104,7 +104,7 @@ def test_prefix_cached_without_routing_is_recomputed_for_a_recording_request(mod
     assert all(torch.equal(a.routed_experts, b.routed_experts) for a, b in zip(third, fresh))
 
 
-def test_no_hooks_and_no_routing_when_no_request_asks(model):
+def test_no_hooks_and_no_routing_when_no_request_asks(model, both_kernels):
     seen = []
     routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
     engine = EmbeddedEngine(model, EOS)
