@@ -206,10 +206,16 @@ class MegatronTrainer:
         return list(samples[self.dp_rank :: self.dp_size])
 
     def _micro_batches(self, samples: list[Sample], extra: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> list[dict]:
-        """Padded micro-batches, every per-token tensor shifted to logit alignment."""
+        """Padded micro-batches, every per-token tensor shifted to logit alignment.
+
+        Samples are grouped by length (sorted, stable) before cutting: each micro-batch pads to its longest
+        row, so mixing a 30-token response with a 160-token one would compute the padding. Every consumer
+        is order-free (per-sample outputs are keyed by sample id, losses are sums over one global
+        denominator), so only the padding changes."""
         pad_multiple = self.sizes.tp if self.sizes.sequence_parallel else 1
         out = []
         mbs = self.settings.micro_batch_size
+        samples = sorted(samples, key=lambda s: s.total_len)
         for i in range(0, len(samples), mbs):
             chunk = samples[i : i + mbs]
             batch = build_batch(chunk, pad_id=self.pad_id, pad_to_multiple_of=pad_multiple)

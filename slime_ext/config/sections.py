@@ -169,6 +169,11 @@ class RolloutConfig(Section):
     # CPU engine server, the checkpoint's dtype (bf16) for SGLang on GPUs. bf16 on CPU reproduces the GPU
     # train-inference mismatch (an fp32 trainer against a bf16 engine: grpo.mismatch corrects it).
     precision: Optional[Literal["fp32", "bf16"]] = None
+    # The embedded engine's forward (the embedded actor and the CPU engine servers; SGLang runs its own).
+    # auto: the static-KV forward (slime_ext/engine/static_kv.py: preallocated KV, packed tokens, grouped
+    # expert matmuls) for Qwen3 / Qwen3-MoE, transformers' forward for anything else; static: that forward or
+    # an error; hf: transformers' forward with a DynamicCache (the reference the static one is tested against).
+    engine_kernel: Literal["auto", "static", "hf"] = "auto"
     # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
     # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
     prompt_pool: Optional[int] = Field(None, ge=1)

@@ -57,11 +57,16 @@ def engine_dtype(precision: Optional[str]) -> Optional[str]:
 
 def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int = 1,
                    partner_dir: Optional[str] = None, weight_version: str = INITIAL_VERSION,
-                   use_sglang: Optional[bool] = None, dtype: Optional[str] = None) -> tuple[list[str], dict[str, str]]:
+                   use_sglang: Optional[bool] = None, dtype: Optional[str] = None,
+                   kernel: str = "auto") -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of one engine server. `dtype` (float32 / bfloat16; None: the server's default,
-    the checkpoint's dtype on SGLang and float32 on the CPU server) is passed as `--dtype`."""
+    the checkpoint's dtype on SGLang and float32 on the CPU server) is passed as `--dtype`; `kernel`
+    (rollout.engine_kernel) as the CPU server's `--kernel` (SGLang has its own kernels: only auto)."""
     host = cfg_sglang.host
     if use_sglang if use_sglang is not None else sglang_host_available():
+        if kernel != "auto":
+            raise ValueError(f"rollout.engine_kernel = {kernel!r} selects the embedded engine's forward, but the "
+                             "engines are SGLang servers, which run their own kernels: leave it at 'auto'")
         env = {}
         if partner_dir:  # the two-model tandem engine (sglang_patches.tandem_model) serves the pair
             from sglang_patches.tandem_model import write_tandem_checkpoint
@@ -80,6 +85,8 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
         argv += ["--partner", str(partner_dir)]
     if dtype:
         argv += ["--dtype", dtype]
+    if kernel != "auto":
+        argv += ["--kernel", kernel]
     return argv, {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -97,9 +104,10 @@ class EngineServerActor:
 
     def __init__(self, index: int, cfg_sglang: Any, model_dir: str, *, threads: int = 1,
                  partner_dir: Optional[str] = None, log_dir: Optional[str] = None,
-                 use_sglang: Optional[bool] = None, dtype: Optional[str] = None):
+                 use_sglang: Optional[bool] = None, dtype: Optional[str] = None, kernel: str = "auto"):
         self.index = index
         self.dtype = dtype
+        self.kernel = kernel
         self.cfg = cfg_sglang
         self.model_dir = str(model_dir)
         self.threads = threads
@@ -118,7 +126,7 @@ class EngineServerActor:
         """Start the server and wait for /health; returns its URL."""
         argv, env = server_command(self.cfg, self.model_dir, self.port, threads=self.threads,
                                    partner_dir=self.partner_dir, weight_version=weight_version,
-                                   use_sglang=self.use_sglang, dtype=self.dtype)
+                                   use_sglang=self.use_sglang, dtype=self.dtype, kernel=self.kernel)
         self.server = SGLangServer(argv, self.cfg.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
                                    poll_interval_s=0.2, env=env, log_path=self.log_path,
                                    preexec_fn=_die_with_parent)

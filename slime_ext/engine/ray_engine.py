@@ -13,11 +13,12 @@ from slime_ext.engine.embedded import EmbeddedEngine
 class EmbeddedEngineActor(EmbeddedEngine):
     """An embedded engine loaded from an HF checkpoint directory inside a Ray actor process."""
 
-    def __init__(self, path: str, threads: int = 1, partner_path: Optional[str] = None, dtype: str = "float32"):
+    def __init__(self, path: str, threads: int = 1, partner_path: Optional[str] = None, dtype: str = "float32",
+                 kernel: str = "auto"):
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
         engine = EmbeddedEngine.from_pretrained(path, partner_path=partner_path, dtype=getattr(torch, dtype))
-        super().__init__(engine.model, engine.eos_token_id, partner=engine.partner, decode=engine.decode)
+        super().__init__(engine.model, engine.eos_token_id, partner=engine.partner, decode=engine.decode, kernel=kernel)
 
     def set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)

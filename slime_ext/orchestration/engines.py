@@ -48,7 +48,7 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
         **ray_options(group), max_concurrency=2,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
     ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None,
-             engine_dtype(cfg.rollout.precision) or "float32")
+             engine_dtype(cfg.rollout.precision) or "float32", cfg.rollout.engine_kernel)
     return RunEngine(VersionedRemoteEngine(handle), lambda: ray.kill(handle))
 
 
@@ -75,7 +75,8 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
     actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
         i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
-        log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision)) for i in range(s.num_engines)]
+        log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel)
+        for i in range(s.num_engines)]
     pool: Optional[ServerEnginePool] = None
 
     def shutdown() -> None:

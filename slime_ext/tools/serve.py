@@ -57,6 +57,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--partner", default=None,
                     help="HF checkpoint of a partner model run beside the policy (Tandem's junior); requests whose "
                          "samplers need a partner are served only with one")
+    ap.add_argument("--kernel", choices=["auto", "static", "hf"], default="auto",
+                    help="the embedded engine's forward: static-KV (auto: where it models the architecture) or "
+                         "transformers' (hf); rollout.engine_kernel")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights and activations of the served model (SGLang's flag; bfloat16 reproduces a GPU engine's "
                          "precision against an fp32 trainer)")
@@ -125,7 +128,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             tokenizer = load_tokenizer(args.model)
             engine = EmbeddedEngine.from_pretrained(args.model, partner_path=args.partner,
-                                                    dtype=getattr(torch, args.dtype))
+                                                    dtype=getattr(torch, args.dtype), kernel=args.kernel)
         except (OSError, ValueError) as exc:
             which = f"--model {args.model}" + (f" / --partner {args.partner}" if args.partner else "")
             print(f"error: {which}: {exc}", file=sys.stderr)

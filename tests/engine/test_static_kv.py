@@ -111,3 +111,23 @@ def test_dense_qwen3_is_supported_and_other_models_keep_the_hf_kernel(moe):
         EmbeddedEngine(llama, 1, kernel="static")
     with pytest.raises(ValueError, match="engine kernel must be one of"):
         EmbeddedEngine(moe, 1, kernel="fast")
+
+
+def test_engine_kernel_key_reaches_the_engines():
+    from types import SimpleNamespace
+
+    from slime_ext.config import load_config
+    from slime_ext.engine.engine_server import server_command
+    from slime_ext.tools.serve import parse_args
+
+    assert load_config("configs/grpo.yaml").config.rollout.engine_kernel == "auto"
+    assert load_config("configs/grpo.yaml", ["rollout.engine_kernel=hf"]).config.rollout.engine_kernel == "hf"
+    with pytest.raises(Exception, match="engine_kernel"):
+        load_config("configs/grpo.yaml", ["rollout.engine_kernel=fast"])
+    sg = SimpleNamespace(host="127.0.0.1")
+    argv, _ = server_command(sg, "/m", 1234, use_sglang=False, kernel="hf")
+    assert argv[argv.index("--kernel") + 1] == "hf"
+    assert "--kernel" not in server_command(sg, "/m", 1234, use_sglang=False)[0]
+    assert parse_args(["--model", "/m", "--kernel", "static"]).kernel == "static"
+    with pytest.raises(ValueError, match="SGLang servers, which run their own kernels"):
+        server_command(sg, "/m", 1234, use_sglang=True, kernel="static")

@@ -220,3 +220,13 @@ def test_optimizer_cpu_offload_reaches_megatron_on_gpus_only():
     cpu = optimizer_config(on, _torch.float32, cuda=False)
     assert not cpu.optimizer_cpu_offload and cpu.optimizer_offload_fraction == 0.0
     assert not optimizer_config(TrainerSettings(), _torch.bfloat16, cuda=True).optimizer_cpu_offload
+
+
+def test_micro_batches_group_samples_by_length_and_keep_every_sample():
+    trainer = make_trainer(micro_batch_size=2)
+    lengths = [10, 100, 12, 98, 11, 99]
+    samples = [Sample(f"s{i}", [3] * 4, [5] * (n - 4)) for i, n in enumerate(lengths)]
+    micro = trainer._micro_batches(samples)
+    widths = [mb["tokens"].shape[1] for mb in micro]
+    assert widths == [11, 98, 100]  # sorted: (10, 11), (12, 98), (99, 100); unsorted would pad to 100, 98, 99
+    assert sorted(i for mb in micro for i in mb["batch"].sample_ids) == sorted(s.sample_id for s in samples)
