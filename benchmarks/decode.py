@@ -76,12 +76,15 @@ def run_hf(model, batch_prompts, new_tokens: int, greedy: bool = False) -> float
     for i, p in enumerate(batch_prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     torch.manual_seed(0)
     start = time.perf_counter()
     with torch.no_grad():
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              eos_token_id=None, pad_token_id=0, **sampling)
+    if out.is_cuda:
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     assert out.shape[1] == width + new_tokens
     return elapsed

@@ -125,12 +125,10 @@ def _time(step, preset: dict, samples, device: str) -> dict:
 
 
 def model_flops_per_token(hf_config, seq_len: float) -> float:
-    """6 x active params (forward + backward) + attention score/value matmuls (12 L h_attn s / 2 causal)."""
-    from megatron_glue.hf_config import parameter_counts
+    """Training matmul FLOPs per token (benchmarks/flops.py: forward + backward, causal attention)."""
+    from benchmarks.flops import train_flops_per_token
 
-    active = parameter_counts(hf_config)["active"]
-    attn_width = hf_config.num_attention_heads * hf_config.head_dim
-    return 6 * active + 6 * hf_config.num_hidden_layers * attn_width * seq_len
+    return train_flops_per_token(hf_config, seq_len)
 
 
 def main(argv=None) -> int:

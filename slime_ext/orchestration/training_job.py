@@ -472,6 +472,7 @@ class TrainingJob:
         tokens = sum(s.total_len for s in samples)
         self.peak_gib = max(self.peak_gib or 0.0, _peak_rss_gib())
         row.update({"step": step, "time/train": t1 - t0, "time/sync": t2 - t1, "time/step": t2 - t_start,
+                    "time/sync_share": (t2 - t1) / max(t2 - t_start, 1e-9),  # the weight sync's share of the step
                     "perf/tokens_per_s": tokens / (t2 - t_start), PEAK_RSS_KEY: self.peak_gib})
         return row
 

@@ -159,6 +159,34 @@ def plot_time_split(path: Union[PathLike, Records], out_png: PathLike, keys: Seq
     return _save(fig, out_png)
 
 
+def time_shares(records: Records, keys: Sequence[str] = TIME_KEYS) -> tuple[list[float], dict[str, list[float]]]:
+    """(steps, {key: each step's share of `keys`' sum}) for the steps that logged any of them; missing = 0."""
+    rows = [r for r in _records(records) if any(_number(r.get(k)) is not None for k in keys)]
+    steps = [float(r["step"]) for r in rows]
+    shares: dict[str, list[float]] = {k: [] for k in keys}
+    for r in rows:
+        values = {k: _number(r.get(k)) or 0.0 for k in keys}
+        total = sum(values.values())
+        for k in keys:
+            shares[k].append(values[k] / total if total > 0 else 0.0)
+    return steps, {k: v for k, v in shares.items() if any(v)}
+
+
+def plot_time_shares(path: Union[PathLike, Records], out_png: PathLike, keys: Sequence[str] = TIME_KEYS) -> Optional[Path]:
+    """Each phase's share of the step, stacked to 100% per step; the median sync share is in the title."""
+    steps, shares = time_shares(_records(path), keys)
+    if not steps or not shares:
+        return None
+    sync = sorted(shares.get("time/sync", [0.0]))
+    median_sync = sync[len(sync) // 2] if len(sync) % 2 else (sync[len(sync) // 2 - 1] + sync[len(sync) // 2]) / 2
+    fig, ax = _figure(f"Share of each step by phase (median sync {median_sync:.1%})", "percent of the step")
+    labels = [k.split("/", 1)[-1] for k in shares]
+    ax.stackplot(steps, [[100 * v for v in vs] for vs in shares.values()], labels=labels, alpha=0.85)
+    ax.set_ylim(0, 115)  # headroom for the legend row
+    ax.legend(loc="upper left", fontsize="small", ncol=len(labels))
+    return _save(fig, out_png)
+
+
 @dataclass(frozen=True)
 class Figure:
     """One standard figure: what it plots and the title that says exactly that."""
@@ -228,6 +256,7 @@ def plot_metrics(metrics_jsonl_path: PathLike, out_dir: PathLike) -> list[Path]:
         for f in standard_figures(records, held_out)
     ]
     jobs.append(plot_time_split(records, out / "time_split.png"))
+    jobs.append(plot_time_shares(records, out / "time_shares.png"))
     return [p for p in jobs if p is not None]
 
 

@@ -63,6 +63,7 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
     early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert late > early + 0.2, rewards
     assert all(0 < m["time/sync"] < m["time/step"] for m in read_metrics(run_dir))
+    assert all(abs(m["time/sync_share"] - m["time/sync"] / m["time/step"]) < 1e-12 for m in read_metrics(run_dir))
     # the step-0 consistency check (configs/base.yaml) ran before the first update, on step 0 only
     rows = read_metrics(run_dir)
     assert rows[0]["consistency/abs_diff_mean"] < 1e-4 and "consistency/abs_diff_mean" not in rows[1]

@@ -11,7 +11,8 @@ import pytest
 from slime_ext.tools.plots import plot_metrics, plot_series, read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-FIGURES = ["reward.png", "response_length.png", "kl.png", "entropy.png", "throughput.png", "time_split.png"]
+FIGURES = ["reward.png", "response_length.png", "kl.png", "entropy.png", "throughput.png", "time_split.png",
+           "time_shares.png"]
 
 
 def write_metrics(path: Path, steps: int = 20, bad_line_at: int | None = 8, drop: tuple[str, ...] = ()) -> Path:
@@ -48,7 +49,7 @@ def check_png(path: Path) -> None:
     assert img[..., :3].std() > 0.01  # not a blank canvas
 
 
-def test_six_figures_and_malformed_line_reported(tmp_path, caplog):
+def test_seven_figures_and_malformed_line_reported(tmp_path, caplog):
     src = write_metrics(tmp_path / "metrics.jsonl")
     with caplog.at_level(logging.WARNING, logger="slime_ext.tools.plots"):
         paths = plot_metrics(src, tmp_path / "plots")
@@ -66,7 +67,7 @@ def test_missing_keys_are_not_plotted_and_empty_file_gives_nothing(tmp_path):
     src = write_metrics(tmp_path / "m.jsonl", bad_line_at=None,
                         drop=("train/kl_ref", "time/rollout", "time/reward", "time/train", "time/sync"))
     paths = plot_metrics(src, tmp_path / "out")
-    assert sorted(p.name for p in paths) == sorted(set(FIGURES) - {"kl.png", "time_split.png"})
+    assert sorted(p.name for p in paths) == sorted(set(FIGURES) - {"kl.png", "time_split.png", "time_shares.png"})
     assert not (tmp_path / "out" / "kl.png").exists()
 
     empty = tmp_path / "empty.jsonl"
@@ -88,7 +89,7 @@ def test_plot_series_helper_and_many_steps(tmp_path):
     assert plot_series(src, tmp_path / "y.png", ["nope/key"], "Nothing", "value") is None
     assert not (tmp_path / "y.png").exists()
     paths = plot_metrics(src, tmp_path / "plots")  # 150 steps: time split as stacked areas
-    assert len(paths) == 6
+    assert len(paths) == 7
     check_png(tmp_path / "plots" / "time_split.png")
 
 
@@ -113,3 +114,16 @@ def test_titles_say_what_the_figures_hold(tmp_path):
     src.write_text("".join(json.dumps(r) + "\n" for r in plain))
     paths = {p.name for p in plot_metrics(src, tmp_path / "plots")}
     assert {"reward.png", "kl.png"} <= paths  # the default job's metrics now give a KL figure too
+
+
+def test_time_shares_per_step():
+    from slime_ext.tools.plots import time_shares
+
+    records = [{"step": 0, "time/rollout": 3.0, "time/reward": 0.5, "time/train": 6.0, "time/sync": 0.5},
+               {"step": 1, "time/rollout": 1.0, "time/train": 2.0, "time/sync": 1.0},  # no reward: counted as 0
+               {"step": 2, "reward/mean": 0.3}]  # no time keys: not a step of the figure
+    steps, shares = time_shares(records)
+    assert steps == [0.0, 1.0]
+    assert shares["time/rollout"] == [0.3, 0.25] and shares["time/train"] == [0.6, 0.5]
+    assert shares["time/reward"] == [0.05, 0.0] and shares["time/sync"] == [0.05, 0.25]
+    assert all(abs(sum(col) - 1) < 1e-12 for col in zip(*shares.values()))

@@ -1,0 +1,189 @@
+"""The GPU kit: one command for a lent H100 / H200 machine, every section timed and failing on its own.
+
+1. train: the Megatron train step in bf16 on a Qwen3-MoE-shaped model sized for one 80 GB GPU
+   (benchmarks/train_step.py's gpu-moe preset; Transformer Engine spec when TE imports, else the local spec
+   with torch SDPA attention) against plain HF training: tokens/s, MFU against the GPU's bf16 peak.
+2. decode: the embedded engine on CUDA against HF `generate()` (benchmarks/decode.py's workloads) on a
+   larger Qwen3-MoE (hidden 1024) so the GPU has work.
+3. grpo_quick: the GRPO quick job through Ray, when `import ray` works there (Ray's wheel is larger than
+   what one call can carry, so on the lent machines this section records why it was skipped).
+`--dry` runs every section on the CPU at toy sizes (CI runs it), writing the same files.
+
+    python3 benchmarks/gpu/run_kit.py --out $OUT            # on the GPU machine
+    python benchmarks/gpu/run_kit.py --dry --out /tmp/kit     # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+GPU_DECODE_MODEL = dict(hidden_size=1024, num_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                        intermediate_size=2048, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512)
+
+
+def section_train(dry: bool, device: str) -> dict:
+    from benchmarks import train_step as ts
+    from transformers import AutoModelForCausalLM
+
+    preset = dict(ts.PRESETS["cpu-tiny"], batch=8, steps=1, warmup=0) if dry else ts.PRESETS["gpu-moe"]
+    torch.manual_seed(0)
+    hf_config = ts.hf_config_for(preset)
+    hf_state = {k: v.clone() for k, v in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+    samples = ts.make_samples(preset)
+    out = {"preset": "cpu-tiny (dry)" if dry else "gpu-moe", "dtype": preset["dtype"],
+           "megatron_glue": ts.time_megatron(preset, hf_config, hf_state, samples, device),
+           "hf_transformers": ts.time_hf(preset, hf_config, hf_state, samples, device)}
+    out["ratio_megatron_over_hf"] = out["megatron_glue"]["tokens_per_s"] / out["hf_transformers"]["tokens_per_s"]
+    mean_len = sum(s.total_len for s in samples) / len(samples)
+    flops = ts.model_flops_per_token(hf_config, mean_len)
+    peak = peak_tflops(device)
+    for key in ("megatron_glue", "hf_transformers"):
+        out[key]["tflop_per_s"] = out[key]["tokens_per_s"] * flops / 1e12
+        out[key]["mfu"] = out[key]["tflop_per_s"] / peak if peak else None
+    out["peak_bf16_tflops"] = peak
+    return out
+
+
+def peak_tflops(device: str) -> float | None:
+    if device != "cuda":
+        return None
+    from benchmarks.train_step import GPU_PEAK_BF16_TFLOPS
+
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in GPU_PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def section_decode(dry: bool, device: str) -> dict:
+    from benchmarks import decode as dc
+    from megatron_glue.hf_config import hf_config_from_model_config
+    from slime_ext.config.sections import ModelConfig
+    from transformers import AutoModelForCausalLM
+
+    batch, new_tokens, vocab = (4, 8, 320) if dry else (64, 256, 32000)
+    torch.manual_seed(0)
+    shape = {} if dry else GPU_DECODE_MODEL
+    hf = hf_config_from_model_config(ModelConfig(vocab_size=vocab, max_position_embeddings=4096, **shape))
+    dtype = torch.float32 if dry else torch.bfloat16
+    model = AutoModelForCausalLM.from_config(hf).to(device=device, dtype=dtype).eval()
+    prompts = dc.prompts(batch, vocab)
+    lengths = dc.ragged_lengths(batch, new_tokens)
+    dc.run_embedded(model, prompts[:2], 2)
+    dc.run_hf(model, prompts[:2], 2)
+    out: dict = {"batch": batch, "new_tokens": new_tokens, "dtype": str(dtype).replace("torch.", ""),
+                 "model": shape or "embedded default"}
+    for name, ragged in (("fixed", False), ("ragged", True)):
+        emb = min(dc.run_embedded(model, prompts, new_tokens, lengths if ragged else None) for _ in range(2))
+        ref = min(dc.run_hf(model, prompts, max(lengths) if ragged else new_tokens) for _ in range(2))
+        useful = sum(lengths) if ragged else batch * new_tokens
+        out[name] = {"embedded_tokens_per_s": useful / emb, "hf_generate_tokens_per_s": useful / ref,
+                     "ratio": ref / emb}
+    return out
+
+
+def section_grpo_quick(dry: bool, device: str, out_dir: Path) -> dict:
+    python = sys.executable
+    if dry:
+        done = subprocess.run([python, "-m", "slime_ext.config", "--check", "configs/grpo_quick.yaml"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"config check failed: {done.stderr[-1000:]}")
+        return {"checked": "configs/grpo_quick.yaml", "ran": False}
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return {"skipped": "ray is not installed on this machine and its wheel is over the 64 MiB a call carries"}
+    start = time.perf_counter()
+    done = subprocess.run([python, "-m", "slime_ext.orchestration.driver", "configs/grpo_quick.yaml", "train.steps=4",
+                           f"run.output_dir={out_dir / 'grpo_quick_runs'}", f"run.cache_dir={out_dir / 'cache'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=420)
+    return {"ran": True, "returncode": done.returncode, "seconds": time.perf_counter() - start,
+            "log_tail": (done.stdout + done.stderr)[-1500:]}
+
+
+def run_section(name: str, fn: Callable[[], dict]) -> dict:
+    """Run one section; a failure is recorded (with its traceback tail) and the kit goes on."""
+    print(f"[kit] {name} ...", flush=True)
+    start = time.perf_counter()
+    try:
+        result = {"ok": True, **fn()}
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, none stops the kit
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+    result["section_seconds"] = time.perf_counter() - start
+    print(f"[kit] {name}: {'ok' if result['ok'] else 'FAILED ' + result['error']} ({result['section_seconds']:.1f} s)",
+          flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dry", action="store_true", help="CPU, toy sizes (what CI runs)")
+    parser.add_argument("--sections", default="train,decode,grpo_quick")
+    args = parser.parse_args(argv)
+    device = "cpu" if args.dry or not torch.cuda.is_available() else "cuda"
+    if device == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if not args.dry and device != "cuda":
+        parser.error("no CUDA device here: run with --dry, or on the GPU machine")
+    args.out.mkdir(parents=True, exist_ok=True)
+    sections = {"train": lambda: section_train(args.dry, device), "decode": lambda: section_decode(args.dry, device),
+                "grpo_quick": lambda: section_grpo_quick(args.dry, device, args.out)}
+    chosen = [s for s in args.sections.split(",") if s]
+    results = {name: run_section(name, sections[name]) for name in chosen}
+    meta = {"command": "python benchmarks/gpu/run_kit.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dry": args.dry, "device": device,
+            "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "machine": platform.node(),
+            "torch": torch.__version__, "python": platform.python_version()}
+    (args.out / "kit.json").write_text(json.dumps({"meta": meta, "sections": results}, indent=2, default=str) + "\n")
+    (args.out / "kit.md").write_text(markdown(meta, results))
+    print(f"[kit] wrote {args.out}/kit.json and kit.md")
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def markdown(meta: dict, results: dict) -> str:
+    lines = [f"# GPU kit{' (dry run, CPU)' if meta['dry'] else ''}", "", f"- command: `{meta['command']}`",
+             f"- date: {meta['date']}; device: {meta['gpu'] or meta['device']}; torch {meta['torch']}, "
+             f"Python {meta['python']}", ""]
+    train = results.get("train", {})
+    if train.get("ok"):
+        lines += ["## Train step", "", f"preset {train['preset']}, {train['dtype']}", "",
+                  "| trainer | s/step | tokens/s | TFLOP/s | MFU |", "| --- | ---: | ---: | ---: | ---: |"]
+        for key in ("megatron_glue", "hf_transformers"):
+            r = train[key]
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+            lines.append(f"| {key} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | {r['tflop_per_s']:.3f} | {mfu} |")
+        lines += ["", f"megatron_glue / HF: **{train['ratio_megatron_over_hf']:.2f}x**", ""]
+    decode = results.get("decode", {})
+    if decode.get("ok"):
+        lines += ["## Decode", "", f"batch {decode['batch']}, {decode['new_tokens']} new tokens, {decode['dtype']}", "",
+                  "| workload | embedded tokens/s | HF generate tokens/s | embedded / HF |", "| --- | ---: | ---: | ---: |"]
+        for w in ("fixed", "ragged"):
+            r = decode[w]
+            lines.append(f"| {w} | {r['embedded_tokens_per_s']:.0f} | {r['hf_generate_tokens_per_s']:.0f} | {r['ratio']:.2f}x |")
+        lines.append("")
+    for name, r in results.items():
+        if not r.get("ok"):
+            lines += [f"## {name}: FAILED", "", f"`{r['error']}`", ""]
+    grpo = results.get("grpo_quick", {})
+    if grpo.get("ok"):
+        lines += ["## GRPO quick job", "", json.dumps({k: v for k, v in grpo.items() if k != "log_tail"}), ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
