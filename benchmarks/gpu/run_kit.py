@@ -155,27 +155,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["ok"] for r in results.values()) else 1
 
 
+def _table(heading: str, note: str, header: tuple[str, ...], rows: list[str]) -> list[str]:
+    return [f"## {heading}", "", note, "", "| " + " | ".join(header) + " |",
+            "| --- |" + " ---: |" * (len(header) - 1), *rows, ""]
+
+
 def markdown(meta: dict, results: dict) -> str:
     lines = [f"# GPU kit{' (dry run, CPU)' if meta['dry'] else ''}", "", f"- command: `{meta['command']}`",
              f"- date: {meta['date']}; device: {meta['gpu'] or meta['device']}; torch {meta['torch']}, "
              f"Python {meta['python']}", ""]
     train = results.get("train", {})
     if train.get("ok"):
-        lines += ["## Train step", "", f"preset {train['preset']}, {train['dtype']}", "",
-                  "| trainer | s/step | tokens/s | TFLOP/s | MFU |", "| --- | ---: | ---: | ---: | ---: |"]
+        rows = []
         for key in ("megatron_glue", "hf_transformers"):
             r = train[key]
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            lines.append(f"| {key} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | {r['tflop_per_s']:.3f} | {mfu} |")
-        lines += ["", f"megatron_glue / HF: **{train['ratio_megatron_over_hf']:.2f}x**", ""]
+            rows.append(f"| {key} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | {r['tflop_per_s']:.3f} | {mfu} |")
+        lines += _table("Train step", f"preset {train['preset']}, {train['dtype']}",
+                        ("trainer", "s/step", "tokens/s", "TFLOP/s", "MFU"), rows)
+        lines += [f"megatron_glue / HF: **{train['ratio_megatron_over_hf']:.2f}x**", ""]
     decode = results.get("decode", {})
     if decode.get("ok"):
-        lines += ["## Decode", "", f"batch {decode['batch']}, {decode['new_tokens']} new tokens, {decode['dtype']}", "",
-                  "| workload | embedded tokens/s | HF generate tokens/s | embedded / HF |", "| --- | ---: | ---: | ---: |"]
-        for w in ("fixed", "ragged"):
-            r = decode[w]
-            lines.append(f"| {w} | {r['embedded_tokens_per_s']:.0f} | {r['hf_generate_tokens_per_s']:.0f} | {r['ratio']:.2f}x |")
-        lines.append("")
+        rows = [f"| {w} | {decode[w]['embedded_tokens_per_s']:.0f} | {decode[w]['hf_generate_tokens_per_s']:.0f} | "
+                f"{decode[w]['ratio']:.2f}x |" for w in ("fixed", "ragged")]
+        lines += _table("Decode", f"batch {decode['batch']}, {decode['new_tokens']} new tokens, {decode['dtype']}",
+                        ("workload", "embedded tokens/s", "HF generate tokens/s", "embedded / HF"), rows)
     for name, r in results.items():
         if not r.get("ok"):
             lines += [f"## {name}: FAILED", "", f"`{r['error']}`", ""]
