@@ -177,10 +177,8 @@ class QwenStaticForward:
         starts[1:] = rows[1:] != rows[:-1]
         first = torch.cummax(torch.where(starts, column, torch.zeros_like(column)), 0).values
         column = column - first  # index of a token among its row's new tokens
-        last_slot = torch.zeros(n_rows, dtype=slots.dtype, device=slots.device)
-        first_slot = torch.zeros_like(last_slot)
-        last_slot[rows] = slots  # rows' tokens are in order, so the last write wins
-        first_slot[rows.flip(0)] = slots.flip(0)
+        first_slot = torch.zeros(n_rows, dtype=slots.dtype, device=slots.device)
+        first_slot[rows[starts]] = slots[starts]  # each row's first new token (one write per row)
         query_slot = first_slot[:, None] + torch.arange(width, device=slots.device)[None]  # [rows, width]
         mask = torch.arange(keys, device=slots.device)[None, None] <= query_slot[:, :, None]  # [rows, width, keys]
         mask = mask[:, None, None].expand(n_rows, 1, self.groups, width, keys).reshape(n_rows, 1, self.groups * width, keys)
