@@ -124,7 +124,6 @@ class QwenStaticForward:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.groups = self.heads // self.kv_heads
         self.layers = _layers(model)
-        self.moe_layers = [i for i, layer in enumerate(self.layers) if layer.moe]
         self.top_k = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
         self.norm_topk = bool(getattr(cfg, "norm_topk_prob", True))
         self.dtype = next(model.parameters()).dtype
