@@ -75,13 +75,15 @@ def choose_tokens(
     for i, p in enumerate(params):
         groups.setdefault(_key(p), []).append(i)
     for key, rows in groups.items():
-        index = torch.tensor(rows)
+        group = logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=logits.device)]
         if key[0] == 0:
-            picked = torch.argmax(logits[index], dim=-1)
+            picked = torch.argmax(group, dim=-1)
         else:
-            probs = torch.softmax(filtered_logits(logits[index], params[rows[0]]), dim=-1)
+            probs = torch.softmax(filtered_logits(group, params[rows[0]]), dim=-1)
             cdf = probs.cumsum(-1)
-            u = torch.cat([torch.rand(1, generator=generators[i]) for i in rows]) * cdf[:, -1]
+            # the draws come from the rows' own (host) generators, so a row's token is the same on any device
+            draws = torch.cat([torch.rand(1, generator=generators[i]) for i in rows]).to(cdf.device)
+            u = draws.to(cdf.dtype) * cdf[:, -1]
             picked = torch.searchsorted(cdf, u[:, None], right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
         for i, t in zip(rows, picked.tolist()):
             tokens[i] = int(t)

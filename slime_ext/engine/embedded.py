@@ -109,8 +109,9 @@ class RoutingRecorder:
 
 
 class _ModelState:
-    """One model's batched KV cache during a generate call. Bookkeeping (masks, tokens, sampling) stays
-    on the CPU; inputs move to the model's device per call and last-position logits come back."""
+    """One model's batched KV cache during a generate call. Bookkeeping (masks, tokens) stays on the CPU;
+    inputs move to the model's device per call and last-position logits stay there: sampling runs on the
+    device (only rows with samplers bring their logits to the host), so a GPU step moves ids, not [B, V]."""
 
     def __init__(self, model: torch.nn.Module, store: PrefixCache, recorder: Optional[RoutingRecorder] = None):
         self.model = model
@@ -178,7 +179,7 @@ class _ModelState:
         self.mask = mask
         for i, ids in enumerate(inputs):
             self.store.insert(ids, self.row_kv(i), self.prefill_routing[i] if self.recorder is not None else None)
-        return out.logits[:, -1].float().cpu(), [p for p, _ in prefixes]
+        return out.logits[:, -1].float(), [p for p, _ in prefixes]
 
     def row_kv(self, row: int) -> KV:
         return _row_kv(self.cache, row, self.mask[row].bool())
@@ -202,7 +203,7 @@ class _ModelState:
         self.cache = out.past_key_values
         if self.recorder is not None:
             self.step_routing = self.recorder.take()
-        return out.logits[:, -1].float().cpu()
+        return out.logits[:, -1].float()
 
 
 class EmbeddedEngine:
@@ -415,6 +416,9 @@ class EmbeddedEngine:
         """Choose, annotate and record one token for every active row; mark finished rows."""
         with self._lock:
             aborted = {r.request.rid for r in rows} & self._aborted
+        if any(row.chain.samplers for row in rows):  # samplers read and edit logits on the host
+            logits = logits.cpu()
+            partner_logits = None if partner_logits is None else partner_logits.cpu()
         adjusted = logits
         forced: dict[int, int] = {}
         finishing: set[int] = set()
@@ -435,7 +439,10 @@ class EmbeddedEngine:
                 finishing.add(b)
         sampled = choose_tokens(adjusted, [r.request.sampling for r in rows], [r.generator for r in rows])
         chosen = [forced.get(b, t) for b, t in enumerate(sampled)]
-        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(chosen)[:, None]).squeeze(1).tolist()
+        picked: list[float] = []
+        if any(row.request.return_logprob for row in rows):
+            chosen_t = torch.tensor(chosen, device=logits.device)[:, None]
+            picked = torch.log_softmax(logits, dim=-1).gather(1, chosen_t).squeeze(1).tolist()
         tokens = []
         for b, row in enumerate(rows):
             if row.request.rid in aborted:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from slime_ext.engine.prefix_cache import KV, PrefixCache
+from slime_ext.grouped_matmul import grouped_linear, grouped_mm_runs
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 COMPACT_DEAD_FRACTION = 0.25  # compact the cache once this share of its rows has finished
@@ -95,14 +96,14 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)  # no module call: hooks and dispatch cost per call
 
 
-def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Rows of `x` sorted by expert times each expert's weight [E, out, in]: y[i] = x[i] @ W[e(i)].T."""
-    aligned = all(n * x.element_size() % 16 == 0 for n in (x.shape[1], weight.shape[1]))  # grouped_mm's stride rule
-    if hasattr(F, "grouped_mm") and x.dtype == torch.float32 and aligned:
-        return F.grouped_mm(x, weight.transpose(1, 2), offs=offsets)
+def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` sorted by expert times each expert's weight [E, out, in]: y[i] = x[i] @ W[e(i)].T.
+    `counts` per expert and their int32 cumulative `offsets`; the loop reads counts on the host only when needed."""
+    if grouped_mm_runs(x, weight):
+        return grouped_linear(x, weight, offsets)
     out = x.new_empty(x.shape[0], weight.shape[1])
     start = 0
-    for e, c in enumerate(counts):
+    for e, c in enumerate(counts.tolist()):
         if c:
             out[start:start + c] = F.linear(x[start:start + c], weight[e])
             start += c
@@ -219,13 +220,12 @@ class QwenStaticForward:
         weight = weight.to(x.dtype)
         flat = chosen.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts_t = torch.bincount(flat, minlength=experts.gate_up_proj.shape[0])
-        counts = counts_t.tolist()
-        offsets = counts_t.cumsum(0).to(torch.int32)
+        counts = torch.bincount(flat, minlength=experts.gate_up_proj.shape[0])
+        offsets = counts.cumsum(0).to(torch.int32)
         token = order // self.top_k
-        gate_up = _grouped_linear(x[token], experts.gate_up_proj, offsets, counts)
+        gate_up = _grouped_linear(x[token], experts.gate_up_proj, counts, offsets)
         gate, up = gate_up.chunk(2, dim=-1)
-        y = _grouped_linear(F.silu(gate) * up, experts.down_proj, offsets, counts)
+        y = _grouped_linear(F.silu(gate) * up, experts.down_proj, counts, offsets)
         y = y * weight.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token, y), chosen
 
@@ -297,7 +297,7 @@ class StaticKVState:
                 if routing is not None:
                     new_routing[i] = routing[at:at + r].cpu()
                 at += r
-        logits = fwd.logits(torch.stack(hidden_last)).cpu()
+        logits = fwd.logits(torch.stack(hidden_last))
         self.prefill_routing = []
         if self.record:
             for i, (p, _) in enumerate(prefixes):
@@ -356,7 +356,7 @@ class StaticKVState:
         index = self.physical.to(fwd.device)
         if routing is not None:
             self.step_routing = routing[index].cpu()
-        return fwd.logits(hidden[index]).cpu()
+        return fwd.logits(hidden[index])
 
     def _grow(self) -> None:
         capacity = self.cache[0][0].shape[2]

@@ -14,6 +14,7 @@ from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine import static_kv
 from slime_ext.engine.embedded import EmbeddedEngine
 from slime_ext.engine.prefix_cache import PrefixCache
+from slime_ext.grouped_matmul import grouped_mm_runs
 from tests.megatron_fixtures import tiny_dense_config, tiny_moe_config
 
 
@@ -79,14 +80,15 @@ def test_prefill_steps_select_and_prefix_reuse_match_full_forwards(moe, monkeypa
 
 def test_grouped_matmul_fallback_equals_grouped_mm():
     gen = torch.Generator().manual_seed(0)
-    counts = [3, 0, 5, 2]
-    offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
+    counts = torch.tensor([3, 0, 5, 2])
+    offsets = counts.cumsum(0).to(torch.int32)
     for width, out in ((8, 12), (6, 7)):  # grouped_mm (16-byte strides), then the loop (odd widths)
+        assert grouped_mm_runs(torch.zeros(1, width), torch.zeros(4, out, width)) == (width == 8)
         x = torch.randn(sum(counts), width, generator=gen)
         weight = torch.randn(4, out, width, generator=gen)
-        expected = torch.cat([x[s:s + c] @ weight[e].T for e, (s, c) in enumerate(zip([0, 3, 3, 8], counts)) if c])
-        torch.testing.assert_close(static_kv._grouped_linear(x, weight, offsets, counts), expected)
-        torch.testing.assert_close(static_kv._grouped_linear(x.double(), weight.double(), offsets, counts),
+        expected = torch.cat([x[s:s + c] @ weight[e].T for e, (s, c) in enumerate(zip([0, 3, 3, 8], counts.tolist())) if c])
+        torch.testing.assert_close(static_kv._grouped_linear(x, weight, counts, offsets), expected)
+        torch.testing.assert_close(static_kv._grouped_linear(x.double(), weight.double(), counts, offsets),
                                    expected.double(), atol=1e-5, rtol=1e-5)
 
 
