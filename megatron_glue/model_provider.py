@@ -24,6 +24,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_glue import cpu_compat
 from megatron_glue.sdpa_attention import SDPADotProductAttention
+from megatron_glue.grouped_experts import GroupedSequentialMLP
 
 
 def transformer_engine_available() -> bool:
@@ -70,7 +71,7 @@ class SequenceParallelRMSNorm:
     """
 
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
-        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
         if config.sequence_parallel:
             for p in norm.parameters():
                 p.sequence_parallel = True
@@ -86,7 +87,7 @@ class QKRMSNorm:
     """
 
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
-        return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
 
 
 def hf_num_experts(hf_config: Any) -> int:
@@ -196,6 +197,8 @@ def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     attention.q_layernorm = QKRMSNorm
     attention.k_layernorm = QKRMSNorm
     attention.core_attention = SDPADotProductAttention  # torch's fused kernel for the causal case
+    if config.num_moe_experts:
+        sub.mlp.submodules.experts.module = GroupedSequentialMLP  # all experts in one grouped matmul
     return TransformerBlockSubmodules(layer_specs=[layer] * config.num_layers, layer_norm=SequenceParallelRMSNorm)
 
 

@@ -38,6 +38,13 @@ def init_distributed(rank: int = 0, world_size: int = 1, master_addr: str | None
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
 
 
+def collective_device(group: object = None) -> torch.device:
+    """Where a tensor must live for a collective on `group`: NCCL moves CUDA tensors only, gloo CPU ones."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def init_model_parallel(sizes: ParallelSizes, seed: int = 0) -> None:
     """Megatron parallel groups (DP is whatever is left of the world) and the model-parallel RNG."""
     cpu_compat.apply()

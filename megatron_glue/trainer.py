@@ -27,6 +27,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron_glue import cpu_compat, routing_replay
 from megatron_glue.logprobs import vocab_parallel_logprobs
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
+from megatron_glue.parallel import collective_device
 from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
 from slime_ext.algo.mismatch import MismatchSpec, importance_weights, mismatch_means, mismatch_sums
 from slime_ext.data import RolloutBatch, Sample, build_batch
@@ -489,22 +490,26 @@ class MegatronTrainer:
                 holder, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
             )
         names = holder[0]
-        is_max = torch.tensor([name.endswith("_max") for name in names], dtype=torch.bool)
-        sums = torch.zeros(len(names), dtype=torch.float64)
-        maxima = torch.zeros(len(names), dtype=torch.float64)
+        sums = [0.0] * len(names)
+        maxima = [0.0] * len(names)
         if mpu.is_pipeline_last_stage():
             for out in outputs:
                 for i, name in enumerate(names):
                     sums[i] += out.get(name, 0.0)
-                    maxima[i] = max(float(maxima[i]), out.get(name, 0.0))
-        torch.distributed.all_reduce(sums, group=mpu.get_data_parallel_group())
-        torch.distributed.all_reduce(maxima, op=torch.distributed.ReduceOp.MAX, group=mpu.get_data_parallel_group())
-        values = torch.where(is_max, maxima, sums)
+                    maxima[i] = max(maxima[i], out.get(name, 0.0))
+        dp_group = mpu.get_data_parallel_group()
+        device = collective_device(dp_group)
+        sums_t = torch.tensor(sums, dtype=torch.float64, device=device)
+        maxima_t = torch.tensor(maxima, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(sums_t, group=dp_group)
+        torch.distributed.all_reduce(maxima_t, op=torch.distributed.ReduceOp.MAX, group=dp_group)
+        is_max = torch.tensor([name.endswith("_max") for name in names], dtype=torch.bool, device=device)
+        values = torch.where(is_max, maxima_t, sums_t)
         if pp:
-            torch.distributed.broadcast(
-                values, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
-            )
-        return {name: float(values[i]) for i, name in enumerate(names)}
+            pp_group = mpu.get_pipeline_model_parallel_group()
+            values = values.to(collective_device(pp_group))
+            torch.distributed.broadcast(values, src=mpu.get_pipeline_model_parallel_last_rank(), group=pp_group)
+        return dict(zip(names, values.tolist()))
 
     def _ratio_quantiles(self, ratios: list[torch.Tensor]) -> dict[str, float]:
         """Quantiles of pi / pi_old over the batch's trained tokens (gathered over DP; same on every rank)."""
