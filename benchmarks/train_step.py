@@ -38,7 +38,7 @@ PRESETS = {
     "gpu-moe": dict(
         model=dict(hidden_size=2048, num_layers=12, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                    intermediate_size=6144, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=768),
-        vocab=151936, batch=32, min_len=1024, max_len=2048, micro_batch=4, steps=6, warmup=2, dtype="bf16",
+        vocab=151936, batch=32, min_len=1024, max_len=2048, micro_batch=2, steps=6, warmup=2, dtype="bf16",
     ),
 }
 GPU_PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
@@ -65,7 +65,19 @@ def hf_config_for(preset: dict):
                                                    router_aux_loss_coef=0.0, **preset["model"]))
 
 
-def time_megatron(preset: dict, hf_config, hf_state: dict, samples, device: str) -> dict:
+def time_megatron(preset: dict, hf_config, hf_state: dict, samples, device: str, grouped_experts: bool = True) -> dict:
+    """megatron_glue's train step; `grouped_experts=False` times megatron-core's SequentialMLP loop instead."""
+    if grouped_experts:
+        return _time_megatron(preset, hf_config, hf_state, samples, device)
+    from unittest import mock
+
+    from megatron_glue.grouped_experts import GroupedSequentialMLP
+
+    with mock.patch.object(GroupedSequentialMLP, "_grouped_applies", lambda self, hidden: False):
+        return _time_megatron(preset, hf_config, hf_state, samples, device) | {"experts": "sequential loop"}
+
+
+def _time_megatron(preset: dict, hf_config, hf_state: dict, samples, device: str) -> dict:
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
     from megatron_glue.sharding import shard_megatron_state
     from megatron_glue.weight_names import canonical_hf_state_dict, hf_to_megatron
@@ -88,7 +100,8 @@ def time_hf(preset: dict, hf_config, hf_state: dict, samples, device: str) -> di
     from slime_ext.data import build_batch
 
     dtype = torch.bfloat16 if preset["dtype"] == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_config(hf_config).to(device=device, dtype=dtype)
+    with torch.device(device):  # built where it trains (a large model's CPU init is slow)
+        model = AutoModelForCausalLM.from_config(hf_config).to(dtype)
     model.load_state_dict(hf_state)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0)
@@ -136,6 +149,8 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None)
     parser.add_argument("--out", type=Path, default=None, help="directory for results JSON + markdown")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--compare-experts", action="store_true",
+                        help="also time megatron-core's SequentialMLP loop (the experts before grouped matmuls)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     preset_name = args.preset or ("gpu-moe" if device == "cuda" else "cpu-tiny")
@@ -152,6 +167,10 @@ def main(argv=None) -> int:
           f"{sum(s.total_len for s in samples)} tokens/step, dtype {preset['dtype']}", flush=True)
     results = {"megatron_glue": time_megatron(preset, hf_config, hf_state, samples, device)}
     print(f"[bench] megatron_glue: {results['megatron_glue']['tokens_per_s']:.0f} tokens/s", flush=True)
+    if args.compare_experts:
+        loop = time_megatron(preset, hf_config, hf_state, samples, device, grouped_experts=False)
+        results["megatron_glue_sequential_experts"] = loop
+        print(f"[bench] megatron_glue with the SequentialMLP loop: {loop['tokens_per_s']:.0f} tokens/s", flush=True)
     if not args.skip_hf:
         results["hf_transformers"] = time_hf(preset, hf_config, hf_state, samples, device)
         print(f"[bench] hf transformers: {results['hf_transformers']['tokens_per_s']:.0f} tokens/s", flush=True)
@@ -179,7 +198,7 @@ def main(argv=None) -> int:
         lines = [f"# train-step benchmark ({preset_name}, {device})", "", f"- command: `{meta['command']}`",
                  f"- date: {meta['date']}, torch {meta['torch']}, threads {meta['threads']}, gpu {meta['gpu']}", "",
                  "| trainer | s/step | tokens/s |", "| --- | --- | --- |"]
-        for key in ("megatron_glue", "hf_transformers"):
+        for key in ("megatron_glue", "megatron_glue_sequential_experts", "hf_transformers"):
             if key in results:
                 lines.append(f"| {key} | {results[key]['seconds_per_step']:.3f} | {results[key]['tokens_per_s']:.0f} |")
         if "ratio_megatron_over_hf" in results:

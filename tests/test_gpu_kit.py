@@ -46,3 +46,35 @@ def test_a_failing_section_is_recorded_and_the_others_run(tmp_path, monkeypatch)
     text = run_kit.markdown({"dry": True, "command": "c", "date": "d", "gpu": None, "device": "cpu", "torch": "t",
                              "python": "p"}, {"x": failed})
     assert "## x: FAILED" in text and "no such kernel" in text
+
+
+def test_trainers_in_child_processes_report_like_in_process_and_a_failed_trainer_is_recorded(monkeypatch):
+    """The GPU path times each trainer in its own process; on the CPU the same code runs at toy sizes."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu import run_kit
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = run_kit.section_train(True, "cpu", separate_processes=True)
+    assert out["separate_processes"] is True
+    for key in run_kit.TRAINERS:
+        assert out[key]["tokens_per_step"] == sum(s.total_len for s in _toy_samples(run_kit))
+        assert out[key]["tokens_per_s"] > 0 and out[key]["tflop_per_s"] > 0
+    assert math.isclose(out["ratio_megatron_over_hf"],
+                        out["megatron_glue"]["tokens_per_s"] / out["hf_transformers"]["tokens_per_s"], rel_tol=1e-9)
+
+    def hf_fails(*_: object) -> dict:
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr("benchmarks.train_step.time_hf", hf_fails)
+    half = run_kit.section_train(True, "cpu")
+    assert half["hf_transformers"] == {"error": "MemoryError: out of memory"} and "ratio_megatron_over_hf" not in half
+    assert half["megatron_glue"]["tokens_per_s"] > 0
+    assert "| hf_transformers | failed: MemoryError" in run_kit.markdown(
+        {"dry": True, "command": "c", "date": "d", "gpu": None, "device": "cpu", "torch": "t", "python": "p"},
+        {"train": {"ok": True, **half}})
+
+
+def _toy_samples(run_kit):
+    from benchmarks import train_step as ts
+
+    return ts.make_samples(run_kit._train_preset(True, "cpu"))

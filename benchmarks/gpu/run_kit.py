@@ -36,27 +36,93 @@ GPU_DECODE_MODEL = dict(hidden_size=1024, num_layers=8, num_attention_heads=16, 
                         intermediate_size=2048, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512)
 
 
-def section_train(dry: bool, device: str) -> dict:
+TRAINERS = {"megatron_glue": "time_megatron", "hf_transformers": "time_hf"}
+
+
+def _train_preset(toy: bool, device: str) -> dict:
+    from benchmarks import train_step as ts
+
+    preset = dict(ts.PRESETS["cpu-tiny"], batch=8, steps=1, warmup=0) if toy else dict(ts.PRESETS["gpu-moe"])
+    if toy and device == "cuda":
+        preset["dtype"] = "bf16"
+    return preset
+
+
+def time_trainer(trainer: str, toy: bool, device: str) -> dict:
+    """One trainer's timing on the preset's model (seed 0: both trainers start from the same weights)."""
     from benchmarks import train_step as ts
     from transformers import AutoModelForCausalLM
 
-    preset = dict(ts.PRESETS["cpu-tiny"], batch=8, steps=1, warmup=0) if dry else ts.PRESETS["gpu-moe"]
+    preset = _train_preset(toy, device)
+    dtype = torch.bfloat16 if preset["dtype"] == "bf16" else torch.float32
     torch.manual_seed(0)
     hf_config = ts.hf_config_for(preset)
-    hf_state = {k: v.clone() for k, v in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+    with torch.device(device):  # initialised on the GPU (a 2.7B model's CPU init takes minutes), kept on the CPU
+        hf_state = {k: v.to("cpu", dtype) for k, v in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+    if device == "cuda":
+        torch.cuda.empty_cache()
     samples = ts.make_samples(preset)
-    out = {"preset": "cpu-tiny (dry)" if dry else "gpu-moe", "dtype": preset["dtype"],
-           "megatron_glue": ts.time_megatron(preset, hf_config, hf_state, samples, device),
-           "hf_transformers": ts.time_hf(preset, hf_config, hf_state, samples, device)}
-    out["ratio_megatron_over_hf"] = out["megatron_glue"]["tokens_per_s"] / out["hf_transformers"]["tokens_per_s"]
-    mean_len = sum(s.total_len for s in samples) / len(samples)
-    flops = ts.model_flops_per_token(hf_config, mean_len)
+    timing = getattr(ts, TRAINERS[trainer])
+    return _measured(lambda: timing(preset, hf_config, hf_state, samples, device), device)
+
+
+def _trainer_in_child(trainer: str, toy: bool, timeout: float) -> dict:
+    """Run `time_trainer` in a fresh process: the first trainer's GPU memory is not all returned to the
+    allocator in-process (Megatron's globals hold on to it), and two 2.7B trainers do not fit one GPU."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--train-child", trainer, "--out", "/tmp"]
+    size = ["--dry"] if not torch.cuda.is_available() else ["--toy"] if toy else []
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # [tokens, vocab] fp32 tensors fragment
+    done = subprocess.run(cmd + size, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(CHILD_RESULT)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{trainer} failed (exit {done.returncode}): {(done.stdout + done.stderr)[-1500:]}")
+    return json.loads(lines[-1][len(CHILD_RESULT):])
+
+
+CHILD_RESULT = "KIT_CHILD_RESULT "
+
+
+def section_train(toy: bool, device: str, separate_processes: bool = False, child_timeout: float = 240) -> dict:
+    from benchmarks import train_step as ts
+
+    preset = _train_preset(toy, device)
+    out: dict[str, Any] = {"preset": "cpu-tiny (toy)" if toy else "gpu-moe", "dtype": preset["dtype"],
+                           "separate_processes": separate_processes}
+    for trainer in TRAINERS:  # a failed trainer is recorded; the other one still runs
+        try:
+            out[trainer] = (_trainer_in_child(trainer, toy, child_timeout) if separate_processes
+                            else time_trainer(trainer, toy, device))
+        except Exception as exc:  # noqa: BLE001 - recorded in the results, the kit goes on
+            out[trainer] = {"error": f"{type(exc).__name__}: {exc}"}
+    ok = [key for key in TRAINERS if "error" not in out[key]]
+    if len(ok) == len(TRAINERS):
+        out["ratio_megatron_over_hf"] = out["megatron_glue"]["tokens_per_s"] / out["hf_transformers"]["tokens_per_s"]
+    torch.manual_seed(0)
+    samples = ts.make_samples(preset)
+    flops = ts.model_flops_per_token(ts.hf_config_for(preset), sum(s.total_len for s in samples) / len(samples))
     peak = peak_tflops(device)
-    for key in ("megatron_glue", "hf_transformers"):
+    for key in ok:
         out[key]["tflop_per_s"] = out[key]["tokens_per_s"] * flops / 1e12
         out[key]["mfu"] = out[key]["tflop_per_s"] / peak if peak else None
     out["peak_bf16_tflops"] = peak
+    if not ok:
+        raise RuntimeError("; ".join(f"{k}: {out[k]['error']}" for k in TRAINERS))
     return out
+
+
+def _measured(run: Callable[[], dict], device: str) -> dict:
+    """Run one trainer's timing with its peak GPU memory recorded, and free what it held before the next one
+    (two 2.7B-parameter trainers with optimizer states do not fit one 80 GB GPU together)."""
+    import gc
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    result = run()
+    gc.collect()
+    if device == "cuda":
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.empty_cache()
+    return result
 
 
 def peak_tflops(device: str) -> float | None:
@@ -68,17 +134,17 @@ def peak_tflops(device: str) -> float | None:
     return next((v for k, v in GPU_PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def section_decode(dry: bool, device: str) -> dict:
+def section_decode(toy: bool, device: str) -> dict:
     from benchmarks import decode as dc
     from megatron_glue.hf_config import hf_config_from_model_config
     from slime_ext.config.sections import ModelConfig
     from transformers import AutoModelForCausalLM
 
-    batch, new_tokens, vocab = (4, 8, 320) if dry else (64, 256, 32000)
+    batch, new_tokens, vocab = (4, 8, 320) if toy else (64, 256, 32000)
     torch.manual_seed(0)
-    shape = {} if dry else GPU_DECODE_MODEL
+    shape = {} if toy else GPU_DECODE_MODEL
     hf = hf_config_from_model_config(ModelConfig(vocab_size=vocab, max_position_embeddings=4096, **shape))
-    dtype = torch.float32 if dry else torch.bfloat16
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_config(hf).to(device=device, dtype=dtype).eval()
     prompts = dc.prompts(batch, vocab)
     lengths = dc.ragged_lengths(batch, new_tokens)
@@ -86,18 +152,21 @@ def section_decode(dry: bool, device: str) -> dict:
     dc.run_hf(model, prompts[:2], 2)
     out: dict = {"batch": batch, "new_tokens": new_tokens, "dtype": str(dtype).replace("torch.", ""),
                  "model": shape or "embedded default"}
-    for name, ragged in (("fixed", False), ("ragged", True)):
-        emb = min(dc.run_embedded(model, prompts, new_tokens, lengths if ragged else None) for _ in range(2))
-        ref = min(dc.run_hf(model, prompts, max(lengths) if ragged else new_tokens) for _ in range(2))
+    for name, ragged, greedy in (("fixed", False, False), ("ragged", True, False), ("fixed_greedy", False, True)):
+        emb = min(dc.run_embedded(model, prompts, new_tokens, lengths if ragged else None, greedy=greedy)
+                  for _ in range(2))
+        ref = min(dc.run_hf(model, prompts, max(lengths) if ragged else new_tokens, greedy=greedy) for _ in range(2))
         useful = sum(lengths) if ragged else batch * new_tokens
         out[name] = {"embedded_tokens_per_s": useful / emb, "hf_generate_tokens_per_s": useful / ref,
                      "ratio": ref / emb}
+        print(f"[kit] decode {name}: embedded {useful / emb:.0f} tokens/s, HF {useful / ref:.0f}, {ref / emb:.2f}x",
+              flush=True)
     return out
 
 
-def section_grpo_quick(dry: bool, device: str, out_dir: Path) -> dict:
+def section_grpo_quick(toy: bool, device: str, out_dir: Path) -> dict:
     python = sys.executable
-    if dry:
+    if toy:
         done = subprocess.run([python, "-m", "slime_ext.config", "--check", "configs/grpo_quick.yaml"], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
@@ -133,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry", action="store_true", help="CPU, toy sizes (what CI runs)")
+    parser.add_argument("--toy", action="store_true", help="toy sizes on the GPU: a quick check of the CUDA paths")
     parser.add_argument("--sections", default="train,decode,grpo_quick")
+    parser.add_argument("--train-child", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = "cpu" if args.dry or not torch.cuda.is_available() else "cuda"
     if device == "cpu":
@@ -141,16 +212,28 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry and device != "cuda":
         parser.error("no CUDA device here: run with --dry, or on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)
-    sections = {"train": lambda: section_train(args.dry, device), "decode": lambda: section_decode(args.dry, device),
-                "grpo_quick": lambda: section_grpo_quick(args.dry, device, args.out)}
+    toy = args.dry or args.toy
+    if args.train_child:  # internal: one trainer's timing, printed as JSON for the parent kit
+        print(CHILD_RESULT + json.dumps(time_trainer(args.train_child, toy, device)), flush=True)
+        return 0
+    sections = {"train": lambda: section_train(toy, device, separate_processes=device == "cuda"), "decode": lambda: section_decode(toy, device),
+                "grpo_quick": lambda: section_grpo_quick(toy, device, args.out)}
     chosen = [s for s in args.sections.split(",") if s]
-    results = {name: run_section(name, sections[name]) for name in chosen}
+    unknown = sorted(set(chosen) - set(sections))
+    if unknown:
+        parser.error(f"--sections: unknown {unknown}; choose from {sorted(sections)}")
+    import transformers
+
     meta = {"command": "python benchmarks/gpu/run_kit.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dry": args.dry, "device": device,
-            "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "machine": platform.node(),
-            "torch": torch.__version__, "python": platform.python_version()}
-    (args.out / "kit.json").write_text(json.dumps({"meta": meta, "sections": results}, indent=2, default=str) + "\n")
-    (args.out / "kit.md").write_text(markdown(meta, results))
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dry": args.dry, "toy": toy,
+            "device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+            "machine": platform.node(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+    results: dict[str, dict] = {}
+    for name in chosen:  # the files are rewritten after every section: a call cut off at its limit keeps the rest
+        results[name] = run_section(name, sections[name])
+        (args.out / "kit.json").write_text(json.dumps({"meta": meta, "sections": results}, indent=2, default=str) + "\n")
+        (args.out / "kit.md").write_text(markdown(meta, results))
     print(f"[kit] wrote {args.out}/kit.json and kit.md")
     return 0 if all(r["ok"] for r in results.values()) else 1
 
@@ -161,23 +244,30 @@ def _table(heading: str, note: str, header: tuple[str, ...], rows: list[str]) ->
 
 
 def markdown(meta: dict, results: dict) -> str:
-    lines = [f"# GPU kit{' (dry run, CPU)' if meta['dry'] else ''}", "", f"- command: `{meta['command']}`",
+    size = " (dry run, CPU)" if meta["dry"] else " (toy sizes)" if meta.get("toy") else ""
+    lines = [f"# GPU kit{size}", "", f"- command: `{meta['command']}`",
              f"- date: {meta['date']}; device: {meta['gpu'] or meta['device']}; torch {meta['torch']}, "
-             f"Python {meta['python']}", ""]
+             f"transformers {meta.get('transformers')}, Python {meta['python']}", ""]
     train = results.get("train", {})
     if train.get("ok"):
         rows = []
-        for key in ("megatron_glue", "hf_transformers"):
+        for key in TRAINERS:
             r = train[key]
+            if "error" in r:
+                rows.append(f"| {key} | failed: {r['error'][:200]} | | | | |")
+                continue
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            rows.append(f"| {key} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | {r['tflop_per_s']:.3f} | {mfu} |")
+            mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") is not None else "-"
+            rows.append(f"| {key} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | {r['tflop_per_s']:.3f} | "
+                        f"{mfu} | {mem} |")
         lines += _table("Train step", f"preset {train['preset']}, {train['dtype']}",
-                        ("trainer", "s/step", "tokens/s", "TFLOP/s", "MFU"), rows)
-        lines += [f"megatron_glue / HF: **{train['ratio_megatron_over_hf']:.2f}x**", ""]
+                        ("trainer", "s/step", "tokens/s", "TFLOP/s", "MFU", "peak GiB"), rows)
+        if "ratio_megatron_over_hf" in train:
+            lines += [f"megatron_glue / HF: **{train['ratio_megatron_over_hf']:.2f}x**", ""]
     decode = results.get("decode", {})
     if decode.get("ok"):
         rows = [f"| {w} | {decode[w]['embedded_tokens_per_s']:.0f} | {decode[w]['hf_generate_tokens_per_s']:.0f} | "
-                f"{decode[w]['ratio']:.2f}x |" for w in ("fixed", "ragged")]
+                f"{decode[w]['ratio']:.2f}x |" for w in ("fixed", "ragged", "fixed_greedy")]
         lines += _table("Decode", f"batch {decode['batch']}, {decode['new_tokens']} new tokens, {decode['dtype']}",
                         ("workload", "embedded tokens/s", "HF generate tokens/s", "embedded / HF"), rows)
     for name, r in results.items():

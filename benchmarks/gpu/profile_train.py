@@ -1,0 +1,69 @@
+"""Where the Megatron train step's time goes on a GPU: one step of the kit's gpu-moe preset under torch.profiler.
+
+Prints the top operators by self device time and by self CPU time, and the step's wall and device seconds
+(a step whose device time is far below its wall time is bound by the host: launches, syncs, Python).
+
+    python3 benchmarks/gpu/profile_train.py --out $OUT      # on the GPU machine
+    python benchmarks/gpu/profile_train.py --toy            # anywhere, toy sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks import train_step as ts
+    from benchmarks.gpu.run_kit import _train_preset
+    from megatron_glue.model_provider import ParallelSizes
+    from megatron_glue.parallel import init_distributed, init_model_parallel
+    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--toy", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    preset = _train_preset(args.toy, device)
+    torch.manual_seed(0)
+    hf_config = ts.hf_config_for(preset)
+    samples = ts.make_samples(preset)
+    init_distributed()
+    init_model_parallel(ParallelSizes(), seed=0)
+    trainer = MegatronTrainer(hf_config, TrainerSettings(lr=1e-5, micro_batch_size=preset["micro_batch"],
+                                                         precision=preset["dtype"]), ParallelSizes())
+    trainer.train_step(samples, kind="sft")  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        trainer.train_step(samples, kind="sft")
+        if device == "cuda":
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    device_s = sum(e.self_device_time_total for e in events) / 1e6 if device == "cuda" else float("nan")
+    experts = {type(m).__name__ for m in trainer.model.modules() if type(m).__name__.endswith("MLP")}
+    head = (f"[profile] megatron train step: wall {wall:.3f} s, device busy {device_s:.3f} s, "
+            f"{preset['micro_batch']} samples per micro-batch, MLP classes {sorted(experts)}")
+    print(head, flush=True)
+    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    report = [head, events.table(sort_by=sort, row_limit=25, max_name_column_width=60),
+              events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)]
+    print(report[1], flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_train.txt").write_text("\n".join(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
