@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
-from slime_ext.grouped_matmul import grouped_linear, grouped_mm_runs
+from slime_ext.algo.grouped_matmul import grouped_linear, grouped_mm_runs
 
 
 class GroupedSequentialMLP(SequentialMLP):

@@ -57,6 +57,7 @@ def test_trainers_in_child_processes_report_like_in_process_and_a_failed_trainer
     out = run_kit.section_train(True, "cpu", separate_processes=True)
     assert out["separate_processes"] is True
     for key in run_kit.TRAINERS:
+        assert "error" not in out[key], out[key]
         assert out[key]["tokens_per_step"] == sum(s.total_len for s in _toy_samples(run_kit))
         assert out[key]["tokens_per_s"] > 0 and out[key]["tflop_per_s"] > 0
     assert math.isclose(out["ratio_megatron_over_hf"],

@@ -71,7 +71,9 @@ def _trainer_in_child(trainer: str, toy: bool, timeout: float) -> dict:
     allocator in-process (Megatron's globals hold on to it), and two 2.7B trainers do not fit one GPU."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--train-child", trainer, "--out", "/tmp"]
     size = ["--dry"] if not torch.cuda.is_available() else ["--toy"] if toy else []
-    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # [tokens, vocab] fp32 tensors fragment
+    # a world of its own: a rendezvous address inherited from a parent that runs torch.distributed is taken
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # [tokens, vocab] fp32 tensors fragment memory
     done = subprocess.run(cmd + size, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(CHILD_RESULT)]
     if done.returncode != 0 or not lines:
@@ -80,6 +82,7 @@ def _trainer_in_child(trainer: str, toy: bool, timeout: float) -> dict:
 
 
 CHILD_RESULT = "KIT_CHILD_RESULT "
+DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def section_train(toy: bool, device: str, separate_processes: bool = False, child_timeout: float = 240) -> dict:

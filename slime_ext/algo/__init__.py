@@ -1,4 +1,5 @@
-"""Method-independent RL math (pure torch): GRPO advantages, policy losses, KL, aggregation, pass@k."""
+"""Method-independent RL math (pure torch): GRPO advantages, policy losses, KL, aggregation, pass@k; and
+when torch's grouped matmul runs (`grouped_matmul`, shared by the engine's forward and the trainer's experts)."""
 
 from slime_ext.algo.advantages import group_advantages, grouped_advantages
 from slime_ext.algo.losses import (

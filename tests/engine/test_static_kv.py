@@ -14,7 +14,7 @@ from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine import static_kv
 from slime_ext.engine.embedded import EmbeddedEngine
 from slime_ext.engine.prefix_cache import PrefixCache
-from slime_ext.grouped_matmul import grouped_mm_runs
+from slime_ext.algo.grouped_matmul import grouped_mm_runs
 from tests.megatron_fixtures import tiny_dense_config, tiny_moe_config
 
 
