@@ -23,8 +23,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_glue import cpu_compat
-from megatron_glue.sdpa_attention import SDPADotProductAttention
 from megatron_glue.grouped_experts import GroupedSequentialMLP
+from megatron_glue.sdpa_attention import SDPADotProductAttention
 
 
 def transformer_engine_available() -> bool:

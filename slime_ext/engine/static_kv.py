@@ -22,8 +22,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from slime_ext.engine.prefix_cache import KV, PrefixCache
 from slime_ext.algo.grouped_matmul import grouped_linear, grouped_mm_runs
+from slime_ext.engine.prefix_cache import KV, PrefixCache
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 COMPACT_DEAD_FRACTION = 0.25  # compact the cache once this share of its rows has finished
