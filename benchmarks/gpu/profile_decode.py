@@ -12,30 +12,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu.profiling import op_tables, profiled, write_report  # noqa: E402
+
 
 def _profiled(run, device: str, steps: int) -> tuple[str, dict]:
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    start = time.perf_counter()
-    with profile(activities=activities) as prof:
-        run()
-    wall = time.perf_counter() - start
-    events = prof.key_averages()
+    events, wall = profiled(run, device)
     ops = sum(e.count for e in events if e.key.startswith("aten::"))
     syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
-    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     summary = {"wall_s_per_step": wall / steps, "aten_ops_per_step": ops / steps, "syncs_per_step": syncs / steps}
-    table = events.table(sort_by=sort, row_limit=18, max_name_column_width=48)
-    cpu_table = events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)
-    return f"{table}\n{cpu_table}", summary
+    return op_tables(events, device, rows=18, width=48), summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         line = f"[profile] {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in summary.items())
         print(line, flush=True)
         report += [line, table]
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "profile_decode.txt").write_text("\n".join(report) + "\n")
+    write_report(args.out, "profile_decode.txt", report)
     return 0
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu.profiling import op_tables, profiled, write_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,26 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     trainer = MegatronTrainer(hf_config, TrainerSettings(lr=1e-5, micro_batch_size=preset["micro_batch"],
                                                          precision=preset["dtype"]), ParallelSizes())
     trainer.train_step(samples, kind="sft")  # warm-up
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    start = time.perf_counter()
-    with profile(activities=activities) as prof:
-        trainer.train_step(samples, kind="sft")
-        if device == "cuda":
-            torch.cuda.synchronize()
-    wall = time.perf_counter() - start
-    events = prof.key_averages()
+    events, wall = profiled(lambda: trainer.train_step(samples, kind="sft"), device)
     device_s = sum(e.self_device_time_total for e in events) / 1e6 if device == "cuda" else float("nan")
     experts = {type(m).__name__ for m in trainer.model.modules() if type(m).__name__.endswith("MLP")}
     head = (f"[profile] megatron train step: wall {wall:.3f} s, device busy {device_s:.3f} s, "
             f"{preset['micro_batch']} samples per micro-batch, MLP classes {sorted(experts)}")
     print(head, flush=True)
-    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
-    report = [head, events.table(sort_by=sort, row_limit=25, max_name_column_width=60),
-              events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)]
-    print(report[1], flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "profile_train.txt").write_text("\n".join(report) + "\n")
+    tables = op_tables(events, device, rows=25, width=60)
+    print(tables, flush=True)
+    write_report(args.out, "profile_train.txt", [head, tables])
     return 0
 
 

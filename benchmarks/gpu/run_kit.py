@@ -37,6 +37,8 @@ GPU_DECODE_MODEL = dict(hidden_size=1024, num_layers=8, num_attention_heads=16, 
 
 
 TRAINERS = {"megatron_glue": "time_megatron", "hf_transformers": "time_hf"}
+CHILD_RESULT = "KIT_CHILD_RESULT "  # the line a trainer child prints its timing on
+DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def _train_preset(toy: bool, device: str) -> dict:
@@ -81,10 +83,6 @@ def _trainer_in_child(trainer: str, toy: bool, timeout: float) -> dict:
     return json.loads(lines[-1][len(CHILD_RESULT):])
 
 
-CHILD_RESULT = "KIT_CHILD_RESULT "
-DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-
-
 def section_train(toy: bool, device: str, separate_processes: bool = False, child_timeout: float = 240) -> dict:
     from benchmarks import train_step as ts
 
@@ -114,8 +112,8 @@ def section_train(toy: bool, device: str, separate_processes: bool = False, chil
 
 
 def _measured(run: Callable[[], dict], device: str) -> dict:
-    """Run one trainer's timing with its peak GPU memory recorded, and free what it held before the next one
-    (two 2.7B-parameter trainers with optimizer states do not fit one 80 GB GPU together)."""
+    """Run one trainer's timing with its peak GPU memory recorded, then free what it held (in-process runs
+    time both trainers one after the other)."""
     import gc
 
     if device == "cuda":
@@ -219,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_child:  # internal: one trainer's timing, printed as JSON for the parent kit
         print(CHILD_RESULT + json.dumps(time_trainer(args.train_child, toy, device)), flush=True)
         return 0
-    sections = {"train": lambda: section_train(toy, device, separate_processes=device == "cuda"), "decode": lambda: section_decode(toy, device),
+    sections = {"train": lambda: section_train(toy, device, separate_processes=device == "cuda"),
+                "decode": lambda: section_decode(toy, device),
                 "grpo_quick": lambda: section_grpo_quick(toy, device, args.out)}
     chosen = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(chosen) - set(sections))
