@@ -85,9 +85,14 @@ class RunLogger:
         self.close()
 
     def close(self) -> None:
+        """Flush every sink. W&B's `finish()` only tells its service process the run is over; the service closes
+        the run's `.wandb` log later, so `teardown()` waits for it: when close returns, the file holds every row."""
         if self.tb is not None:
             self.tb.close()
             self.tb = None
         if self.wandb_run is not None:
+            import wandb
+
             self.wandb_run.finish()
             self.wandb_run = None
+            wandb.teardown()
