@@ -261,7 +261,7 @@ class TrainConfig(Section):
     clip_grad: float = Field(1.0, ge=0)
     steps: int = Field(150, ge=0)
     micro_batch_size: int = Field(16, ge=1)
-    threads: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1)  # torch threads per trainer rank (SFT: train + rollout threads over the ranks)
     precision: Literal["fp32", "bf16"] = "fp32"
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     # Mini-batch PPO: samples per optimizer step; the rollout batch (prompts_per_step x n_samples_per_prompt)

@@ -247,7 +247,7 @@ class TrainingJob:
         s = self.cfg.sft
         out.mkdir(parents=True, exist_ok=True)
         init_ray(self.cfg)
-        group = self.train_group(threads=self.cfg.train.threads + self.cfg.rollout.threads)
+        group = self.train_group(threads=self.sft_threads_per_rank())
         settings = trainer_settings(self.cfg, self.method.loss_spec(), total_steps=s.steps, lr=s.lr)
         settings.lr_warmup_steps = s.warmup_steps
         settings.seed = self.sft_seed
@@ -311,6 +311,11 @@ class TrainingJob:
         return self.evaluate(EmbeddedEngine.from_pretrained(str(hf_dir)), name)
 
     # -- RL ---------------------------------------------------------------------------------------
+    def sft_threads_per_rank(self) -> int:
+        """SFT runs with no engine: the engine's threads go to the trainer, shared among its ranks (two ranks of one
+        thread beat one rank of two on small matrices: the Python and the small products run in parallel)."""
+        return max(1, (self.cfg.train.threads + self.cfg.rollout.threads) // self.actors["train"].count)
+
     def train_group(self, threads: int) -> TrainGroup:
         """The trainer's rank actors, placed as `slime_ext.orchestration.placement` says."""
         return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads)

@@ -20,9 +20,11 @@ from tests.e2e.hf_checkpoint import make_tiny_hf_checkpoint, read_hf_weights, re
 # server on CPU) behind sglang-router, weights synced over a gloo group after every step.
 ENGINE = ["rollout.engine=sglang", "sglang.num_engines=2", "sglang.router=true", "sglang.weight_sync=distributed"]
 STEPS = 3
-LAYOUT = [  # 2 gloo trainer ranks; MoE with TP needs sequence parallel, and ETP 1 keeps EP x ETP within 2 ranks
+LAYOUT = [  # 2 gloo trainer ranks (DP 1: local-cpu.yaml's two DP ranks would make 4); MoE with TP needs sequence
+    # parallel, and ETP 1 keeps EP x ETP within 2 ranks
     "train.parallel.tensor_model_parallel_size=2", "train.parallel.expert_model_parallel_size=2",
     "train.parallel.expert_tensor_parallel_size=1", "train.parallel.sequence_parallel=true",
+    "train.parallel.data_parallel_size=1",
 ]
 
 

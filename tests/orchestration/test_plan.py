@@ -167,7 +167,7 @@ def test_existing_checkpoint_config_wins(tmp_path):
 def test_default_cpu_config_plan():
     plan = build_plan(load_config(CONFIGS / "grpo.yaml").config)
     L = plan.layout
-    assert (L.num_nodes, L.total_gpus, L.world, L.backend) == (1, 0, 1, "gloo")
+    assert (L.num_nodes, L.total_gpus, L.world, L.backend) == (1, 0, 2, "gloo")  # local-cpu.yaml: DP 2
     assert plan.rollout.engine == "embedded" and plan.rollout.server_command is None
     assert plan.engine_memory is None and plan.trainer_memory.fits is None
     text = format_plan(plan)
@@ -211,7 +211,7 @@ def test_cpu_dry_run_takes_the_model_from_the_checkpoint(tmp_path):
     hf_config.save_pretrained(ckpt)  # config.json of the embedded default's shape: 4 layers, hidden 128
     proc = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--cpu", "--dry-run", HF_CKPT=str(ckpt))
     assert proc.returncode == 0, proc.stderr
-    for needle in ("model: ckpt (hf_path)", "4 layers, hidden 128", "0 GPUs (CPU run, 1 trainer process(es))",
+    for needle in ("model: ckpt (hf_path)", "4 layers, hidden 128", "0 GPUs (CPU run, 2 trainer process(es))",
                    "backend gloo", "rollout: embedded engine"):
         assert needle in proc.stdout, needle
     assert "(it starts a local Ray)" in proc.stderr
