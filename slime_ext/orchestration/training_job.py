@@ -87,6 +87,12 @@ def init_ray(config: Config) -> None:
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
+def sft_threads_per_rank(config: Config, ranks: int) -> int:
+    """SFT runs with no engine: the engine's threads go to the trainer, shared among its ranks (two ranks of one
+    thread beat one rank of two on small matrices: the Python and the small products run in parallel)."""
+    return max(1, (config.train.threads + config.rollout.threads) // ranks)
+
+
 def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, prefix: str) -> list[Sample]:
     """Prompt (masked out) + reference solution + EOS (trained, cut at `max_len` in all) for each row. Rows
     too long were skipped when the SFT rows were built (`TrainingJob.sft_rows`); a prompt that fills
@@ -247,7 +253,7 @@ class TrainingJob:
         s = self.cfg.sft
         out.mkdir(parents=True, exist_ok=True)
         init_ray(self.cfg)
-        group = self.train_group(threads=self.sft_threads_per_rank())
+        group = self.train_group(threads=sft_threads_per_rank(self.cfg, self.actors["train"].count))
         settings = trainer_settings(self.cfg, self.method.loss_spec(), total_steps=s.steps, lr=s.lr)
         settings.lr_warmup_steps = s.warmup_steps
         settings.seed = self.sft_seed
@@ -311,11 +317,6 @@ class TrainingJob:
         return self.evaluate(EmbeddedEngine.from_pretrained(str(hf_dir)), name)
 
     # -- RL ---------------------------------------------------------------------------------------
-    def sft_threads_per_rank(self) -> int:
-        """SFT runs with no engine: the engine's threads go to the trainer, shared among its ranks (two ranks of one
-        thread beat one rank of two on small matrices: the Python and the small products run in parallel)."""
-        return max(1, (self.cfg.train.threads + self.cfg.rollout.threads) // self.actors["train"].count)
-
     def train_group(self, threads: int) -> TrainGroup:
         """The trainer's rank actors, placed as `slime_ext.orchestration.placement` says."""
         return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads)
