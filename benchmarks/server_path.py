@@ -308,30 +308,35 @@ def load_named(model_dir: Path) -> list[tuple[str, torch.Tensor]]:
 
 
 def sync_times(pool: Any, named: list, repeats: int) -> dict[str, dict]:
-    """sync_weights to the pool's server(s) with every method; median of `repeats` after one warm-up
-    (the distributed method's group is built in the warm-up, once per run as in the loop)."""
-    from slime_ext.engine.weight_sync import make_weight_sync
+    """sync_weights to the pool's server(s) with every method, the weights pushed from this process as one
+    trainer rank would (`LocalWeightSource`); median of `repeats` after one warm-up (the distributed method's
+    group is built in the warm-up, once per run as in the loop). push = the senders' buckets, commit = the
+    driver's control messages (the disk index and load, or the version)."""
+    from slime_ext.engine.weight_sync import LocalWeightSource
 
     out: dict[str, dict] = {}
     version = 100
+    base_cfg = pool.cfg
+    source = LocalWeightSource(named)
     for kind in ("disk", "tensor", "distributed"):
-        pool.weight_sync = make_weight_sync(kind, "127.0.0.1")
+        pool.cfg = base_cfg.model_copy(update={"weight_sync": kind})
         t0 = time.perf_counter()
-        pool.sync_weights(named, version)
+        pool.sync_weights(source, version)
         first = time.perf_counter() - t0
         version += 1
         rows = []
         for _ in range(repeats):
-            rows.append(pool.sync_weights(named, version))
+            rows.append(pool.sync_weights(source, version))
             version += 1
-        snap = [r["time/sync_snapshot"] for r in rows]
+        commit = [r["time/sync_commit"] for r in rows]
         push = [r["time/sync_push"] for r in rows]
-        total = [s + p for s, p in zip(snap, push)]
-        out[kind] = {"snapshot_s": statistics.median(snap), "push_s": statistics.median(push),
-                     "snapshot_plus_push_s": statistics.median(total), "first_sync_s": first,
-                     "all_snapshot_plus_push_s": total}
-        print(f"[bench] sync {kind}: snapshot {out[kind]['snapshot_s'] * 1e3:.1f} ms + push "
-              f"{out[kind]['push_s'] * 1e3:.1f} ms (median of {repeats}; first {first * 1e3:.0f} ms)", flush=True)
+        total = [s + p for s, p in zip(commit, push)]
+        out[kind] = {"commit_s": statistics.median(commit), "push_s": statistics.median(push),
+                     "push_plus_commit_s": statistics.median(total), "first_sync_s": first,
+                     "all_push_plus_commit_s": total}
+        print(f"[bench] sync {kind}: push {out[kind]['push_s'] * 1e3:.1f} ms + commit "
+              f"{out[kind]['commit_s'] * 1e3:.1f} ms (median of {repeats}; first {first * 1e3:.0f} ms)", flush=True)
+    pool.cfg = base_cfg
     return out
 
 
@@ -381,7 +386,7 @@ def shares(step: dict[str, Any], sync: dict[str, dict], export: Optional[float] 
     base = step["time_step_s"] - step["time_sync_s"]  # the step without its sync
     out = {"embedded": {"sync_s": step["time_sync_s"], "share": step["time_sync_s"] / step["time_step_s"]}}
     for kind, v in sync.items():
-        total = export_used + v["snapshot_plus_push_s"]
+        total = export_used + v["push_plus_commit_s"]
         out[kind] = {"sync_s": total, "share": total / (base + total), "export_s": export_used,
                      "export_is_bound": export is None}
     return out
@@ -450,17 +455,17 @@ def write_report(out: Path, data: dict[str, Any]) -> None:
     lines += ["", "## Weight sync (1 server) and its share of an RL step", "",
               f"Step: {st['source']}: time/step {st['time_step_s']:.2f} s (rollout {st['time_rollout_s']:.2f} s, "
               f"train {st['time_train_s']:.2f} s, embedded sync {st['time_sync_s'] * 1e3:.0f} ms). A server path's "
-              f"sync in the loop is export + snapshot + push; the export (trainer side, the same for every engine) is "
+              f"sync in the loop is export + push + commit; the export (trainer side, the same for every engine) is "
               + (f"{export * 1e3:.0f} ms, the measured run's time/sync_export." if export is not None else
                  "bounded by the embedded run's whole time/sync (export + the Ray copy): those metrics predate "
                  "time/sync_export."), "",
-              "| method | snapshot ms | push ms (median) | sync in the loop ms | share of the step |",
+              "| method | commit ms | push ms (median) | sync in the loop ms | share of the step |",
               "| --- | ---: | ---: | ---: | ---: |"]
     sh = data["shares"]
     lines.append(f"| embedded (export + in-process copy via Ray) | - | - | {sh['embedded']['sync_s'] * 1e3:.0f} | "
                  f"{sh['embedded']['share']:.1%} |")
     for kind, v in data["sync"].items():
-        lines.append(f"| {kind} | {v['snapshot_s'] * 1e3:.1f} | {v['push_s'] * 1e3:.1f} | "
+        lines.append(f"| {kind} | {v['commit_s'] * 1e3:.1f} | {v['push_s'] * 1e3:.1f} | "
                      f"{sh[kind]['sync_s'] * 1e3:.0f} | {sh[kind]['share']:.1%} |")
     lines += ["", "Target sync < 5% of the step: " + ", ".join(
         f"{k} {'met' if v else 'NOT met'}" for k, v in data["targets"]["sync_under_5pct"].items()) + "."]
@@ -468,7 +473,9 @@ def write_report(out: Path, data: dict[str, Any]) -> None:
         lines += ["", f"Measured here as well, {ms['source']}: time/step {ms['time_step_s']:.2f} s (rollout "
                       f"{ms['time_rollout_s']:.2f} s, train {ms['time_train_s']:.2f} s, mean response "
                       f"{ms['response_len_mean']:.0f} tokens), embedded time/sync {ms['time_sync_s'] * 1e3:.0f} ms "
-                      f"(export {ms['time_sync_export_s'] * 1e3:.0f} ms). Shares of that step: "
+                      + (f"(export {ms['time_sync_export_s'] * 1e3:.0f} ms)" if ms.get("time_sync_export_s") is not None else
+                     "(the export happens inside the ranks' push since the sync from the ranks)")
+                  + ". Shares of that step: "
                   + ", ".join(f"{k} {v['share']:.1%}" for k, v in data["shares_measured"].items()) + "."]
     elif data.get("step_measured_error"):
         lines += ["", f"The measured step run failed: {data['step_measured_error']}"]

@@ -31,9 +31,23 @@ def _all_gather(tensor: torch.Tensor, group: Any, size: int) -> list[torch.Tenso
     return parts
 
 
-def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20) -> Iterator[Bucket]:
+def is_bucket_sender() -> bool:
+    """True on the one rank per pipeline stage that sends its stage's buckets (TP, EP and DP rank 0):
+    every rank of a stage ends with the same buckets, one of them is enough."""
+    return (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_expert_model_parallel_rank() == 0
+            and mpu.get_data_parallel_rank() == 0)
+
+
+def sender_key() -> str:
+    """Names this stage's sender (file names, weight-update group names)."""
+    return f"pp{mpu.get_pipeline_model_parallel_rank()}"
+
+
+def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20,
+                           to_host: bool = True) -> Iterator[Bucket]:
     """Yield lists of (HF name, full tensor) of at most ~`bucket_bytes`. Collective: every rank of the
-    trainer must consume the iterator to the end."""
+    trainer must consume the iterator to the end. `to_host=False` keeps the copies on the device the
+    parameters live on (an NCCL broadcast reads them there); the host gets them otherwise."""
     sizes = trainer.sizes
     ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
     local = trainer.local_state_dict()
@@ -55,7 +69,8 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
         for full_name, full in named:
             for hf_name, hf_tensor in megatron_param_to_hf(full_name, full, trainer.hf_config):
                 # A copy, never a view: the trainer updates its parameters in place.
-                bucket.append((hf_name, hf_tensor.detach().to("cpu", copy=True).contiguous()))
+                device = "cpu" if to_host else hf_tensor.device
+                bucket.append((hf_name, hf_tensor.detach().to(device, copy=True).contiguous()))
                 filled += hf_tensor.numel() * hf_tensor.element_size()
                 if filled >= bucket_bytes:
                     yield bucket

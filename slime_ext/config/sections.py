@@ -227,10 +227,18 @@ class SGLangConfig(Section):
     # disk = HF safetensors + /update_weights_from_disk; tensor = /update_weights_from_tensor (colocated);
     # distributed = /init_weights_update_group + broadcast (NCCL on GPUs, gloo on CPU).
     weight_sync: Literal["disk", "tensor", "distributed"] = "disk"
+    # Every process holds at most its shard plus about two buckets of this size beyond it during a sync.
+    weight_bucket_mb: float = Field(512.0, gt=0)
+    # Send only the elements whose engine-dtype value changed (indices + values), checksummed per tensor.
+    # Carried by payloads: the embedded engine and weight_sync=tensor (SGLang's custom weight loader).
+    weight_sync_delta: bool = False
+    # A restarted engine loads the base checkpoint, or the newest sharded snapshot written every this many
+    # syncs by the ranks (0 = never), and is then brought to the current version by a sync from the ranks.
+    snapshot_every: int = Field(0, ge=0)
     max_restarts: int = Field(2, ge=0)  # per engine and run: a dead server is restarted this often, then the run stops
     startup_timeout_s: float = Field(600.0, gt=0)  # to health after a (re)start
     request_timeout_s: float = Field(600.0, gt=0)  # one /generate; past it the request is aborted and retried
-    host: str = "127.0.0.1"  # where this machine's engine servers listen
+    host: str = "127.0.0.1"  # where engine servers listen; "node": the address Ray gives the engine's node
     base_port: int = Field(0, ge=0, le=65535)  # engine i listens on base_port + i; 0 = free ports
 
 
@@ -349,6 +357,22 @@ class ClusterConfig(Section):
     gpus_per_node: int = Field(0, ge=0)  # 0: CPU-only (embedded engine, gloo)
     colocate: bool = True
     ray_address: Optional[str] = None
+    # Custom Ray resources every trainer rank / engine actor asks for: the nodes that advertise them
+    # (`ray start --resources='{"trainer_node": 8}'`) are where that group runs. Empty: anywhere.
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    engine_resources: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _custom_resources_only(self) -> "ClusterConfig":
+        for key in ("trainer_resources", "engine_resources"):
+            for name, amount in getattr(self, key).items():
+                if name in ("CPU", "GPU", "memory") or amount <= 0:
+                    raise ValueError(f"cluster.{key}: {name!r}: {amount} must be a custom resource name with a "
+                                     f"positive amount (CPU and GPU come from the layout)")
+            if getattr(self, key) and self.gpus_per_node > 0:
+                raise ValueError(f"cluster.{key} places CPU runs (cluster.gpus_per_node 0); a GPU run's trainer and "
+                                 f"engines share one placement group packed node by node: leave it empty")
+        return self
 
 
 class LoggingConfig(Section):
@@ -403,6 +427,12 @@ class CoreConfig(Section):
                 f"{r.max_prompt_len + r.max_response_len} exceeds the model's context ({source} = {context})",
                 ("rollout.max_prompt_len", "rollout.max_response_len", "model.max_position_embeddings"),
             )
+        s = self.sglang
+        if s.weight_sync_delta and self.rollout.engine == "sglang" and s.weight_sync != "tensor":
+            raise ConfigCheckError(
+                f"sglang.weight_sync_delta=true needs sglang.weight_sync=tensor with engine servers (got "
+                f"{s.weight_sync!r}): deltas travel as payloads that SGLang applies with a custom weight loader, "
+                f"which only /update_weights_from_tensor runs", ("sglang.weight_sync_delta", "sglang.weight_sync"))
         return self
 
     def rollout_batch_size(self) -> int:

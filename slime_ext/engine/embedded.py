@@ -308,6 +308,19 @@ class EmbeddedEngine:
             dst.copy_(tensor.to(dst.dtype))
         self.flush_cache()
 
+    @torch.no_grad()
+    def apply_weight_payload(self, payload: list[tuple[str, torch.Tensor]]) -> int:
+        """One checksummed bucket (`sglang_patches.weight_payload`: dense or sparse entries) written into the
+        policy and verified; returns the tensors verified. A bad name or shape raises before anything is
+        written; a failed checksum raises ChecksumMismatch (the sync stops the run)."""
+        from sglang_patches import weight_payload
+
+        weight_payload.check_payload(payload, self.parameter)
+        try:
+            return weight_payload.apply_payload(payload, self.parameter)
+        finally:
+            self.flush_cache()
+
     # -- generation -------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest],

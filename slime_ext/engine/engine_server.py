@@ -44,6 +44,16 @@ def sglang_host_available() -> bool:
         return False
 
 
+def listen_host(host: str) -> str:
+    """`sglang.host` resolved: "node" is the calling process's node address (Ray's view, never assumed to be
+    the loopback), anything else is used as given."""
+    if host != "node":
+        return host
+    from slime_ext.engine.weight_sync import node_address
+
+    return node_address()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -62,7 +72,7 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
     """(argv, extra environment) of one engine server. `dtype` (float32 / bfloat16; None: the server's default,
     the checkpoint's dtype on SGLang and float32 on the CPU server) is passed as `--dtype`; `kernel`
     (rollout.engine_kernel) as the CPU server's `--kernel` (SGLang has its own kernels: only auto)."""
-    host = cfg_sglang.host
+    host = listen_host(cfg_sglang.host)
     if use_sglang if use_sglang is not None else sglang_host_available():
         if kernel != "auto":
             raise ValueError(f"rollout.engine_kernel = {kernel!r} selects the embedded engine's forward, but the "
@@ -113,21 +123,22 @@ class EngineServerActor:
         self.threads = threads
         self.partner_dir = partner_dir
         self.use_sglang = use_sglang
-        self.port = cfg_sglang.base_port + index if cfg_sglang.base_port else free_port(cfg_sglang.host)
+        self.host = listen_host(cfg_sglang.host)  # "node": this actor's node address, as Ray knows it
+        self.port = cfg_sglang.base_port + index if cfg_sglang.base_port else free_port(self.host)
         self.log_path = str(Path(log_dir) / f"engine_{index}.log") if log_dir else None
         self.server: Optional[SGLangServer] = None
         self.restarts = 0
 
     @property
     def url(self) -> str:
-        return f"http://{self.cfg.host}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, weight_version: str = INITIAL_VERSION) -> str:
         """Start the server and wait for /health; returns its URL."""
         argv, env = server_command(self.cfg, self.model_dir, self.port, threads=self.threads,
                                    partner_dir=self.partner_dir, weight_version=weight_version,
                                    use_sglang=self.use_sglang, dtype=self.dtype, kernel=self.kernel)
-        self.server = SGLangServer(argv, self.cfg.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
+        self.server = SGLangServer(argv, self.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
                                    poll_interval_s=0.2, env=env, log_path=self.log_path,
                                    preexec_fn=_die_with_parent)
         self.server.start()
@@ -173,4 +184,4 @@ class EngineServerActor:
             pass
 
 
-__all__ = ["EngineServerActor", "server_command", "sglang_host_available", "free_port", "INITIAL_VERSION"]
+__all__ = ["EngineServerActor", "server_command", "listen_host", "sglang_host_available", "free_port", "INITIAL_VERSION"]

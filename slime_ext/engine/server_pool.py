@@ -29,6 +29,7 @@ import shutil
 import sys
 import threading
 import time
+import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +40,8 @@ import torch
 from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.engine.failures import EngineUnavailable, WeightSyncError
 from slime_ext.engine.sglang_client import SGLangEngineClient
-from slime_ext.engine.weight_sync import make_weight_sync, write_snapshot
+from slime_ext.engine.engine_server import INITIAL_VERSION
+from slime_ext.engine.weight_sync import LocalWeightSource, ServerTarget, on_all_engines, merge_stats, sync_metrics, write_index
 
 log = logging.getLogger(__name__)
 LATEST = "latest.json"
@@ -64,16 +66,20 @@ def _get(handle: Any, method: str, *args: Any) -> Any:
 
 class ServerEnginePool:
     def __init__(self, actors: Sequence[Any], urls: Sequence[str], cfg_sglang: Any, weights_dir: str, *,
-                 client_kwargs: Optional[dict[str, Any]] = None, router_url: Optional[str] = None):
+                 client_kwargs: Optional[dict[str, Any]] = None, router_url: Optional[str] = None,
+                 engine_dtype: str = "float32", base_dir: Optional[str] = None):
         self.actors = list(actors)
         self.urls = list(urls)
         self.cfg = cfg_sglang
         self.weights_dir = Path(weights_dir)
         self.client_kwargs = dict(client_kwargs or {})
         self.router_url = router_url
+        self.engine_dtype = engine_dtype
+        self.base_dir = Path(base_dir) if base_dir else None  # config.json for disk versions
+        self.weight_source: Any = None
+        self.generation = "0"
+        self.syncs = 0
         self._init_local()
-        self.weight_sync = make_weight_sync(cfg_sglang.weight_sync, cfg_sglang.host, cfg_sglang.tp_size,
-                                            cfg_sglang.request_timeout_s)
 
     # -- per-process state (not pickled) -------------------------------------------------------------
     def _client(self, url: str, **extra: Any) -> SGLangEngineClient:
@@ -91,12 +97,9 @@ class ServerEnginePool:
         self.restarts = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "weight_sync")
-        state = {k: self.__dict__[k] for k in keep}
-        if getattr(self.weight_sync, "name", "") == "distributed":
-            state["weight_sync"] = make_weight_sync("distributed", self.cfg.host, self.cfg.tp_size,
-                                                    self.cfg.request_timeout_s)  # the group lives in the driver
-        return state
+        keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "engine_dtype", "base_dir",
+                "weight_source", "generation", "syncs")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -187,13 +190,17 @@ class ServerEnginePool:
                 raise EngineUnavailable(
                     f"engine {e} ({self.urls[e]}) died or stopped answering and its {self.cfg.max_restarts} "
                     f"restart(s) (sglang.max_restarts) are used up")
-            snapshot, version = self.restore_point()
-            log.warning("engine %d (%s) is down: restart %d/%d with weights version %s", e, self.urls[e], used + 1,
-                        self.cfg.max_restarts, version)
+            snapshot, snapshot_version, version = self.restore_point()
+            log.warning("engine %d (%s) is down: restart %d/%d from %s (version %s), then to version %s", e,
+                        self.urls[e], used + 1, self.cfg.max_restarts, snapshot or "the base checkpoint",
+                        snapshot_version, version)
             try:
-                _get(actor, "restart", snapshot, version)
+                _get(actor, "restart", snapshot, snapshot_version)
             except Exception as exc:  # noqa: BLE001 - a restart that fails is a lost engine
                 raise EngineUnavailable(f"engine {e} ({self.urls[e]}) could not be restarted: {exc}") from exc
+            self.new_generation()
+            if snapshot_version != version:
+                self.bring_current(e, version)
             self.restarts += 1
             restarted.append(e)
         return restarted
@@ -211,36 +218,99 @@ class ServerEnginePool:
             c.flush_cache()
 
     # -- weights -------------------------------------------------------------------------------------
-    def restore_point(self) -> tuple[Optional[str], str]:
-        """(snapshot dir, version) a restarted engine loads: the newest complete snapshot."""
+    def attach_weight_source(self, source: Any) -> None:
+        """What brings a restarted engine to the current version (the train group: its ranks push). Attach
+        it before the pool is handed to the rollout manager, whose copy restarts engines mid-rollout."""
+        self.weight_source = source
+
+    def weight_target(self, urls: Optional[Sequence[str]] = None, directory: Optional[Path] = None,
+                      kind: Optional[str] = None, delta: Optional[bool] = None) -> ServerTarget:
+        """The description the trainer ranks push to (no tensors: picklable and small)."""
+        return ServerTarget(kind or self.cfg.weight_sync, list(urls or self.urls), engine_dtype=self.engine_dtype,
+                            delta=self.cfg.weight_sync_delta if delta is None else delta, tp_size=self.cfg.tp_size,
+                            directory=str(directory) if directory else None, generation=self.generation,
+                            timeout_s=self.cfg.request_timeout_s)
+
+    def restore_point(self) -> tuple[Optional[str], str, str]:
+        """(snapshot dir or None for the base checkpoint, that snapshot's version, the current version)."""
         path = self.weights_dir / LATEST
         if not path.exists():
-            return None, "0"
+            return None, INITIAL_VERSION, INITIAL_VERSION
         info = json.loads(path.read_text())
-        return info["dir"], str(info["version"])
+        return info.get("snapshot"), str(info.get("snapshot_version", INITIAL_VERSION)), str(info["version"])
 
-    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | str) -> dict[str, float]:
-        """Deliver new weights to every engine under `version`; returns timings (seconds)."""
-        named = [(str(n), t) for n, t in named_tensors]
+    def sync_weights(self, source: Any, version: int | str) -> dict[str, float]:
+        """The trainer ranks push their buckets to every engine under `version`; this process sends the
+        control messages only (the disk index, the version, the checks). Returns timings and counts."""
         version = str(version)
         counts = [_get(a, "restart_count") for a in self.actors]
-        if counts != self._restarts_seen and hasattr(self.weight_sync, "invalidate"):
-            self.weight_sync.invalidate()  # a restarted engine is not in the old group
+        if counts != self._restarts_seen:
+            self.new_generation()  # a restarted engine is in no old weight-update group
         self._restarts_seen = counts
+        self.syncs += 1
         t0 = time.perf_counter()
-        snapshot = write_snapshot(self.weights_dir / f"v{version}", named)
+        disk = self.cfg.weight_sync == "disk"
+        directory = self.weights_dir / f"v{version}" if disk else None
+        stats = merge_stats(source.push_weights(self.weight_target(directory=directory), version))
         t1 = time.perf_counter()
-        self.weight_sync.push(self.clients, named, version, snapshot)
+        snapshot: Optional[Path] = None
+        if disk:
+            snapshot = write_index(directory, stats["weight_map"], int(stats.get("bytes_sent", 0)), self.base_dir)
+            on_all_engines(self.clients, f"update_weights_from_disk (version {version})",
+                    lambda i, c: c.update_weights_from_disk(str(snapshot), weight_version=version))
+        else:
+            on_all_engines(self.clients, f"update_weight_version ({version})", lambda i, c: c.update_weight_version(version))
         t2 = time.perf_counter()
-        (self.weights_dir / f"{LATEST}.tmp").write_text(json.dumps({"dir": str(snapshot), "version": version}))
-        (self.weights_dir / f"{LATEST}.tmp").replace(self.weights_dir / LATEST)
-        self._prune_snapshots(keep=str(snapshot))
+        if snapshot is None and self.cfg.snapshot_every and self.syncs % self.cfg.snapshot_every == 0:
+            snapshot = self.write_snapshot(source, version)
+        self._record(version, snapshot)
         at_version = self.check_versions(version)
-        return {"time/sync_snapshot": t1 - t0, "time/sync_push": t2 - t1, "sync/engines_at_version": at_version}
+        return {**sync_metrics(stats), "time/sync_push": t1 - t0, "time/sync_commit": t2 - t1,
+                "time/sync_snapshot": time.perf_counter() - t2, "sync/engines_at_version": at_version}
+
+    def write_snapshot(self, source: Any, version: str) -> Path:
+        """A restore point written shard by shard by the ranks (`sglang.snapshot_every`)."""
+        directory = self.weights_dir / f"v{version}"
+        stats = merge_stats(source.push_weights(self.weight_target(kind="disk", directory=directory, delta=False), version))
+        return write_index(directory, stats["weight_map"], int(stats.get("bytes_sent", 0)), self.base_dir)
+
+    def _record(self, version: str, snapshot: Optional[Path]) -> None:
+        """latest.json: the current version and the newest complete snapshot (metadata only)."""
+        _, snap_version, _ = self.restore_point()
+        old = json.loads((self.weights_dir / LATEST).read_text()) if (self.weights_dir / LATEST).exists() else {}
+        info = {"version": version, "snapshot": str(snapshot) if snapshot else old.get("snapshot"),
+                "snapshot_version": version if snapshot else snap_version}
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        (self.weights_dir / f"{LATEST}.tmp").write_text(json.dumps(info))
+        (self.weights_dir / f"{LATEST}.tmp").replace(self.weights_dir / LATEST)
+        if snapshot is not None:
+            self._prune_snapshots(keep=str(snapshot))
+
+    def new_generation(self) -> None:
+        """A fresh token for the weight-update groups: the senders build new ones (each copy of the pool, in
+        the driver and in the rollout manager, draws its own, so the two never name the same group)."""
+        self.generation = uuid.uuid4().hex[:8]
+
+    def bring_current(self, e: int, version: str) -> None:
+        """A restarted engine that came back at an older version gets the current weights from the ranks."""
+        source = getattr(self, "weight_source", None)
+        if source is None:
+            raise EngineUnavailable(f"engine {e} ({self.urls[e]}) restarted at an older version than {version} and "
+                                    f"no weight source is attached to bring it current")
+        try:
+            source.push_weights(self.weight_target([self.urls[e]], delta=False), version, expect_version=version)
+            self.clients[e].update_weight_version(version)
+        except Exception as exc:  # noqa: BLE001 - the trainer moved on, or the engine died again
+            cause = getattr(exc, "cause", None) or exc  # a rank's error arrives wrapped by Ray
+            raise EngineUnavailable(
+                f"engine {e} ({self.urls[e]}) restarted and could not be brought to version {version}: "
+                f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}. With "
+                f"rollouts beside training (rollout.off_policy_steps) set sglang.snapshot_every=1 so a restart "
+                f"restores the current version from a snapshot") from exc
 
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The engine interface's update (no version known): versioned as "unversioned"."""
-        self.sync_weights(named_tensors, "unversioned")
+        """The engine interface's update from tensors in this process (tools, tests): versioned "unversioned"."""
+        self.sync_weights(LocalWeightSource(list(named_tensors)), "unversioned")
 
     def check_versions(self, version: str) -> int:
         """Every engine must now serve `version` (asked over /model_info); returns how many do."""
@@ -280,14 +350,15 @@ class ServerEnginePool:
     # -- lifetime ------------------------------------------------------------------------------------
     def start_router(self, log_path: Optional[str] = None, timeout_s: float = 120.0) -> str:
         """sglang-router in front of the engines (manual policy, min-load assignment of new groups)."""
-        from slime_ext.engine.engine_server import free_port
+        from slime_ext.engine.engine_server import free_port, listen_host
         from slime_ext.engine.sglang_launcher import SGLangServer
 
-        port = free_port(self.cfg.host)
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.cfg.host, "--port", str(port),
+        host = listen_host(self.cfg.host)
+        port = free_port(host)
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
                 "--worker-urls", *self.urls, "--policy", "manual", "--assignment-mode", "min_load",
                 "--log-level", "warn", "--request-timeout-secs", str(int(self.cfg.request_timeout_s))]
-        server = SGLangServer(argv, self.cfg.host, port, startup_timeout_s=timeout_s, poll_interval_s=0.2,
+        server = SGLangServer(argv, host, port, startup_timeout_s=timeout_s, poll_interval_s=0.2,
                               log_path=log_path)
         server.start()
         server.wait_healthy()

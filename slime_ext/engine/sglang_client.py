@@ -549,7 +549,8 @@ class SGLangEngineClient:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[Any], shapes: Sequence[Sequence[int]],
                                         group_name: str = "weight_update_group", *, flush_cache: bool = True,
-                                        weight_version: Optional[str] = None) -> None:
+                                        weight_version: Optional[str] = None,
+                                        load_format: Optional[str] = None) -> None:
         """Announce a broadcast of `names` over the update group (the trainer broadcasts the tensors on
         the group while this request is in flight). dtypes may be torch dtypes or names ("bfloat16")."""
         dtype_names = [str(d).removeprefix("torch.") for d in dtypes]
@@ -557,7 +558,13 @@ class SGLangEngineClient:
             self._control("/update_weights_from_distributed", {
                 "names": list(names), "dtypes": dtype_names, "shapes": [list(map(int, s)) for s in shapes],
                 "group_name": group_name, "flush_cache": flush_cache, "weight_version": weight_version,
+                "load_format": load_format,
             }, "UpdateWeightsFromDistributedReqInput")
+
+    def update_weight_version(self, version: str, abort_all_requests: bool = False) -> None:
+        """Set the served weights' version (after a sync whose buckets carried none)."""
+        self._control("/update_weight_version", {"new_version": str(version), "abort_all_requests": abort_all_requests},
+                      "UpdateWeightVersionReqInput")
 
     def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
         """Free GPU memory (weights / kv_cache); needs the server flag --enable-memory-saver."""

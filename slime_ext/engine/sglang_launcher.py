@@ -129,6 +129,10 @@ def build_server_command(cfg_sglang: Any, model_path: Optional[str], port: int, 
         args.append("--enable-custom-logit-processor")
         if "--disable-overlap-schedule" not in extra:
             args.append("--disable-overlap-schedule")
+    if _get(cfg_sglang, "weight_sync", "disk") == "tensor":  # checksummed (delta) buckets: sglang_patches.weight_payload
+        from sglang_patches.weight_payload import LOADER
+
+        args += ["--custom-weight-loader", LOADER]
     if enable_memory_saver and "--enable-memory-saver" not in extra:
         args.append("--enable-memory-saver")
     if validate:

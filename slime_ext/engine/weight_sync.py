@@ -1,54 +1,97 @@
-"""Trainer-side weight sync to engine servers: disk, tensor or distributed (`sglang.weight_sync`).
+"""Weights from the trainer ranks to the engines, bucket by bucket, never through the driver.
 
-Every path ends in the same state on every engine: the new weights loaded and the engine's weight
-version set to the step's version (so each rollout says which weights produced it).
+The driver builds a *target* (a small picklable description: which engines, which transport, the engines'
+dtype, delta or not) and hands it to every trainer rank; the ranks that hold complete buckets after the
+TP / expert gathers (one per pipeline stage: TP, EP and DP rank 0) open a *sender* from it and pass their
+buckets to it as `megatron_glue.weight_export.iter_hf_weight_buckets` yields them. Tensors go from those
+ranks straight to the engines; the driver then sends control messages only (the version, the disk index).
 
-- disk: the weights are written once as HF safetensors (`write_snapshot`) and every engine is told to load
-  them (`/update_weights_from_disk`). The snapshot is also the restore point of a restarted engine.
-- tensor: `/update_weights_from_tensor` with the tensors serialized by sglang's MultiprocessingSerializer
-  (CUDA IPC handles on a GPU node; on CPU, shared-memory file names: the `file_system` sharing strategy
-  lets an unrelated process open them). For colocated engines on the trainer's node.
-- distributed: once, rank 0 (this process) and every engine (`/init_weights_update_group`, ranks 1..N)
-  join one process group with sglang's own `init_custom_process_group` (a `tcp://` store hosted by rank 0,
-  keys prefixed by the group name; NCCL on GPUs, gloo on CPU), so the same calls reach real SGLang
-  servers and the CPU stand-in; per sync, each engine is told names, dtypes and shapes
-  (`/update_weights_from_distributed`) while rank 0 broadcasts the tensors in that order. A restarted
-  engine breaks the group: the next sync builds a new one (under a new name: torch keeps group names
-  for the life of a process).
-Any engine's failure raises `WeightSyncError`: the loop stops rather than train on stale rollouts.
+Transports (`sglang.weight_sync`):
+- disk: each sender writes one safetensors file per bucket into the version's directory and returns its
+  names; the driver writes `model.safetensors.index.json` and tells the engines to load the directory.
+- tensor: each bucket goes to `/update_weights_from_tensor` as a checksummed payload
+  (`sglang_patches.weight_payload`, applied by that module's custom weight loader: `load_format`), with
+  sparse deltas when `sglang.weight_sync_delta` is on. CUDA IPC handles on a GPU node; on CPU,
+  shared-memory file names (the `file_system` sharing strategy lets an unrelated process open them).
+- distributed: each sender is rank 0 of its own weight-update group with every engine's ranks behind it
+  (SGLang's `init_custom_process_group`: a `tcp://` store on the sender's node address, NCCL on GPUs, gloo
+  on CPU); per bucket it announces names, dtypes and shapes (`/update_weights_from_distributed`,
+  `flattened_bucket`) and broadcasts one flat tensor from the device where the weights live. A restarted
+  engine breaks the groups: the driver bumps the target's `generation` and the senders build new ones.
+- the embedded engine actor: each bucket is a checksummed payload passed to the actor by Ray (an object
+  the driver never dereferences).
+Any engine's failure raises `WeightSyncError`: the loop stops rather than train on stale or corrupt weights.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
 
 log = logging.getLogger(__name__)
 NamedTensors = list[tuple[str, torch.Tensor]]
 GROUP_NAME = "weight_update_group"
+INDEX_FILE = "model.safetensors.index.json"
 
 
-def write_snapshot(directory: Path, named: NamedTensors) -> Path:
-    """HF-named tensors as one safetensors file in `directory` (written to a temp name, then renamed,
-    so a reader never sees half a file)."""
-    from safetensors.torch import save_file
+# -- memory and addresses ------------------------------------------------------------------------
+def rss_bytes() -> int:
+    import psutil
 
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "model.safetensors.tmp"
-    save_file({n: t.detach().contiguous().cpu() for n, t in named}, str(tmp), metadata={"format": "pt"})
-    tmp.replace(directory / "model.safetensors")
-    return directory
+    return psutil.Process().memory_info().rss
 
 
-def _on_all(clients: Sequence[Any], what: str, call: Callable[[int, Any], None]) -> None:
+class PeakRSS:
+    """Samples this process's RSS in a thread while the body runs: `peak - start` is what the body added."""
+
+    def __init__(self, interval_s: float = 0.005):
+        self.interval_s = interval_s
+        self.start = self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "PeakRSS":
+        self.start = self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
+def node_address() -> str:
+    """This process's node address as Ray knows it (never assumed to be 127.0.0.1), else the loopback."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray
+        pass
+    return "127.0.0.1"
+
+
+def on_all_engines(clients: Sequence[Any], what: str, call: Callable[[int, Any], None]) -> None:
     """Run `call(i, client)` for every engine at once; raise one WeightSyncError naming each failure."""
     with ThreadPoolExecutor(max_workers=max(1, len(clients)), thread_name_prefix="weight-sync") as pool:
         futures = [pool.submit(call, i, c) for i, c in enumerate(clients)]
@@ -57,114 +100,344 @@ def _on_all(clients: Sequence[Any], what: str, call: Callable[[int, Any], None])
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001 - reported together below
-                errors.append(f"engine {i} ({clients[i].base_url}): {type(exc).__name__}: {exc}")
+                errors.append(f"engine {i} ({getattr(clients[i], 'base_url', clients[i])}): {type(exc).__name__}: {exc}")
     if errors:
         raise WeightSyncError(f"{what} failed: " + "; ".join(errors))
 
 
-class DiskSync:
-    name = "disk"
-
-    def push(self, clients: Sequence[Any], named: NamedTensors, version: str, snapshot: Optional[Path]) -> None:
-        assert snapshot is not None, "disk sync loads the snapshot written for this version"
-        _on_all(clients, f"update_weights_from_disk (version {version})",
-                lambda i, c: c.update_weights_from_disk(str(snapshot), weight_version=version))
+# -- what a sender keeps between syncs (per trainer-rank process) --------------------------------
+@dataclass
+class _SenderMemory:
+    previous: dict[str, torch.Tensor] = field(default_factory=dict)  # what the engines hold (delta)
+    groups: dict[tuple, "DistributedGroup"] = field(default_factory=dict)
 
 
-class TensorSync:
-    name = "tensor"
+_MEMORY: dict[str, _SenderMemory] = {}
+_GROUP_COUNT = itertools.count()
 
-    def __init__(self) -> None:
+
+def _memory(key: str) -> _SenderMemory:
+    return _MEMORY.setdefault(key, _SenderMemory())
+
+
+def forget_sender_state() -> None:
+    """Drop every sender's delta copy and groups (tests; a trainer that reloads its weights)."""
+    for memory in _MEMORY.values():
+        for group in memory.groups.values():
+            group.destroy()
+    _MEMORY.clear()
+
+
+# -- targets (driver side, picklable) ------------------------------------------------------------
+@dataclass
+class EmbeddedTarget:
+    """The embedded engine actor: payloads handed over by Ray."""
+
+    handle: Any
+    engine_dtype: str = "float32"
+    delta: bool = False
+    kind: str = "embedded"
+    identity: str = "embedded"
+
+    def open(self, key: str) -> "Sender":
+        return Sender(self, key, _EmbeddedWire(self.handle))
+
+
+@dataclass
+class ServerTarget:
+    """Engine servers at `urls`, reached by `kind` (disk / tensor / distributed)."""
+
+    kind: str
+    urls: list[str]
+    engine_dtype: Optional[str] = "float32"
+    delta: bool = False
+    tp_size: int = 1
+    directory: Optional[str] = None  # disk: the version's shard directory
+    generation: str = "0"  # distributed: a new token when an engine restarted (new groups)
+    timeout_s: float = 600.0
+    client_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.kind}:{','.join(self.urls)}"
+
+    def clients(self) -> list[Any]:
+        from slime_ext.engine.sglang_client import SGLangEngineClient
+
+        return [SGLangEngineClient(u, timeout_s=self.timeout_s, max_retries=0, **self.client_kwargs) for u in self.urls]
+
+    def open(self, key: str) -> "Sender":
+        if self.kind == "disk":
+            wire: Any = _DiskWire(Path(self.directory or "."), key)
+        elif self.kind == "tensor":
+            wire = _TensorWire(self.clients())
+        elif self.kind == "distributed":
+            wire = _DistributedWire(self, key)
+        else:
+            raise ValueError(f"sglang.weight_sync={self.kind!r}: expected disk, tensor or distributed")
+        return Sender(self, key, wire)
+
+
+# -- the sender: encodes buckets and counts ------------------------------------------------------
+class Sender:
+    """One trainer rank's end of a sync: converts each bucket to the engines' dtype, encodes it (dense or
+    delta, with checksums where the transport carries them) and hands it to the wire."""
+
+    def __init__(self, target: Any, key: str, wire: Any):
+        self.target, self.key, self.wire = target, key, wire
+        self.dtype = getattr(torch, target.engine_dtype) if target.engine_dtype else None  # None: as trained
+        self.memory = _memory(f"{key}|{target.identity}")
+        self.delta = bool(target.delta) and wire.payloads
+        if not self.delta:
+            self.memory.previous.clear()
+        self.stats = {"tensors": 0, "elements": 0, "changed": 0, "bytes_full": 0, "bytes_sent": 0, "buckets": 0,
+                      "seconds": 0.0}
+        self.t0 = time.perf_counter()
+
+    def send(self, bucket: NamedTensors) -> None:
+        named = [(n, t.detach() if self.dtype is None else t.detach().to(self.dtype)) for n, t in bucket]
+        self.stats["buckets"] += 1
+        self.stats["tensors"] += len(named)
+        self.stats["elements"] += sum(t.numel() for _, t in named)
+        self.stats["bytes_full"] += weight_payload.payload_bytes(named)
+        if not self.wire.payloads:
+            self.stats["changed"] += sum(t.numel() for _, t in named)
+            self.stats["bytes_sent"] += weight_payload.payload_bytes(named)
+            self.wire.send([(n, t.contiguous()) for n, t in named])
+            return
+        payload: NamedTensors = []
+        for name, value in named:
+            previous = self.memory.previous.get(name) if self.delta else None
+            entries, changed = weight_payload.encode(name, value, previous)
+            payload += entries
+            self.stats["changed"] += changed
+            if self.delta:  # what the engines hold once this bucket is applied
+                if previous is None or previous.shape != value.shape:
+                    self.memory.previous[name] = value.clone()
+                else:
+                    previous.copy_(value)
+        self.stats["bytes_sent"] += weight_payload.payload_bytes(payload)
+        self.wire.send(payload)
+
+    def close(self) -> dict:
+        extra = self.wire.close()
+        self.stats["seconds"] = time.perf_counter() - self.t0
+        return {**self.stats, **extra, "sender": self.key, "delta": int(self.delta)}
+
+
+class _EmbeddedWire:
+    payloads = True
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    def send(self, payload: NamedTensors) -> None:
+        apply = self.handle.apply_weight_payload
+        try:
+            if hasattr(apply, "remote"):  # the actor (the payload travels as a Ray object)
+                import ray
+
+                ray.get(apply.remote(payload))
+            else:  # an engine in this process (tests, tools)
+                apply(payload)
+        except Exception as exc:  # noqa: BLE001 - a checksum mismatch, a dead actor
+            raise WeightSyncError(f"the embedded engine refused a weight bucket: {exc}") from exc
+
+    def close(self) -> dict:
+        return {}
+
+
+class _DiskWire:
+    """One safetensors file per bucket in the version's directory; the driver writes the index."""
+
+    payloads = False
+
+    def __init__(self, directory: Path, key: str):
+        self.directory, self.key = directory, key
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.weight_map: dict[str, str] = {}
+        self.count = 0
+
+    def send(self, named: NamedTensors) -> None:
+        from safetensors.torch import save_file
+
+        fname = f"model-{self.key}-{self.count:05d}.safetensors"
+        tmp = self.directory / f".{fname}.tmp"
+        save_file({n: t.cpu() for n, t in named}, str(tmp), metadata={"format": "pt"})
+        tmp.replace(self.directory / fname)  # a reader never sees half a file
+        self.weight_map.update({n: fname for n, _ in named})
+        self.count += 1
+
+    def close(self) -> dict:
+        return {"weight_map": self.weight_map}
+
+
+class _TensorWire:
+    payloads = True
+
+    def __init__(self, clients: list[Any]):
+        self.clients = clients
         if not torch.cuda.is_available():
             # CPU tensors by shared-memory file name: the default (file descriptor) strategy needs the
             # receiver to be a multiprocessing child of this process, which an engine server is not.
             torch.multiprocessing.set_sharing_strategy("file_system")
 
-    def push(self, clients: Sequence[Any], named: NamedTensors, version: str, snapshot: Optional[Path]) -> None:
-        _on_all(clients, f"update_weights_from_tensor (version {version})",
-                lambda i, c: c.update_weights_from_tensor(named, weight_version=version))
+    def send(self, payload: NamedTensors) -> None:
+        on_all_engines(self.clients, "update_weights_from_tensor",
+                lambda i, c: c.update_weights_from_tensor(payload, load_format=weight_payload.LOADER))
+
+    def close(self) -> dict:
+        return {}
 
 
-class DistributedSync:
-    """Rank 0 of a weight-update group with every engine's ranks behind it."""
+class DistributedGroup:
+    """Rank 0 of a weight-update group (hosted on this process's node address) with every engine's TP
+    ranks behind it, joined with SGLang's own rendezvous so real SGLang servers and the CPU server meet it."""
 
-    name = "distributed"
-
-    def __init__(self, host: str, tp_size: int = 1, timeout_s: float = 600.0):
-        self.host = host
-        self.tp_size = int(tp_size)
-        self.timeout = timedelta(seconds=timeout_s)
-        self.backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self.group: Any = None
-        self.members: tuple[str, ...] = ()
-        self.generation = 0
-        self.group_name = GROUP_NAME
-
-    def invalidate(self) -> None:
-        """Forget the group (an engine restarted: its ranks are gone); the next push builds a new one."""
-        self.group = None
-        self.members = ()
-
-    def _ensure_group(self, clients: Sequence[Any]) -> None:
-        urls = tuple(c.base_url for c in clients)
-        if self.group is not None and urls == self.members:
-            return
+    def __init__(self, clients: Sequence[Any], name: str, tp_size: int, timeout_s: float, host: Optional[str] = None):
         from sglang.srt.utils.common import init_custom_process_group
 
-        if self.generation:  # best effort: let the surviving engines drop the old group
-            for c in clients:
-                try:
-                    c._control("/destroy_weights_update_group", {"group_name": self.group_name},
-                               "DestroyWeightsUpdateGroupReqInput")
-                except Exception as exc:  # noqa: BLE001
-                    log.debug("destroy_weights_update_group on %s: %s", c.base_url, exc)
-        self.generation += 1
-        self.group_name = f"{GROUP_NAME}_{self.generation}"
-        world = 1 + self.tp_size * len(clients)
+        self.name = name
+        self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        host = host or node_address()
+        world = 1 + tp_size * len(clients)
         with socket.socket() as s:
-            s.bind((self.host, 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-group") as pool:
-            joining = pool.submit(_on_all, clients, "init_weights_update_group",
-                                  lambda i, c: c.init_weights_update_group(self.host, port, 1 + i * self.tp_size,
-                                                                           world, self.group_name, self.backend))
+            joining = pool.submit(on_all_engines, clients, f"init_weights_update_group {name}",
+                                  lambda i, c: c.init_weights_update_group(host, port, 1 + i * tp_size, world, name,
+                                                                           self.backend))
             try:
-                group = init_custom_process_group(backend=self.backend, init_method=f"tcp://{self.host}:{port}",
-                                                  timeout=self.timeout, world_size=world, rank=0,
-                                                  group_name=self.group_name)
+                self.pg = init_custom_process_group(backend=self.backend, init_method=f"tcp://{host}:{port}",
+                                                    timeout=timedelta(seconds=timeout_s), world_size=world, rank=0,
+                                                    group_name=name)
             finally:
                 joining.result()
-        self.group, self.members = group, urls
-        log.info("weight-update group: rank 0 here + %d engine rank(s) over %s", world - 1, self.backend)
+        log.info("weight-update group %s: rank 0 at %s:%d + %d engine rank(s) over %s", name, host, port, world - 1,
+                 self.backend)
 
-    def push(self, clients: Sequence[Any], named: NamedTensors, version: str, snapshot: Optional[Path]) -> None:
-        self._ensure_group(clients)
+    def broadcast_bucket(self, clients: Sequence[Any], named: NamedTensors) -> None:
+        """Announce the bucket to every engine and broadcast it as one flat byte tensor (SGLang's
+        `flattened_bucket`), from the device the tensors are on when the backend can read it there."""
         names = [n for n, _ in named]
         dtypes = [t.dtype for _, t in named]
         shapes = [list(t.shape) for _, t in named]
-        device = "cuda" if self.backend == "nccl" else "cpu"
+        flat = torch.cat([t.to(self.device).contiguous().view(-1).view(torch.uint8) for _, t in named])
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-announce") as pool:
-            announced = pool.submit(_on_all, clients, f"update_weights_from_distributed (version {version})",
-                                    lambda i, c: c.update_weights_from_distributed(names, dtypes, shapes, self.group_name,
-                                                                                  weight_version=version))
+            announced = pool.submit(on_all_engines, clients, f"update_weights_from_distributed ({self.name})",
+                                    lambda i, c: c.update_weights_from_distributed(
+                                        names, dtypes, shapes, self.name, load_format="flattened_bucket"))
             try:
-                for _, t in named:
-                    torch.distributed.broadcast(t.detach().to(device).contiguous(), src=0, group=self.group)
+                torch.distributed.broadcast(flat, src=0, group=self.pg)
             except Exception as exc:  # an engine died mid-broadcast: its announce fails too
-                self.invalidate()
                 announced.cancel()
-                raise WeightSyncError(f"broadcast of version {version} failed: {exc}") from exc
+                raise WeightSyncError(f"broadcast on {self.name} failed: {exc}") from exc
             announced.result()
 
-
-def make_weight_sync(kind: str, host: str = "127.0.0.1", tp_size: int = 1, timeout_s: float = 600.0) -> Any:
-    if kind == "disk":
-        return DiskSync()
-    if kind == "tensor":
-        return TensorSync()
-    if kind == "distributed":
-        return DistributedSync(host, tp_size, timeout_s)
-    raise ValueError(f"sglang.weight_sync={kind!r}: expected disk, tensor or distributed")
+    def destroy(self) -> None:
+        try:
+            torch.distributed.destroy_process_group(self.pg)
+        except Exception as exc:  # noqa: BLE001 - best effort
+            log.debug("destroy %s: %s", self.name, exc)
 
 
-__all__ = ["DiskSync", "TensorSync", "DistributedSync", "make_weight_sync", "write_snapshot", "WeightSyncError"]
+class _DistributedWire:
+    payloads = False
+
+    def __init__(self, target: ServerTarget, key: str):
+        self.clients = target.clients()
+        memory = _memory(f"{key}|{target.identity}")
+        wanted = (tuple(target.urls), target.generation)
+        self.group = memory.groups.get(wanted)
+        if self.group is None:
+            for stale_key, stale in list(memory.groups.items()):  # an engine restarted: the old group is gone
+                for c in self.clients:
+                    try:
+                        c._control("/destroy_weights_update_group", {"group_name": stale.name},
+                                   "DestroyWeightsUpdateGroupReqInput")
+                    except Exception as exc:  # noqa: BLE001
+                        log.debug("destroy_weights_update_group on %s: %s", c.base_url, exc)
+                stale.destroy()
+                del memory.groups[stale_key]
+            # unique for the life of this process (torch never frees a group name): sender, generation, pid, count
+            name = f"{GROUP_NAME}_{key}_g{target.generation}_{os.getpid()}_{next(_GROUP_COUNT)}"
+            self.group = memory.groups[wanted] = DistributedGroup(self.clients, name, target.tp_size, target.timeout_s)
+
+    def send(self, named: NamedTensors) -> None:
+        self.group.broadcast_bucket(self.clients, named)
+
+    def close(self) -> dict:
+        return {}
+
+
+# -- the driver's side: index of a disk version, a local source for tests and benchmarks ------------
+def write_index(directory: Path, weight_map: dict[str, str], total_bytes: int, config_from: Optional[Path]) -> Path:
+    """`model.safetensors.index.json` over the senders' files, plus the base checkpoint's config.json (an
+    SGLang server loads the directory as a model)."""
+    import json
+    import shutil
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f"{INDEX_FILE}.tmp"
+    tmp.write_text(json.dumps({"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))},
+                              indent=1) + "\n")
+    tmp.replace(directory / INDEX_FILE)
+    if config_from is not None and (config_from / "config.json").is_file():
+        shutil.copyfile(config_from / "config.json", directory / "config.json")
+    return directory
+
+
+class LocalWeightSource:
+    """HF-named tensors in this process, pushed like one trainer rank would (tests, benchmarks, tools)."""
+
+    def __init__(self, named: NamedTensors, bucket_bytes: int = 512 << 20, key: str = "local"):
+        self.named, self.bucket_bytes, self.key = list(named), bucket_bytes, key
+
+    def buckets(self) -> Any:
+        bucket, filled = [], 0
+        for name, tensor in self.named:
+            bucket.append((name, tensor))
+            filled += tensor.numel() * tensor.element_size()
+            if filled >= self.bucket_bytes:
+                yield bucket
+                bucket, filled = [], 0
+        if bucket:
+            yield bucket
+
+    def push_weights(self, target: Any, version: Any = None, expect_version: Any = None) -> list[dict]:
+        sender = target.open(self.key)
+        for bucket in self.buckets():
+            sender.send(bucket)
+        return [sender.close()]
+
+
+def merge_stats(parts: Sequence[Optional[dict]]) -> dict:
+    """The senders' counts added up (the disk weight maps merged)."""
+    out: dict[str, Any] = {"senders": 0, "weight_map": {}}
+    for part in parts:
+        if not part:
+            continue
+        out["senders"] += 1
+        for k, v in part.items():
+            if k == "weight_map":
+                out["weight_map"].update(v)
+            elif k == "seconds":
+                out[k] = max(out.get(k, 0.0), v)
+            elif isinstance(v, (int, float)):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def sync_metrics(stats: dict) -> dict[str, float]:
+    """A step's metrics row from the merged sender counts."""
+    out = {"sync/bytes_sent": float(stats.get("bytes_sent", 0)), "sync/bytes_full": float(stats.get("bytes_full", 0)),
+           "sync/senders": float(stats.get("senders", 0)), "time/sync_push": float(stats.get("seconds", 0.0))}
+    if stats.get("elements") and stats.get("delta"):  # what the delta found changed (dense paths send all)
+        out["sync/changed_share"] = stats.get("changed", 0) / stats["elements"]
+    return out
+
+
+__all__ = ["sync_metrics", "EmbeddedTarget", "ServerTarget", "Sender", "on_all_engines", "DistributedGroup", "LocalWeightSource", "PeakRSS",
+           "WeightSyncError", "write_index", "merge_stats", "node_address", "forget_sender_state", "INDEX_FILE"]

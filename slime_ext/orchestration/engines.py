@@ -5,7 +5,8 @@
 `sglang_engine` group says), each owning its server process (SGLang on CUDA machines, the project's
 SGLang-protocol server elsewhere: `slime_ext.engine.engine_server`), driven through
 `slime_ext.engine.server_pool.ServerEnginePool`, optionally behind sglang-router.
-Both answer the same interface, plus `sync_weights(named, version)`.
+Both answer the same interface, plus `sync_weights(source, version)`: `source` (the train group) pushes
+its buckets from the trainer ranks to a target the engine describes; the driver sends control messages only.
 """
 
 from __future__ import annotations
@@ -21,17 +22,26 @@ import torch
 from slime_ext.config.schema import Config
 from slime_ext.engine.engine_server import engine_dtype
 from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
+from slime_ext.engine.weight_sync import EmbeddedTarget, merge_stats, sync_metrics
 from slime_ext.orchestration.placement import ActorGroup, ray_options
 
 log = logging.getLogger(__name__)
 
 
 class VersionedRemoteEngine(RemoteEngine):
-    """The embedded engine actor with the pool's sync call (it reports no weight versions)."""
+    """The embedded engine actor with the pool's sync call (it reports no weight versions): the trainer
+    ranks hand their checksummed buckets to the actor themselves (`slime_ext.engine.weight_sync`)."""
 
-    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | str) -> dict[str, float]:
-        self.update_weights_from_tensor(named_tensors)
-        return {}
+    def __init__(self, handle: Any, engine_dtype: str = "float32", delta: bool = False):
+        super().__init__(handle)
+        self.engine_dtype, self.delta = engine_dtype, delta
+
+    def attach_weight_source(self, source: Any) -> None:
+        """Nothing to restart here: the actor has no restore path to feed."""
+
+    def sync_weights(self, source: Any, version: int | str) -> dict[str, float]:
+        target = EmbeddedTarget(self.handle, self.engine_dtype, self.delta)
+        return sync_metrics(merge_stats(source.push_weights(target, str(version))))
 
 
 @dataclass
@@ -49,7 +59,8 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
     ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None,
              engine_dtype(cfg.rollout.precision) or "float32", cfg.rollout.engine_kernel)
-    return RunEngine(VersionedRemoteEngine(handle), lambda: ray.kill(handle))
+    engine = VersionedRemoteEngine(handle, engine_dtype(cfg.rollout.precision) or "float32", cfg.sglang.weight_sync_delta)
+    return RunEngine(engine, lambda: ray.kill(handle))
 
 
 def _experts_per_token(cfg: Config, model_dir: Path) -> int:
@@ -95,7 +106,8 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
         if partner_dir is not None:  # SGLang serves the pair as one model of width 2V; our server holds two
             sglang_hosts = ray.get(actors[0].host_kind.remote()) == "sglang"
             client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})
-        pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs)
+        pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs,
+                                engine_dtype=engine_dtype(cfg.rollout.precision) or "float32", base_dir=str(model_dir))
         if s.router and s.num_engines > 1:
             pool.start_router(log_path=str(log_dir / "router.log"))
     except BaseException:

@@ -124,18 +124,18 @@ class OffPolicyRollouts:
         self.ready = (step, groups, row)
         return row
 
-    def sync_weights(self, named_tensors: Iterable[Any], version: int | str) -> dict[str, float]:
+    def sync_weights(self, source: Any, version: int | str) -> dict[str, float]:
         """The trainer's weights as `version`, with the rollout in flight finished around it (waited for,
         or with partial rollouts aborted, synced under and continued). Adds `time/overlap` (seconds of the
         next rollout's generation inside the trainer's window: from handing over this step's batch to this
         sync) and `time/rollout_wait` (the sync waiting for the rollout: generation the trainer did not hide)."""
         t_sync = time.time()
         if self.pending is None:  # the last step: nothing in flight
-            return {**self.engine.sync_weights(named_tensors, version), "time/overlap": 0.0, "time/rollout_wait": 0.0}
+            return {**self.engine.sync_weights(source, version), "time/overlap": 0.0, "time/rollout_wait": 0.0}
         if self.partial:
             self.manager.pause_generation()
             try:
-                sync = self.engine.sync_weights(named_tensors, version)
+                sync = self.engine.sync_weights(source, version)
             finally:
                 self.manager.resume_generation(int(version))
             t_resumed = time.time()
@@ -144,7 +144,7 @@ class OffPolicyRollouts:
         else:
             row = self._finish_pending()
             waited = time.time() - t_sync
-            sync = self.engine.sync_weights(named_tensors, version)
+            sync = self.engine.sync_weights(source, version)
         start, end = row.pop("_t_generate_start", None), row.pop("_t_generate_end", None)
         overlap = 0.0
         if start is not None and end is not None and self.handed_at is not None:

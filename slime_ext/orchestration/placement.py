@@ -74,10 +74,11 @@ def build_placement(config: Any) -> Placement:
     """One placement group for everything (slime): a GPU + CPU bundle per GPU; on CPU a token CPU share per
     trainer rank, so gloo ranks on 2 cores still schedule."""
     world, gpus_per_node = trainer_world(config), config.cluster.gpus_per_node
+    custom = dict(config.cluster.trainer_resources)
     if gpus_per_node == 0:
-        return Placement({"CPU": CPU_SHARE}, world, world, "PACK")
+        return Placement({"CPU": CPU_SHARE, **custom}, world, world, "PACK")
     n = world if config.cluster.colocate else world + engine_gpus(config)
-    return Placement({"GPU": 1, "CPU": 1}, n, gpus_per_node, "PACK")
+    return Placement({"GPU": 1, "CPU": 1, **custom}, n, gpus_per_node, "PACK")
 
 
 def actor_groups(config: Any) -> dict[str, ActorGroup]:
@@ -88,10 +89,14 @@ def actor_groups(config: Any) -> dict[str, ActorGroup]:
     else:
         manager = ActorGroup("rollout_manager", 1, {"CPU": CPU_SHARE}, [], "head node, a Ray actor")
     train_res = {"GPU": COLOCATED_TRAIN_GPU if colocate else 1.0, "CPU": 1} if gpu else {"CPU": CPU_SHARE}
-    train = ActorGroup("train_actor", world, train_res, [[r] for r in range(world)], "one per trainer rank")
+    train_res.update(config.cluster.trainer_resources)
+    train = ActorGroup("train_actor", world, train_res, [[r] for r in range(world)],
+                       "one per trainer rank" + _on_nodes(config.cluster.trainer_resources))
     num_engines, tp = engine_count(config)
     if config.rollout.engine != "sglang" or not gpu:
-        engine = ActorGroup(f"{config.rollout.engine}_engine", num_engines, {"CPU": CPU_SHARE}, [], "head node")
+        engine_res = {"CPU": CPU_SHARE, **config.cluster.engine_resources}
+        engine = ActorGroup(f"{config.rollout.engine}_engine", num_engines, engine_res, [],
+                            _on_nodes(config.cluster.engine_resources).removeprefix(", ") or "head node")
         return {"manager": manager, "engine": engine, "train": train}
     offset = 0 if colocate else world
     engine_bundles = [list(range(offset + i * tp, offset + (i + 1) * tp)) for i in range(num_engines)]
@@ -101,6 +106,12 @@ def actor_groups(config: Any) -> dict[str, ActorGroup]:
     return {"manager": manager, "engine": engines, "train": train}
 
 
-def ray_options(group: ActorGroup) -> dict[str, float]:
-    """`ray.remote(...).options(...)` resource arguments of one actor of `group`."""
-    return {"num_cpus": group.resources.get("CPU", 0), "num_gpus": group.resources.get("GPU", 0)}
+def _on_nodes(resources: dict[str, float]) -> str:
+    return f", on nodes with {', '.join(sorted(resources))}" if resources else ""
+
+
+def ray_options(group: ActorGroup) -> dict[str, Any]:
+    """`ray.remote(...).options(...)` resource arguments of one actor of `group` (custom resources too)."""
+    custom = {k: v for k, v in group.resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": group.resources.get("CPU", 0), "num_gpus": group.resources.get("GPU", 0),
+            **({"resources": custom} if custom else {})}

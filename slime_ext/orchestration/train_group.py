@@ -7,6 +7,7 @@ node by node, as slime places its train actors.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -20,6 +21,30 @@ from megatron_glue.model_provider import ParallelSizes
 from slime_ext.orchestration.placement import ActorGroup, Placement, ray_options
 
 
+def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> Optional[dict]:
+    """One rank's part of a weight push. Every rank walks its buckets (the TP / expert gathers are
+    collective); the stage's sender rank hands each bucket to `target.open(...)` (an engine or a directory)
+    as it comes, so no process holds more than its shard plus a bucket in flight. Returns the sender's
+    counts with its peak RSS growth and shard size (None on the other ranks)."""
+    from megatron_glue.weight_export import is_bucket_sender, iter_hf_weight_buckets, sender_key
+    from slime_ext.engine.weight_sync import PeakRSS
+
+    with PeakRSS() as peak:
+        sender = target.open(sender_key()) if is_bucket_sender() else None
+        # NCCL broadcasts and CUDA IPC handles read the buckets where the weights live; files and Ray objects
+        # are written from the host
+        to_host = target.kind in ("disk", "embedded")
+        for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host):
+            if sender is not None:
+                sender.send(bucket)
+            del bucket
+        stats = sender.close() if sender is not None else None
+    if stats is not None:
+        shard = sum(t.numel() * t.element_size() for t in trainer.local_state_dict().values())
+        stats.update(peak_rss_growth=peak.peak - peak.start, shard_bytes=shard)
+    return stats
+
+
 class TrainWorker:
     """One trainer rank (runs inside a Ray actor process)."""
 
@@ -31,6 +56,7 @@ class TrainWorker:
         self.rank = rank
         init_distributed(rank, world, master_addr, master_port)
         self.trainer: Optional[MegatronTrainer] = None
+        self.weights_version: Optional[str] = None
 
     def setup(self, hf_config: Any, settings: dict, sizes: dict, pad_id: int, hf_dir: Optional[str]) -> None:
         from megatron_glue.parallel import init_model_parallel
@@ -49,6 +75,7 @@ class TrainWorker:
         from megatron_glue.sharding import shard_megatron_state
         from megatron_glue.weight_names import hf_to_megatron
 
+        self.weights_version = None
         hf_config, source = load_hf_checkpoint(hf_dir)
         sizes = self.trainer.sizes
         shard = shard_megatron_state(
@@ -63,6 +90,7 @@ class TrainWorker:
         torch.set_num_threads(threads)
 
     def train_step(self, samples: list, kind: str, ref_logprobs: Optional[dict] = None) -> dict:
+        self.weights_version = None
         return self.trainer.train_step(samples, kind=kind, ref_logprobs=ref_logprobs)
 
     def compute_logprobs(self, samples: list, reference: bool = False) -> Optional[dict]:
@@ -82,6 +110,25 @@ class TrainWorker:
                     and mpu.get_data_parallel_rank() == 0)
         return list(tensors.items()) if exporter else []
 
+    def set_weights_version(self, version: Optional[str]) -> None:
+        """The engine version these weights are (None: changed since the last push: trained or loaded)."""
+        self.weights_version = version
+
+    def push_weights(self, target: Any, bucket_bytes: int, version: Optional[str] = None,
+                     expect_version: Optional[str] = None) -> Optional[dict]:
+        """Every rank walks its buckets (the TP / expert gathers are collective); the stage's sender rank
+        hands each bucket to `target` (an engine or a directory) as it comes, so no process holds more than
+        its shard plus a bucket in flight. Returns the sender's counts and its peak RSS growth (None on the
+        other ranks). `expect_version`: refuse unless these weights are still that version (a restarted
+        engine brought current must not get weights trained since)."""
+        if expect_version is not None and self.weights_version != expect_version:
+            raise RuntimeError(f"the trainer's weights are no longer version {expect_version} "
+                               f"(they are {self.weights_version or 'newer: trained since'})")
+        stats = push_from_rank(self.trainer, target, bucket_bytes)
+        if version is not None:
+            self.weights_version = version
+        return stats
+
     def save(self, directory: str, extra: dict) -> str:
         from megatron_glue.trainer_checkpoint import save_checkpoint
 
@@ -90,6 +137,7 @@ class TrainWorker:
     def load(self, directory: str) -> dict:
         from megatron_glue.trainer_checkpoint import load_checkpoint
 
+        self.weights_version = None
         return load_checkpoint(self.trainer, directory)
 
     def step_count(self) -> int:
@@ -99,10 +147,13 @@ class TrainWorker:
 class TrainGroup:
     """Driver-side handle: creates the rank actors and calls them in lockstep."""
 
-    def __init__(self, actors: ActorGroup, placement: Placement, threads: int, master_addr: str = "127.0.0.1"):
-        """One rank actor per `actors.count`, each in its bundle of one placement group (`placement`)."""
+    def __init__(self, actors: ActorGroup, placement: Placement, threads: int, master_addr: str = "127.0.0.1",
+                 bucket_mb: float = 512.0):
+        """One rank actor per `actors.count`, each in its bundle of one placement group (`placement`);
+        weights leave the ranks in buckets of `bucket_mb` (sglang.weight_bucket_mb)."""
         from megatron_glue.parallel import free_port
 
+        self.bucket_bytes = int(bucket_mb * 2**20)
         self.world = world = actors.count
         port = free_port()
         self.placement = ray.util.placement_group([dict(placement.bundle) for _ in range(placement.num_bundles)],
@@ -131,7 +182,38 @@ class TrainGroup:
               hf_dir: Optional[str | Path]) -> None:
         self.call("setup", hf_config, asdict(settings), asdict(sizes), pad_id, str(hf_dir) if hf_dir else None)
 
+    def push_weights(self, target: Any, version: Optional[str] = None, expect_version: Optional[str] = None) -> list[dict]:
+        """The ranks push their buckets to `target` (never through this process); returns each sender's
+        counts. After it the ranks' weights are `version` (see TrainWorker.push_weights for `expect_version`)."""
+        return [s for s in self.call("push_weights", target, self.bucket_bytes, version, expect_version) if s is not None]
+
+    def set_weights_version(self, version: Optional[str]) -> None:
+        self.call("set_weights_version", version)
+
+    def export_hf_sharded(self, directory: str | Path, hf_config: Any) -> Path:
+        """An HF checkpoint written shard by shard by the ranks that hold the weights (one safetensors file per
+        bucket and sender), with the index and config.json written here: no gather into this process."""
+        from slime_ext.engine.weight_sync import ServerTarget, merge_stats, write_index
+
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in list(root.glob("*.safetensors")) + [root / "model.safetensors.index.json"]:
+            stale.unlink(missing_ok=True)
+        stats = merge_stats(self.push_weights(ServerTarget("disk", [], engine_dtype=None, directory=str(root))))
+        write_index(root, stats["weight_map"], int(stats.get("bytes_sent", 0)), None)
+        cfg = copy.deepcopy(hf_config)
+        if hasattr(cfg, "dtype"):  # as save_hf_checkpoint: the checkpoint's dtype is the embedding's
+            from safetensors import safe_open
+
+            with safe_open(str(root / stats["weight_map"]["model.embed_tokens.weight"]), framework="pt") as f:
+                cfg.dtype = f.get_slice("model.embed_tokens.weight").get_dtype()
+            cfg.dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(cfg.dtype, cfg.dtype)
+        cfg.save_pretrained(str(root))
+        return root
+
     def export_hf(self) -> list[tuple[str, torch.Tensor]]:
+        """Every weight gathered into this process: for small models in tests and the weight-sync benchmark's
+        'before' column only (the job pushes from the ranks: `push_weights`)."""
         merged: list[tuple[str, torch.Tensor]] = []
         for part in self.call("export_hf"):
             merged.extend(part)

@@ -38,6 +38,7 @@ from megatron_glue.trainer import TrainerSettings
 from megatron_glue.trainer_checkpoint import latest_checkpoint
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample
+from slime_ext.engine.engine_server import INITIAL_VERSION
 from slime_ext.engine.failures import EngineFailure
 from slime_ext.orchestration.engines import start_engine
 from slime_ext.orchestration.data_source import DataSource
@@ -239,8 +240,6 @@ class TrainingJob:
     def run_sft(self) -> Path:
         """SFT (from random init, or from `model.hf_path`) on the reference solutions; cached by content hash
         (and resumable). A checkpoint is used as it is when `sft.steps` is 0 or `run.stages` lists no `sft`."""
-        from megatron_glue.checkpoint_io import save_hf_checkpoint
-
         base = Path(self.cfg.model.hf_path) if self.cfg.model.hf_path else None
         if base is not None and (self.cfg.sft.steps == 0 or "sft" not in self.cfg.run.stages):
             log.info("starting from the checkpoint %s as it is (no SFT)", base)
@@ -261,18 +260,18 @@ class TrainingJob:
         settings.min_lr = s.lr * 0.1
         try:
             with stop_on_actor_failure("the SFT warm start", self.run_dir, out / "trainer_ckpt"):
-                weights = self._sft_steps(group, settings, base, out)
+                self._sft_steps(group, settings, base, out)
+                group.export_hf_sharded(hf_dir, self.hf_config)  # shard by shard from the ranks
         finally:
             group.shutdown()
-        save_hf_checkpoint(hf_dir, self.hf_config, weights)
         self.tokenizer.save_pretrained(hf_dir)
         shutil.rmtree(out / "trainer_ckpt", ignore_errors=True)
         (out / "complete").write_text(json.dumps({"steps": s.steps}) + "\n")
         log.info("SFT warm start saved to %s", hf_dir)
         return hf_dir
 
-    def _sft_steps(self, group: TrainGroup, settings: TrainerSettings, base: Optional[Path], out: Path) -> dict:
-        """Run (or resume) the SFT steps on the rank actors; return the final HF-named weights."""
+    def _sft_steps(self, group: TrainGroup, settings: TrainerSettings, base: Optional[Path], out: Path) -> None:
+        """Run (or resume) the SFT steps on the rank actors."""
         s = self.cfg.sft
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, hf_dir=base)
         data = DataSource(self.sft_rows(), self.sft_seed + 1, shuffle=True)
@@ -296,7 +295,6 @@ class TrainingJob:
             if (step + 1) % 100 == 0 and step + 1 < s.steps:
                 group.call("save", str(ckpt), {"step": step + 1})
                 (out / "data_state.json").write_text(json.dumps(data.state_dict()))
-        return dict(group.export_hf())
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, engine: Any, name: str) -> Any:
@@ -319,7 +317,8 @@ class TrainingJob:
     # -- RL ---------------------------------------------------------------------------------------
     def train_group(self, threads: int) -> TrainGroup:
         """The trainer's rank actors, placed as `slime_ext.orchestration.placement` says."""
-        return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads)
+        return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads,
+                          bucket_mb=self.cfg.sglang.weight_bucket_mb)
 
     def run_rl(self, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
         cfg = self.cfg
@@ -336,6 +335,7 @@ class TrainingJob:
             with self._stopping("the trainer's setup and the resume", ckpt_dir):
                 group = self.train_group(threads=cfg.train.threads)
                 self._setup_trainer(group, warm_dir)
+                engine.attach_weight_source(group)  # a restarted engine is brought current by the ranks
                 manager, manager_actor = self._rollout_manager(engine)
                 if cfg.rollout.off_policy_steps:  # rollout t+1 beside train t (slime_ext.orchestration.off_policy)
                     manager = OffPolicyRollouts(manager, engine, cfg.train.steps, cfg.rollout.partial_rollouts)
@@ -370,6 +370,7 @@ class TrainingJob:
                 group.call("load_hf", str(warm_dir))
             else:
                 group.call("snapshot_reference")
+        group.set_weights_version(INITIAL_VERSION)  # the warm start the engines were started with
 
     def _rollout_manager(self, engine: Any) -> tuple[RolloutManager | RemoteRolloutManager, Any]:
         """The rollout manager (in this process or as an actor) and its actor handle (None in-process)."""
@@ -394,7 +395,7 @@ class TrainingJob:
             extra = group.first("load", str(ckpt_dir))
             start = extra["step"]
             manager.load_state_dict(extra["manager"])
-            engine.sync_weights(group.export_hf(), start)  # step `start` rolls out with version `start`
+            engine.sync_weights(group, start)  # step `start` rolls out with version `start`
             log.info("resumed RL at step %d from %s", start, ckpt_dir)
         truncate_metrics(metrics_path, start)
         self.peak_gib = peak_rss_from_metrics(metrics_path)
@@ -433,10 +434,8 @@ class TrainingJob:
 
     def _finish(self, group: TrainGroup, engine: Any, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
         """Final HF weights, the final evaluation and the method's own final evaluations."""
-        from megatron_glue.checkpoint_io import save_hf_checkpoint
-
         final_hf = self.run_dir / "hf"
-        save_hf_checkpoint(final_hf, self.hf_config, dict(group.export_hf()))
+        group.export_hf_sharded(final_hf, self.hf_config)  # written by the ranks that hold the weights
         self.tokenizer.save_pretrained(final_hf)
         if not with_eval:
             return {}
@@ -467,12 +466,9 @@ class TrainingJob:
         ref = group.first("compute_logprobs", samples, True) if self.kl_active else None
         train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None)
         t1 = time.perf_counter()
-        named = group.export_hf()
-        t_export = time.perf_counter()
-        sync = engine.sync_weights(named, step + 1)  # step + 1 rolls out with version step + 1
+        sync = engine.sync_weights(group, step + 1)  # the ranks push; step + 1 rolls out with version step + 1
         t2 = time.perf_counter()
         row.update(sync)
-        row["time/sync_export"] = t_export - t1
         row.update(manager.update(train, step))
         row.update({f"train/{k}": v for k, v in train.items()})
         tokens = sum(s.total_len for s in samples)

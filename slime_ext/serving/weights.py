@@ -31,6 +31,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from sglang_patches import weight_payload
+
 log = logging.getLogger(__name__)
 
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -152,22 +154,43 @@ def named_tensors_from(obj: Any, load_format: Optional[str]) -> NamedTensors:
     return [(name, tensor) for name, tensor in obj]
 
 
-def read_safetensors(model_path: str) -> NamedTensors:
-    from safetensors.torch import load_file
-
+def safetensors_files(model_path: str) -> list[Path]:
     root = Path(model_path)
     if not root.is_dir():
         raise WeightUpdateError(f"model_path {model_path!r} is not a directory this server can read")
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise WeightUpdateError(f"model_path {model_path!r} has no *.safetensors files")
+    return files
+
+
+def safetensors_headers(files: Sequence[Path]) -> NamedTensors:
+    """Names and shapes of every tensor (meta tensors: the headers only, no data read)."""
+    from safetensors import safe_open
+
     named: NamedTensors = []
     for f in files:
         try:
-            named.extend(load_file(str(f)).items())
+            with safe_open(str(f), framework="pt") as handle:
+                for key in handle.keys():
+                    named.append((key, torch.empty(handle.get_slice(key).get_shape(), device="meta")))
         except Exception as exc:  # noqa: BLE001 - unreadable or corrupt shard
             raise WeightUpdateError(f"cannot read {f}: {type(exc).__name__}: {exc}") from None
     return named
+
+
+def read_safetensors_file(path: Path) -> NamedTensors:
+    from safetensors.torch import load_file
+
+    try:
+        return list(load_file(str(path)).items())
+    except Exception as exc:  # noqa: BLE001 - a shard that changed or broke after the header check
+        raise WeightUpdateError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+
+
+def read_safetensors(model_path: str) -> NamedTensors:
+    """Every tensor of the directory's safetensors files (small checkpoints, tests)."""
+    return [pair for f in safetensors_files(model_path) for pair in read_safetensors_file(f)]
 
 
 # -- SGLang's custom process group (sglang.srt.utils.common.init_custom_process_group) -----------
@@ -295,21 +318,64 @@ class WeightUpdater:
             raise WeightUpdateError(f"load_format {load_format!r} is not supported: this server reads HF "
                                     f"*.safetensors (load_format null, 'auto' or 'safetensors')")
         self._model()
-        self.apply(read_safetensors(model_path), weight_version, abort_all)
+        files = safetensors_files(model_path)
+        self.check(safetensors_headers(files))  # every name and shape first: a bad directory changes nothing
+        batcher = self.state.batcher
+        if abort_all:
+            batcher.abort_all()
+        with batcher.exclusive():  # file by file: this server holds one shard beyond its weights, not the model
+            for f in files:
+                try:
+                    self.state.engine.update_weights_from_tensor(read_safetensors_file(f))
+                except WeightUpdateError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - checked above: should not happen
+                    raise WeightUpdateError(f"Failed to update parameter online from {f}: {exc}. The weights may be "
+                                            f"partially updated; discard them and load a full set.") from None
+            if weight_version is not None:
+                batcher.weight_version = str(weight_version)
+            self.updates += 1
         self.state.model_path = self.state.model_name = str(model_path)  # as SGLang's tokenizer manager
         return self._versioned("Succeeded to update model weights.", weight_version)
 
     def from_tensor(self, payloads: Sequence[bytes], load_format: Optional[str], weight_version: Optional[str],
                     abort_all: bool) -> str:
         self._need_session("update_weights_from_tensor")
-        if load_format not in (None, "direct", "flattened_bucket"):
-            raise WeightUpdateError(f"Unknown load_format={load_format} (this server takes null, 'direct' or "
-                                    f"'flattened_bucket')")
+        if load_format not in (None, "direct", "flattened_bucket", weight_payload.LOADER):
+            raise WeightUpdateError(f"Unknown load_format={load_format} (this server takes null, 'direct', "
+                                    f"'flattened_bucket' or the custom loader {weight_payload.LOADER!r})")
         if not payloads:
             raise WeightUpdateError("serialized_named_tensors is empty: send one serialized payload per TP rank")
         named = named_tensors_from(deserialize(payloads[0]), load_format)  # TP rank 0's (this server has one)
-        self.apply(named, weight_version, abort_all)
+        if load_format == weight_payload.LOADER:
+            self.apply_payload(named, weight_version, abort_all)
+        else:
+            self.apply(named, weight_version, abort_all)
         return "Success"
+
+    def apply_payload(self, payload: NamedTensors, weight_version: Optional[str], abort_all: bool) -> None:
+        """A checksummed (possibly sparse) bucket of `sglang_patches.weight_payload`, applied as SGLang's
+        custom weight loader would: checked first, then written and verified with no generate running. A
+        checksum that fails is a WeightUpdateError: the trainer stops the run."""
+        self._model()
+        engine = self.state.engine
+        try:
+            weight_payload.check_payload(payload, engine.parameter)
+        except (KeyError, ValueError) as exc:
+            raise WeightUpdateError(str(exc).strip("'\"")) from None
+        batcher = self.state.batcher
+        if abort_all:
+            batcher.abort_all()
+        with batcher.exclusive():
+            try:
+                weight_payload.apply_payload(payload, engine.parameter)
+            except weight_payload.ChecksumMismatch as exc:
+                raise WeightUpdateError(str(exc)) from None
+            finally:
+                getattr(engine, "flush_cache", lambda: None)()
+            if weight_version is not None:
+                batcher.weight_version = str(weight_version)
+            self.updates += 1
 
     def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str) -> str:

@@ -81,34 +81,89 @@ def _named(model_dir, scale: float) -> list[tuple[str, torch.Tensor]]:
     return [(n, t * scale if t.is_floating_point() and "norm" not in n else t) for n, t in weights.items()]
 
 
+def _use(pool, kind: str, delta: bool = False, **extra) -> None:
+    pool.cfg = pool.cfg.model_copy(update={"weight_sync": kind, "weight_sync_delta": delta, **extra})
+
+
+def _source(named, bucket_kb: int = 64):
+    from slime_ext.engine.weight_sync import LocalWeightSource
+
+    return LocalWeightSource(named, bucket_bytes=bucket_kb << 10)
+
+
 @pytest.mark.parametrize("kind", ["disk", "tensor", "distributed"])
 def test_every_sync_path_delivers_the_weights_and_the_version(pool, model_dir, kind):
-    from slime_ext.engine.weight_sync import make_weight_sync
-
-    pool.weight_sync = make_weight_sync(kind, "127.0.0.1")
+    _use(pool, kind)
     version = {"disk": "1", "tensor": "2", "distributed": "3"}[kind]
     base = pool.generate(_requests(tag=f"{kind}-base"))
-    timings = pool.sync_weights(_named(model_dir, 1.5), version)
+    named = _named(model_dir, 1.5)
+    timings = pool.sync_weights(_source(named), version)  # 64 KiB buckets: several per sync
     assert pool.versions() == [version, version]
-    assert set(timings) == {"time/sync_snapshot", "time/sync_push", "sync/engines_at_version"}
+    assert {"time/sync_push", "time/sync_commit", "sync/engines_at_version", "sync/bytes_sent"} <= set(timings)
     assert timings["sync/engines_at_version"] == 2
+    full = sum(t.numel() * 4 for _, t in named)  # float32 engines
+    if kind == "tensor":  # dense payloads: the tensors plus an 8-byte checksum each
+        assert timings["sync/bytes_sent"] == full + 8 * len(named)
+    else:
+        assert timings["sync/bytes_sent"] == full
     after = pool.generate(_requests(tag=f"{kind}-after"))
     assert {r.weight_version for r in after} == {version}
     # the scaled weights change the logprobs of the same tokens' distribution: the outputs differ
     assert [r.logprobs for r in after] != [r.logprobs for r in base]
     assert {pool.served[0] > 0, pool.served[1] > 0} == {True}
-    pool.sync_weights(_named(model_dir, 1.0), version)  # back to the checkpoint's weights
+    pool.sync_weights(_source(_named(model_dir, 1.0)), version)  # back to the checkpoint's weights
     assert [r.output_ids for r in pool.generate(_requests(tag=f"{kind}-base"))] == [r.output_ids for r in base]
+    if kind == "disk":  # the version's directory: one file per bucket and an HF index over them
+        import json
+
+        index = json.loads((pool.weights_dir / f"v{version}" / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == {n for n, _ in named} and len(set(index["weight_map"].values())) > 1
+
+
+def test_delta_sync_sends_only_the_changed_elements_and_lands_the_same_weights(pool, model_dir):
+    _use(pool, "tensor", delta=True)
+    named = _named(model_dir, 1.0)
+    first = pool.sync_weights(_source(named), "20")  # nothing known yet: dense
+    assert first["sync/changed_share"] == 1.0
+    reference = pool.generate(_requests(tag="delta-ref"))
+    changed = [(n, t.clone()) for n, t in named]
+    target_name, target = next((n, t) for n, t in changed if n.endswith("mlp.gate.weight"))
+    target.view(-1)[:5] += 0.25  # five elements of one tensor
+    second = pool.sync_weights(_source(changed), "21")
+    elements = sum(t.numel() for _, t in named)
+    assert second["sync/changed_share"] == 5 / elements
+    assert second["sync/bytes_sent"] == 5 * (4 + 4) + 8 * len(named)  # int32 index + float32 value, checksums
+    assert pool.clients[0]._request("POST", "/get_weights_by_name", {"name": target_name, "truncate_size": 1})[0][:5] \
+        == pytest.approx(target.view(-1)[:5].tolist())
+    pool.sync_weights(_source(named), "22")  # and back, by delta too
+    assert [r.output_ids for r in pool.generate(_requests(tag="delta-ref"))] == [r.output_ids for r in reference]
+    _use(pool, "disk")
+
+
+def test_a_corrupted_bucket_fails_its_checksum_and_the_sync_stops(pool, model_dir):
+    from sglang_patches import weight_payload
+    from slime_ext.engine.weight_sync import on_all_engines
+
+    _use(pool, "tensor")
+    named = _named(model_dir, 1.0)
+    pool.sync_weights(_source(named), "30")
+    name, value = named[3]
+    entries, _ = weight_payload.encode(name, value.float(), None)
+    entries[0][1].view(-1)[0] += 1.0  # corrupted in flight, after the trainer took its checksum
+    with pytest.raises(WeightSyncError, match=f"{name}.*checksum"):
+        on_all_engines(pool.clients, "update_weights_from_tensor",
+                       lambda i, c: c.update_weights_from_tensor(entries, load_format=weight_payload.LOADER))
+    assert pool.versions() == ["30", "30"]
+    pool.sync_weights(_source(named), "30")
+    _use(pool, "disk")
 
 
 def test_a_failed_update_stops_with_a_message_and_keeps_the_old_version(pool, model_dir):
-    from slime_ext.engine.weight_sync import make_weight_sync
-
-    pool.weight_sync = make_weight_sync("disk")
-    pool.sync_weights(_named(model_dir, 1.0), "7")
+    _use(pool, "disk")
+    pool.sync_weights(_source(_named(model_dir, 1.0)), "7")
     bad = _named(model_dir, 1.0) + [("model.layers.0.no_such_weight", torch.zeros(3))]
     with pytest.raises(WeightSyncError, match="no_such_weight"):
-        pool.sync_weights(bad, "8")
+        pool.sync_weights(_source(bad), "8")
     assert pool.versions() == ["7", "7"]
     with pytest.raises(StaleRollout):  # step 8 would have rolled out with version 7
         reqs = _requests(1, 2, tag="stale")
@@ -117,9 +172,6 @@ def test_a_failed_update_stops_with_a_message_and_keeps_the_old_version(pool, mo
 
 def test_sglang_router_in_front_of_the_engines_gives_the_same_tokens(pool, tmp_path):
     """sglang-router (manual policy, a prompt group per routing key) between the pool and the servers."""
-    from slime_ext.engine.weight_sync import make_weight_sync
-
-    pool.weight_sync = make_weight_sync("disk")
     direct = pool.generate(_requests(tag="routed"))
     pool.start_router(log_path=str(tmp_path / "router.log"))
     try:
@@ -132,7 +184,15 @@ def test_sglang_router_in_front_of_the_engines_gives_the_same_tokens(pool, tmp_p
     assert all(r.finish_reason != "failed" for r in routed)
 
 
-def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_tokens(pool):
+def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_tokens(pool, model_dir):
+    """No snapshot of the current version exists (tensor sync): the restarted server loads the newest
+    restore point and the attached weight source brings it to the current weights and version."""
+    _use(pool, "tensor")
+    current = _source(_named(model_dir, 1.5))
+    pool.sync_weights(current, "40")
+    pool.attach_weight_source(current)
+    snapshot, snapshot_version, version = pool.restore_point()
+    assert version == "40" and snapshot_version != "40"
     reference = pool.generate(_requests(n_prompts=4, n=2, max_new=120, tag="kill"))
     victim = pool.actors[1]
     pid = victim.pid()
@@ -150,7 +210,7 @@ def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_token
     assert victim.pid() != pid and victim.restart_count() == 1
     assert all(r.finish_reason != "failed" for r in results)
     assert [r.output_ids for r in results] == [r.output_ids for r in reference]  # re-sent with the same seeds
-    assert {r.weight_version for r in results} == {pool.versions()[0]}  # restored under the newest version
+    assert {r.weight_version for r in results} == {"40"} and pool.versions() == ["40", "40"]
     os.kill(victim.pid(), signal.SIGKILL)  # its one restart (sglang.max_restarts=1) is used up
     time.sleep(0.5)
     with pytest.raises(EngineUnavailable, match="restart"):

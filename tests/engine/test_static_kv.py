@@ -57,6 +57,9 @@ def test_prefill_steps_select_and_prefix_reuse_match_full_forwards(moe, monkeypa
     assert used == [0] * 8
     seqs = [list(x) for x in inputs]
     worst = max(float((logits[i] - _last_logits(moe, ids)).abs().max()) for i, ids in enumerate(seqs))
+    # float32 rounding differs between the packed and the full forward (and between CPUs): the bound scales
+    # with the logits (|logit| up to ~8 here); a wrong KV row or position is off by O(1)
+    tolerance = 4e-6 * max(1.0, float(logits.abs().max()))
     # (rows kept, compactions after): 1 dead of 8 only remaps; 2 dead of 8 (a quarter) compacts; then every
     # drop of a 6-row batch compacts (a quarter of 6 rounds down to one row)
     for keep, compactions in ((list(range(8)), 0), ([7, 0, 1, 2, 3, 4, 5], 0), ([0, 1, 2, 3, 4, 6], 1),
@@ -70,12 +73,12 @@ def test_prefill_steps_select_and_prefix_reuse_match_full_forwards(moe, monkeypa
         out = state.step(tokens)
         worst = max(worst, max(float((out[i] - _last_logits(moe, ids)).abs().max()) for i, ids in enumerate(seqs)))
         assert [state.fed(i) for i in range(len(seqs))] == [len(s) for s in seqs]
-    assert worst < 1e-5
+    assert worst < tolerance
     cont = inputs[4] + [7, 8]
     again = static_kv.StaticKVState(moe, state.store)
     logits, used = again.prefill([cont])
     assert used == [len(inputs[4])]  # the prefill's stored KV is reused
-    assert float((logits[0] - _last_logits(moe, cont)).abs().max()) < 1e-5
+    assert float((logits[0] - _last_logits(moe, cont)).abs().max()) < tolerance
 
 
 def test_grouped_matmul_fallback_equals_grouped_mm():

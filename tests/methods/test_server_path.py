@@ -178,13 +178,14 @@ def _config(case: Case, models: Models, engine: str) -> Any:
 
 def _run(case: Case, models: Models, engine_kind: str, engine: Any) -> tuple[list[tuple[list[Sample], dict]], Any]:
     """The method's steps through the rollout manager: (samples, metrics) per step, and the method."""
+    from slime_ext.engine.weight_sync import LocalWeightSource
     from slime_ext.orchestration.rollout_manager import RolloutManager
 
     manager = RolloutManager(_config(case, models, engine_kind), models.rows, models.tokenizer, engine)
     steps = []
     for step in range(case.steps):
         if engine_kind == "sglang":
-            engine.sync_weights(models.named, step)  # the loop's sync: version `step`, caches flushed
+            engine.sync_weights(LocalWeightSource(models.named), step)  # the loop's sync: version `step`, caches flushed
         else:
             engine.update_weights_from_tensor(models.named)  # the embedded actor's sync: same weights, flushed
         groups, metrics = manager.rollout(step)

@@ -68,7 +68,7 @@ class FakeEngine:
         with self._lock:
             self._aborted.add(rid)
 
-    def sync_weights(self, named: Any, version: int) -> dict:
+    def sync_weights(self, source: Any, version: int) -> dict:
         self.version = int(version)
         self.versions.append(int(version))
         return {}
@@ -137,7 +137,7 @@ class FakeGroup:
         (Path(directory) / "latest").write_text(it_dir.name + "\n")
         return [str(it_dir)]
 
-    def export_hf(self) -> list:
+    def push_weights(self, target: Any, version: Any = None, expect_version: Any = None) -> list:
         return []
 
 

@@ -74,8 +74,8 @@ class FakeGroup:
         (Path(directory) / "latest").write_text(it_dir.name + "\n")
         return [str(it_dir)]
 
-    def export_hf(self) -> list:
-        self._maybe_fail("export_hf")
+    def push_weights(self, target: Any, version: Any = None, expect_version: Any = None) -> list:
+        self._maybe_fail("push_weights")
         return []
 
 
@@ -85,7 +85,8 @@ class FakeEngine:
     def __init__(self) -> None:
         self.versions: list[int] = []
 
-    def sync_weights(self, weights: list, version: int) -> dict:
+    def sync_weights(self, source: Any, version: int) -> dict:
+        source.push_weights("the engine's target", str(version))  # the ranks push; the driver only asks
         self.versions.append(int(version))
         return {}
 

@@ -32,7 +32,7 @@ def test_dry_run_writes_the_reports(tmp_path):
     assert data["same_tokens"] == {"server_1": 1.0}
     assert set(data["sync"]) == {"disk", "tensor", "distributed"}
     for v in data["sync"].values():
-        assert v["push_s"] > 0 and v["snapshot_s"] > 0
+        assert v["push_s"] > 0 and v["commit_s"] > 0
     assert set(data["shares"]) == {"embedded", "disk", "tensor", "distributed"}
     assert all(0 < v["share"] < 1 for v in data["shares"].values())
     assert data["step"]["time_step_s"] > 0 and "committed" in data["step"]["source"]

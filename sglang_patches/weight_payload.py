@@ -1,0 +1,162 @@
+"""Weight buckets as they travel to an engine: dense or sparse (delta) entries, each with a checksum.
+
+Why: a sync that corrupts or drops part of a bucket must stop the run, not train on silently wrong
+weights; and with bf16 engine weights a small optimizer step leaves most values unchanged, so sending
+only the changed elements (with their indices) can cost far less than the dense tensor.
+
+A payload is a plain list of (name, tensor) pairs, so it rides every transport that carries named tensors
+(SGLang's `/update_weights_from_tensor`, a Ray object, a broadcast):
+- `name`                      the new value, dense, in the engine's dtype;
+- `name@idx`, `name@val`      a sparse delta: flat indices (int32/int64) and the new values there;
+- `name@sum`                  a one-element int64: `checksum()` of the value the engine must hold after.
+A name with only `@sum` is unchanged since the last sync (nothing to apply, still verified).
+
+`apply_payload` applies and verifies through a `get_param(name)` callable (the engine's HF-named view of a
+parameter). `load_payload(model, named_tensors)` is the same as an SGLang custom weight loader (server
+flag `--custom-weight-loader sglang_patches.weight_payload.load_payload`, selected per request by
+`load_format`). Plain torch: no sglang, no slime_ext.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+
+IDX, VAL, SUM = "@idx", "@val", "@sum"
+LOADER = "sglang_patches.weight_payload.load_payload"
+_CHUNK = 1 << 22
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+Named = list[tuple[str, torch.Tensor]]
+
+
+class ChecksumMismatch(ValueError):
+    """The engine's weights after an update differ from what the trainer sent."""
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """Position-weighted sum of the raw bits (mod 2**64): equal on every device for equal values, and
+    different for a changed, swapped or missing element with overwhelming probability."""
+    flat = tensor.detach().contiguous().view(-1)
+    bits = flat.view(_INT_VIEW[flat.element_size()])
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, bits.numel(), _CHUNK):
+        part = bits[start:start + _CHUNK].to(torch.int64)
+        weights = torch.arange(start, start + part.numel(), device=flat.device, dtype=torch.int64) % 65521 + 1
+        total += (part * weights).sum()
+    return int(total.item())
+
+
+def _sum_entry(name: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
+    return name + SUM, torch.tensor([checksum(value)], dtype=torch.int64)
+
+
+def encode(name: str, value: torch.Tensor, previous: Optional[torch.Tensor]) -> tuple[Named, int]:
+    """Payload entries for one tensor already in the engine's dtype, against `previous` (what the engine
+    holds now; None = unknown: dense). Returns (entries, number of changed elements)."""
+    value = value.detach().contiguous()
+    entries: Named = []
+    if previous is None or previous.shape != value.shape or previous.dtype != value.dtype:
+        entries.append((name, value))
+        changed = value.numel()
+    else:
+        int_dtype = _INT_VIEW[value.element_size()]
+        diff = (value.view(-1).view(int_dtype) != previous.detach().contiguous().view(-1).view(int_dtype))
+        index = diff.nonzero().view(-1)
+        changed = index.numel()
+        index_dtype = torch.int32 if value.numel() < 2**31 else torch.int64
+        sparse_bytes = changed * (index_dtype.itemsize + value.element_size())
+        if sparse_bytes < value.numel() * value.element_size():
+            if changed:
+                entries += [(name + IDX, index.to(index_dtype)), (name + VAL, value.view(-1)[index])]
+        else:
+            entries.append((name, value))
+    entries.append(_sum_entry(name, value))
+    return entries, changed
+
+
+def payload_bytes(payload: Iterable[tuple[str, torch.Tensor]]) -> int:
+    return sum(t.numel() * t.element_size() for _, t in payload)
+
+
+def _group(payload: Iterable[tuple[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in payload:
+        for suffix in (IDX, VAL, SUM):
+            if key.endswith(suffix):
+                parts.setdefault(key[: -len(suffix)], {})[suffix] = tensor
+                break
+        else:
+            parts.setdefault(key, {})[""] = tensor
+    return parts
+
+
+def check_payload(payload: Iterable[tuple[str, torch.Tensor]], get_param: Callable[[str], torch.Tensor]) -> None:
+    """Names, shapes and index ranges, before anything is written (KeyError / ValueError)."""
+    for name, part in _group(payload).items():
+        dst = get_param(name)
+        if "" in part and tuple(part[""].shape) != tuple(dst.shape):
+            raise ValueError(f"weight update: {name!r} has shape {tuple(part[''].shape)}, model expects "
+                             f"{tuple(dst.shape)}")
+        if (IDX in part) != (VAL in part):
+            raise ValueError(f"weight update: {name!r} has {IDX if IDX in part else VAL} without its pair")
+        if IDX in part:
+            index = part[IDX]
+            if index.numel() != part[VAL].numel():
+                raise ValueError(f"weight update: {name!r} has {index.numel()} indices and {part[VAL].numel()} values")
+            if index.numel() and (int(index.min()) < 0 or int(index.max()) >= dst.numel()):
+                raise ValueError(f"weight update: {name!r} has indices outside [0, {dst.numel()})")
+
+
+@torch.no_grad()
+def apply_payload(payload: Iterable[tuple[str, torch.Tensor]], get_param: Callable[[str], torch.Tensor]) -> int:
+    """Write every entry into the parameter `get_param(name)` returns (a view into the model), then verify
+    every checksum; raises ChecksumMismatch naming the first bad tensor. Returns the tensors verified."""
+    parts = _group(payload)
+    for name, part in parts.items():
+        dst = get_param(name)
+        if "" in part:
+            dst.copy_(part[""].to(device=dst.device, dtype=dst.dtype))
+        elif IDX in part:
+            index = part[IDX].to(device=dst.device, dtype=torch.int64)
+            values = part[VAL].to(device=dst.device, dtype=dst.dtype)
+            if dst.is_contiguous():
+                dst.view(-1)[index] = values
+            else:  # an expert slice of a fused tensor: write through a copy
+                flat = dst.reshape(-1).clone()
+                flat[index] = values
+                dst.copy_(flat.view_as(dst))
+    verified = 0
+    for name, part in parts.items():
+        if SUM in part:
+            got, want = checksum(get_param(name)), int(part[SUM].view(-1)[0])
+            if got != want:
+                raise ChecksumMismatch(f"weight update: {name!r} fails its checksum after applying the bucket "
+                                       f"(engine {got:#x}, trainer {want:#x}): the update is corrupt or partial")
+            verified += 1
+    return verified
+
+
+def load_payload(model: torch.nn.Module, named_tensors: Named) -> None:
+    """SGLang custom weight loader: the payload applied to parameters found by their HF names. SGLang models
+    that fuse projections (qkv, gate_up, experts) have no HF-named parameter to take a sparse delta; for
+    those the error names the tensor (send it dense: `sglang.weight_sync_delta: false`)."""
+    params = dict(model.named_parameters())
+
+    def get(name: str) -> torch.Tensor:
+        if name not in params:
+            raise KeyError(f"{name!r} is not an HF-named parameter of this model (fused in SGLang's model?): "
+                           f"set sglang.weight_sync_delta=false")
+        return params[name].data
+
+    check_payload(named_tensors, get)
+    apply_payload(named_tensors, get)
+
+
+def is_payload(named: Iterable[tuple[str, torch.Tensor]]) -> bool:
+    return any(n.endswith(SUM) for n, _ in named)
+
+
+__all__ = ["encode", "apply_payload", "check_payload", "checksum", "load_payload", "payload_bytes", "is_payload",
+           "ChecksumMismatch", "LOADER", "IDX", "VAL", "SUM"]

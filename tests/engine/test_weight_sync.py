@@ -1,0 +1,139 @@
+"""Weight buckets from a trainer rank to an engine: payload encoding (dense, sparse delta, checksums), the
+sender's counts, the embedded engine's apply-and-verify, and a corrupted bucket stopping the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_patches import weight_payload
+from slime_ext.engine.failures import WeightSyncError
+from slime_ext.engine.weight_sync import EmbeddedTarget, LocalWeightSource, forget_sender_state, merge_stats
+from tests.tools.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
+
+
+def test_checksum_changes_with_any_element_and_with_order():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+    base = weight_payload.checksum(t)
+    assert weight_payload.checksum(t.clone()) == base
+    flipped = t.clone()
+    flipped.view(-1)[5] = torch.nextafter(flipped.view(-1)[5], torch.tensor(10.0))  # one ulp
+    assert weight_payload.checksum(flipped) != base
+    swapped = t.clone().view(-1)
+    swapped[[2, 3]] = swapped[[3, 2]]
+    assert weight_payload.checksum(swapped) != base
+    assert weight_payload.checksum(t.to(torch.bfloat16)) != weight_payload.checksum(t.to(torch.bfloat16) * 2)
+
+
+def test_encode_picks_dense_sparse_or_nothing_and_apply_restores_the_value():
+    prev = torch.randn(64, 8).to(torch.bfloat16)
+    new = prev.clone()
+    new.view(-1)[[3, 100, 511]] += 1.0
+    entries, changed = weight_payload.encode("w", new, prev)
+    names = [n for n, _ in entries]
+    assert changed == 3 and names == ["w@idx", "w@val", "w@sum"]
+    assert entries[0][1].tolist() == [3, 100, 511] and entries[0][1].dtype == torch.int32
+    assert weight_payload.payload_bytes(entries) == 3 * (4 + 2) + 8
+    held = {"w": prev.clone()}
+    assert weight_payload.apply_payload(entries, held.__getitem__) == 1
+    assert torch.equal(held["w"], new)
+    # unchanged: only the checksum travels; unknown previous: dense
+    same, n_same = weight_payload.encode("w", new, new.clone())
+    assert [n for n, _ in same] == ["w@sum"] and n_same == 0
+    dense, n_dense = weight_payload.encode("w", new, None)
+    assert [n for n, _ in dense] == ["w", "w@sum"] and n_dense == new.numel()
+    # more than a third changed (6 bytes per sparse element vs 2 dense): dense is smaller and is chosen
+    many = prev.clone() + 1.0
+    assert [n for n, _ in weight_payload.encode("w", many, prev)[0]] == ["w", "w@sum"]
+
+
+def test_apply_writes_through_a_non_contiguous_expert_slice():
+    fused = torch.zeros(2, 6, 4)
+    view = fused[1, 3:]  # e.g. experts.1.up_proj inside gate_up_proj: not contiguous in memory
+    value = torch.randn(3, 4)
+    entries, _ = weight_payload.encode("up", value, torch.zeros(3, 4))
+    weight_payload.apply_payload(entries, lambda name: fused[1, 3:])
+    assert torch.equal(view, value) and fused[0].abs().sum() == 0
+
+
+def test_a_corrupted_or_partial_payload_fails_its_checksum_by_name():
+    held = {"a": torch.zeros(5), "b": torch.zeros(5)}
+    entries = weight_payload.encode("a", torch.ones(5), None)[0] + weight_payload.encode("b", torch.full((5,), 2.0), None)[0]
+    corrupt = [(n, t.clone()) for n, t in entries]
+    corrupt[2][1][4] = 7.0  # b's dense value, changed after the checksum was taken
+    with pytest.raises(weight_payload.ChecksumMismatch, match="'b' fails its checksum"):
+        weight_payload.apply_payload(corrupt, held.__getitem__)
+    partial = [(n, t) for n, t in entries if n != "a"]  # a's value lost in flight, its checksum arrived
+    held = {"a": torch.zeros(5), "b": torch.zeros(5)}
+    with pytest.raises(weight_payload.ChecksumMismatch, match="'a'"):
+        weight_payload.apply_payload(partial, held.__getitem__)
+    with pytest.raises(ValueError, match="indices outside"):
+        weight_payload.check_payload([("a@idx", torch.tensor([9])), ("a@val", torch.tensor([1.0]))], held.__getitem__)
+
+
+def _weights(model_dir) -> list[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    named = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        named.update(load_file(str(f)))
+    return list(named.items())
+
+
+def test_delta_sync_to_the_embedded_engine_lands_the_trainer_weights(model_dir):
+    from slime_ext.engine.embedded import EmbeddedEngine
+
+    forget_sender_state()
+    engine = EmbeddedEngine.from_pretrained(str(model_dir))
+    target = EmbeddedTarget(engine, "float32", delta=True)
+    named = [(n, t * 1.25 if t.is_floating_point() else t) for n, t in _weights(model_dir)]
+    first = merge_stats(LocalWeightSource(named, bucket_bytes=32 << 10).push_weights(target))
+    assert first["changed"] == first["elements"] and first["buckets"] > 1  # nothing known yet: dense
+    moved = [(n, t.clone()) for n, t in named]
+    moved[2][1].view(-1)[:7] -= 0.5
+    second = merge_stats(LocalWeightSource(moved, bucket_bytes=32 << 10).push_weights(target))
+    assert second["changed"] == 7 and second["bytes_sent"] == 7 * 8 + 8 * len(named)
+    for name, value in moved:
+        assert torch.equal(engine.parameter(name), value.float()), name
+    forget_sender_state()
+
+
+def test_a_corrupted_bucket_stops_the_run_with_the_resume_command(model_dir, tmp_path):
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.orchestration.run_dir import RunStopped
+    from slime_ext.orchestration.training_job import stop_on_actor_failure
+
+    engine = EmbeddedEngine.from_pretrained(str(model_dir))
+
+    class FlakyLink:
+        """The engine behind a transport that flips one value of the third bucket."""
+
+        def __init__(self) -> None:
+            self.buckets = 0
+
+        def apply_weight_payload(self, payload):
+            self.buckets += 1
+            if self.buckets == 3:
+                name, value = next((n, t) for n, t in payload if not n.endswith("@sum"))
+                value.view(-1)[0] += 1.0
+            return engine.apply_weight_payload(payload)
+
+    source = LocalWeightSource(_weights(model_dir), bucket_bytes=16 << 10)
+    with pytest.raises(WeightSyncError, match="fails its checksum"):
+        source.push_weights(EmbeddedTarget(FlakyLink()))
+    with pytest.raises(RunStopped, match="Resume with: .*resume="):
+        with stop_on_actor_failure("the weight sync after step 3", tmp_path, tmp_path / "checkpoints"):
+            source.push_weights(EmbeddedTarget(FlakyLink()))
+
+
+def test_delta_with_engine_servers_needs_the_tensor_path():
+    from slime_ext.config.loader import load_config
+    from tests.conftest import CONFIGS
+
+    with pytest.raises(Exception, match="sglang.weight_sync_delta"):
+        load_config(CONFIGS / "grpo.yaml", ["rollout.engine=sglang", "sglang.weight_sync_delta=true"])
+    ok = load_config(CONFIGS / "grpo.yaml", ["rollout.engine=sglang", "sglang.weight_sync=tensor",
+                                             "sglang.weight_sync_delta=true", "sglang.weight_bucket_mb=64"]).config
+    assert ok.sglang.weight_sync_delta and ok.sglang.weight_bucket_mb == 64
+    embedded = load_config(CONFIGS / "grpo.yaml", ["sglang.weight_sync_delta=true"]).config  # payloads to the actor
+    assert embedded.rollout.engine == "embedded" and embedded.sglang.weight_sync_delta
