@@ -27,6 +27,7 @@ the Qwen3-30B-A3B extrapolation.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -52,6 +53,7 @@ SIZES = {  # name: (hidden, layers, experts, moe_ffn, vocab); 2 KV heads of 64, 
 LAYOUTS = {"tp1ep1": dict(tp=1, ep=1), "tp2ep2": dict(tp=2, ep=2, etp=1, sequence_parallel=True)}
 PATHS = ("disk", "tensor", "distributed", "delta")
 QWEN3_30B_PARAMS = 30.5e9
+_CASES = itertools.count(1)
 
 
 # -- models -------------------------------------------------------------------------------------
@@ -227,6 +229,8 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                                                                        if new_api else {})})
             if not new_api:
                 pool.weight_sync = weight_sync.make_weight_sync(kind, "127.0.0.1")
+                if kind == "distributed":  # group names must be new in this process for every case
+                    pool.weight_sync.generation = next(_CASES) * 100
             for r in range(repeats + 1):  # the first is the warm-up (group setup, first dense delta)
                 group.first("train_step", batch, "grpo")
                 version += 1
@@ -284,20 +288,27 @@ def run(args: argparse.Namespace) -> Path:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
-    rows: list[dict] = []
-    try:
-        for size in sizes:
-            for layout in layouts:
-                rows += run_case(size, layout, tuple(args.paths), repeats, args.bucket_mb, work, log)
-    finally:
-        ray.shutdown()
     import slime_ext
 
+    rows: list[dict] = []
+    errors: list[dict] = []
     result = {"label": args.label, "source": str(args.src or ROOT), "commit": _commit(Path(args.src or ROOT)),
               "imported_from": str(Path(slime_ext.__file__).parent),
               "machine": _machine(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([sys.executable, *sys.argv]), "bucket_mb": args.bucket_mb, "rows": rows}
+              "command": " ".join([sys.executable, *sys.argv]), "bucket_mb": args.bucket_mb, "rows": rows,
+              "errors": errors}
     path = out / f"weight_sync_{args.label}.json"
+    try:
+        for size in sizes:
+            for layout in layouts:
+                try:
+                    rows += run_case(size, layout, tuple(args.paths), repeats, args.bucket_mb, work, log)
+                except Exception as exc:  # noqa: BLE001 - e.g. the former path running out of memory
+                    errors.append({"size": size, "layout": layout, "error": f"{type(exc).__name__}: {exc}"[:3000]})
+                    log(f"[ws] {size} {layout} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+                path.write_text(json.dumps(result, indent=1) + "\n")  # kept after every case
+    finally:
+        ray.shutdown()
     path.write_text(json.dumps(result, indent=1) + "\n")
     if args.quick:
         quick = {"paths": {}}
@@ -377,16 +388,18 @@ def compare(before_path: Path, after_path: Path, out: Path) -> Path:
                 s = slope(pts_b)
                 slopes[(layout, path, "before")] = s
                 ax.loglog(*zip(*pts_b), "x--", label=f"{path} before (slope {s:.2f})" if s else f"{path} before")
+            failed = {(e["size"], e["layout"]) for e in before.get("errors", [])}
             for size in SIZES:
                 va, vb = a.get((layout, path, size)), b.get((layout, path, size))
                 if va is None:
                     continue
                 peaks = va["peaks"]
                 ranks = "/".join(f"{peaks[k] / 2**20:.0f}" for k in sorted(peaks) if k.startswith("rank"))
+                missing = "failed (see errors)" if (size, layout) in failed else "-"
                 lines.append(
                     f"| {path} | {size} | {va['params'] / 1e6:.1f}M | {vb['seconds']:.3f} | {va['seconds']:.3f} | "
                     f"{vb['seconds'] / va['seconds']:.2f}x | {vb['driver_bytes'] / 2**20:.1f} | " if vb else
-                    f"| {path} | {size} | {va['params'] / 1e6:.1f}M | - | {va['seconds']:.3f} | - | - | ")
+                    f"| {path} | {size} | {va['params'] / 1e6:.1f}M | {missing} | {va['seconds']:.3f} | - | - | ")
                 lines[-1] += (f"{va['driver_bytes'] / 2**20:.1f} | {peaks['driver'] / 2**20:.0f} / {ranks} / "
                               f"{peaks['engine'] / 2**20:.0f} | "
                               + (f"{va['changed_share']:.4f}" if va["changed_share"] is not None else "-") + " |")
@@ -407,6 +420,9 @@ def compare(before_path: Path, after_path: Path, out: Path) -> Path:
             if sa is not None or sb is not None:
                 lines.append(f"| {layout} | {path} | {sb:.2f} | {sa:.2f} |" if sb is not None and sa is not None
                              else f"| {layout} | {path} | - | {sa:.2f} |")
+    if before.get("errors"):
+        lines += ["", "## Runs that failed before the change", ""]
+        lines += [f"- {e['size']} {e['layout']}: {e['error'].splitlines()[0][:400]}" for e in before["errors"]]
     lines += ["", *extrapolation(a), ""]
     md = out / "weight_sync_scaling.md"
     md.write_text("\n".join(lines) + "\n")

@@ -44,10 +44,11 @@ def sender_key() -> str:
 
 
 def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20,
-                           to_host: bool = True) -> Iterator[Bucket]:
+                           to_host: bool = True, collect: bool = True) -> Iterator[Bucket]:
     """Yield lists of (HF name, full tensor) of at most ~`bucket_bytes`. Collective: every rank of the
     trainer must consume the iterator to the end. `to_host=False` keeps the copies on the device the
-    parameters live on (an NCCL broadcast reads them there); the host gets them otherwise."""
+    parameters live on (an NCCL broadcast reads them there); the host gets them otherwise. `collect=False`
+    (a rank that sends nothing) takes part in the gathers and yields nothing: no copies, no buckets."""
     sizes = trainer.sizes
     ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
     local = trainer.local_state_dict()
@@ -66,6 +67,8 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
             named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t) for r, t in enumerate(owners)]
         else:
             named = [(param.full_name, tensor)]
+        if not collect:
+            continue
         for full_name, full in named:
             for hf_name, hf_tensor in megatron_param_to_hf(full_name, full, trainer.hf_config):
                 # A copy, never a view: the trainer updates its parameters in place.

@@ -156,6 +156,8 @@ def _ipc_engine(conn: Any, size: str, device: str) -> None:
         import pickle
 
         state = make_state(size, device, torch.bfloat16, seed=2)
+        _sync(device)
+        conn.send_bytes(b"ready")  # the engine's weights and CUDA context exist: the sender starts its clock
         received = verified = 0
         t_apply = 0.0
         while True:
@@ -189,8 +191,12 @@ def section_ipc(args: argparse.Namespace) -> dict:
     state = make_state(args.size, device, torch.bfloat16, seed=1)
     total = sum(t.numel() * 2 for t in state.values())
     _sync(device)
+    if parent.recv_bytes() != b"ready":
+        raise RuntimeError("the engine process did not start")
     t0 = time.perf_counter()
+    per_bucket = []
     for names in buckets(state, args.bucket_mb << 20):
+        t_bucket = time.perf_counter()
         payload = []
         for n in names:
             payload += weight_payload.encode(n, state[n], None)[0]
@@ -199,12 +205,14 @@ def section_ipc(args: argparse.Namespace) -> dict:
         parent.send_bytes(buf.getvalue())
         if parent.recv_bytes() != b"ok":  # the engine applied it: the sender may drop the bucket
             break
+        per_bucket.append(time.perf_counter() - t_bucket)
     parent.send_bytes(b"")
     seconds = time.perf_counter() - t0
     result = parent.recv()
     proc.join(timeout=30)
     return {"ok": "error" not in result and result.get("verified") == len(state), "device": device, "size": args.size,
-            "seconds": seconds, "weight_bytes": total, "GBps": total / seconds / 1e9, **result}
+            "seconds": seconds, "weight_bytes": total, "GBps": total / seconds / 1e9, "bucket_seconds": per_bucket,
+            **result}
 
 
 # -- delta: changed share after an Adam step -----------------------------------------------------

@@ -195,7 +195,14 @@ class Sender:
         self.t0 = time.perf_counter()
 
     def send(self, bucket: NamedTensors) -> None:
-        named = [(n, t.detach() if self.dtype is None else t.detach().to(self.dtype)) for n, t in bucket]
+        """Takes the bucket's tensors out of the list as it converts them, so each source tensor is freed as
+        soon as its engine-dtype copy exists (the caller's list is empty afterwards)."""
+        bucket.reverse()
+        named = []
+        while bucket:
+            n, t = bucket.pop()
+            named.append((n, t.detach() if self.dtype is None else t.detach().to(self.dtype)))
+            del t
         self.stats["buckets"] += 1
         self.stats["tensors"] += len(named)
         self.stats["elements"] += sum(t.numel() for _, t in named)
@@ -206,7 +213,9 @@ class Sender:
             self.wire.send([(n, t.contiguous()) for n, t in named])
             return
         payload: NamedTensors = []
-        for name, value in named:
+        named.reverse()
+        while named:  # the same: a converted tensor is dropped once its entries exist
+            name, value = named.pop()
             previous = self.memory.previous.get(name) if self.delta else None
             entries, changed = weight_payload.encode(name, value, previous)
             payload += entries

@@ -30,11 +30,12 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
     from slime_ext.engine.weight_sync import PeakRSS
 
     with PeakRSS() as peak:
-        sender = target.open(sender_key()) if is_bucket_sender() else None
+        sending = is_bucket_sender()
+        sender = target.open(sender_key()) if sending else None
         # NCCL broadcasts and CUDA IPC handles read the buckets where the weights live; files and Ray objects
         # are written from the host
         to_host = target.kind in ("disk", "embedded")
-        for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host):
+        for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host, collect=sending):
             if sender is not None:
                 sender.send(bucket)
             del bucket
