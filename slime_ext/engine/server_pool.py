@@ -41,7 +41,8 @@ from slime_ext.data.generation import GenerateRequest, GenerateResult, check_uni
 from slime_ext.engine.failures import EngineUnavailable, WeightSyncError
 from slime_ext.engine.sglang_client import SGLangEngineClient
 from slime_ext.engine.engine_server import INITIAL_VERSION
-from slime_ext.engine.weight_sync import LocalWeightSource, ServerTarget, on_all_engines, merge_stats, sync_metrics, write_index
+from slime_ext.engine.weight_sync import (LocalWeightSource, ServerTarget, merge_stats, on_all_engines, sync_metrics,
+                                          write_index)
 
 log = logging.getLogger(__name__)
 LATEST = "latest.json"
@@ -257,9 +258,10 @@ class ServerEnginePool:
         if disk:
             snapshot = write_index(directory, stats["weight_map"], int(stats.get("bytes_sent", 0)), self.base_dir)
             on_all_engines(self.clients, f"update_weights_from_disk (version {version})",
-                    lambda i, c: c.update_weights_from_disk(str(snapshot), weight_version=version))
+                           lambda i, c: c.update_weights_from_disk(str(snapshot), weight_version=version))
         else:
-            on_all_engines(self.clients, f"update_weight_version ({version})", lambda i, c: c.update_weight_version(version))
+            on_all_engines(self.clients, f"update_weight_version ({version})",
+                           lambda i, c: c.update_weight_version(version))
         t2 = time.perf_counter()
         if snapshot is None and self.cfg.snapshot_every and self.syncs % self.cfg.snapshot_every == 0:
             snapshot = self.write_snapshot(source, version)
@@ -271,7 +273,8 @@ class ServerEnginePool:
     def write_snapshot(self, source: Any, version: str) -> Path:
         """A restore point written shard by shard by the ranks (`sglang.snapshot_every`)."""
         directory = self.weights_dir / f"v{version}"
-        stats = merge_stats(source.push_weights(self.weight_target(kind="disk", directory=directory, delta=False), version))
+        target = self.weight_target(kind="disk", directory=directory, delta=False)
+        stats = merge_stats(source.push_weights(target, version))
         return write_index(directory, stats["weight_map"], int(stats.get("bytes_sent", 0)), self.base_dir)
 
     def _record(self, version: str, snapshot: Optional[Path]) -> None:

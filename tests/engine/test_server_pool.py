@@ -41,7 +41,7 @@ def pool(model_dir, tmp_path_factory):
         from slime_ext.tokenizer import load_tokenizer
 
         tok = load_tokenizer(model_dir)
-        yield ServerEnginePool(actors, urls, cfg, str(tmp_path_factory.mktemp("w")),
+        yield ServerEnginePool(actors, urls, cfg, str(tmp_path_factory.mktemp("w")), base_dir=str(model_dir),
                                client_kwargs={"eos_token_id": tok.eos_token_id, "tokenizer_path": str(model_dir)})
     finally:
         for a in actors:
@@ -155,6 +155,26 @@ def test_a_corrupted_bucket_fails_its_checksum_and_the_sync_stops(pool, model_di
                        lambda i, c: c.update_weights_from_tensor(entries, load_format=weight_payload.LOADER))
     assert pool.versions() == ["30", "30"]
     pool.sync_weights(_source(named), "30")
+    _use(pool, "disk")
+
+
+def test_snapshot_every_writes_a_sharded_restore_point_from_the_source(pool, model_dir):
+    """sglang.snapshot_every: N: with tensor sync no version directory exists, except every N-th sync,
+    written by the senders (shards + index) and recorded as the restore point of its version."""
+    _use(pool, "tensor", snapshot_every=2)
+    syncs_before = pool.syncs
+    named = _named(model_dir, 1.0)
+    for version in ("50", "51", "52"):
+        pool.sync_weights(_source(named), version)
+    snapshot, snapshot_version, current = pool.restore_point()
+    snapped = "51" if (syncs_before + 2) % 2 == 0 else "52"  # the pool's count of syncs decides which
+    assert current == "52" and snapshot_version == snapped and snapshot.endswith(f"v{snapped}")
+    from megatron_glue.checkpoint_io import load_hf_checkpoint
+
+    _, stored = load_hf_checkpoint(snapshot)
+    assert set(stored) == {n for n, _ in named} and all(torch.equal(stored[n], t.float()) for n, t in named)
+    written = {f"v{50 + i}" for i in range(3) if (syncs_before + 1 + i) % 2 == 0}  # every second sync only
+    assert {p.name for p in pool.weights_dir.glob("v5*")} == written
     _use(pool, "disk")
 
 
