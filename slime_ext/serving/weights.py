@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -294,13 +294,20 @@ class WeightUpdater:
     def apply(self, named: NamedTensors, weight_version: Optional[str], abort_all: bool) -> None:
         """Check everything, then copy with no generate call running; sets the version when given."""
         self.check(named)
+        self._exclusive_update(lambda: self.state.engine.update_weights_from_tensor(named), weight_version, abort_all)
+
+    def _exclusive_update(self, write: Callable[[], None], weight_version: Optional[str], abort_all: bool) -> None:
+        """Abort running requests if asked, then `write()` (already checked) with no generate call running,
+        then the version."""
         batcher = self.state.batcher
         if abort_all:
             batcher.abort_all()
         with batcher.exclusive():
             try:
-                self.state.engine.update_weights_from_tensor(named)
-            except Exception as exc:  # noqa: BLE001 - checked above: should not happen
+                write()
+            except WeightUpdateError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - checked before: should not happen
                 raise WeightUpdateError(f"Failed to update parameter online: {exc}. The weights may be partially "
                                         f"updated; discard them and load a full set.") from None
             if weight_version is not None:
@@ -320,21 +327,12 @@ class WeightUpdater:
         self._model()
         files = safetensors_files(model_path)
         self.check(safetensors_headers(files))  # every name and shape first: a bad directory changes nothing
-        batcher = self.state.batcher
-        if abort_all:
-            batcher.abort_all()
-        with batcher.exclusive():  # file by file: this server holds one shard beyond its weights, not the model
+
+        def write_file_by_file() -> None:  # this server holds one shard beyond its weights, not the model
             for f in files:
-                try:
-                    self.state.engine.update_weights_from_tensor(read_safetensors_file(f))
-                except WeightUpdateError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - checked above: should not happen
-                    raise WeightUpdateError(f"Failed to update parameter online from {f}: {exc}. The weights may be "
-                                            f"partially updated; discard them and load a full set.") from None
-            if weight_version is not None:
-                batcher.weight_version = str(weight_version)
-            self.updates += 1
+                self.state.engine.update_weights_from_tensor(read_safetensors_file(f))
+
+        self._exclusive_update(write_file_by_file, weight_version, abort_all)
         self.state.model_path = self.state.model_name = str(model_path)  # as SGLang's tokenizer manager
         return self._versioned("Succeeded to update model weights.", weight_version)
 
@@ -363,19 +361,16 @@ class WeightUpdater:
             weight_payload.check_payload(payload, engine.parameter)
         except (KeyError, ValueError) as exc:
             raise WeightUpdateError(str(exc).strip("'\"")) from None
-        batcher = self.state.batcher
-        if abort_all:
-            batcher.abort_all()
-        with batcher.exclusive():
+
+        def write_and_verify() -> None:
             try:
                 weight_payload.apply_payload(payload, engine.parameter)
             except weight_payload.ChecksumMismatch as exc:
                 raise WeightUpdateError(str(exc)) from None
             finally:
                 getattr(engine, "flush_cache", lambda: None)()
-            if weight_version is not None:
-                batcher.weight_version = str(weight_version)
-            self.updates += 1
+
+        self._exclusive_update(write_and_verify, weight_version, abort_all)
 
     def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str) -> str:
