@@ -314,16 +314,22 @@ class DistributedGroup:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-group") as pool:
-            joining = pool.submit(on_all_engines, clients, f"init_weights_update_group {name}",
-                                  lambda i, c: c.init_weights_update_group(host, port, 1 + i * tp_size, world, name,
-                                                                           self.backend))
-            try:
-                self.pg = init_custom_process_group(backend=self.backend, init_method=f"tcp://{host}:{port}",
-                                                    timeout=timedelta(seconds=timeout_s), world_size=world, rank=0,
-                                                    group_name=name)
-            finally:
-                joining.result()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-group")
+        joining = pool.submit(on_all_engines, clients, f"init_weights_update_group {name}",
+                              lambda i, c: c.init_weights_update_group(host, port, 1 + i * tp_size, world, name,
+                                                                       self.backend))
+        try:
+            self.pg = init_custom_process_group(backend=self.backend, init_method=f"tcp://{host}:{port}",
+                                                timeout=timedelta(seconds=timeout_s), world_size=world, rank=0,
+                                                group_name=name)
+        except Exception as exc:  # noqa: BLE001 - the engines wait on a store that is gone: never wait for them
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise WeightSyncError(f"weight-update group {name} at {host}:{port} could not be set up: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        try:
+            joining.result()
+        finally:
+            pool.shutdown(wait=False)
         log.info("weight-update group %s: rank 0 at %s:%d + %d engine rank(s) over %s", name, host, port, world - 1,
                  self.backend)
 
