@@ -1,0 +1,30 @@
+"""`benchmarks/weight_sync_scaling.py --quick`: the smallest size through every path in about a minute, with the
+counts the issue asks of it (no weight bytes through the driver, a peak per process, delta sending less)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.timeout(600)
+def test_quick_mode_writes_every_path_with_zero_driver_bytes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks/weight_sync_scaling.py"), "--quick", "--out",
+                           str(tmp_path), "--work", str(tmp_path / "work")], capture_output=True, text=True,
+                          timeout=580, cwd=str(REPO), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    paths = json.loads((tmp_path / "weight_sync_quick.json").read_text())["paths"]
+    assert set(paths) == {"disk", "tensor", "distributed", "delta"}
+    for name, p in paths.items():
+        assert p["driver_bytes"] == 0 and p["seconds"] > 0, name
+        assert set(p["peak_bytes"]) == {"driver", "engine", "rank0"}, name
+    dense = 2 * paths["tensor"]["params"]  # bf16 engine
+    assert dense <= paths["tensor"]["bytes_sent"] < dense * 1.01  # the weights plus 8-byte checksums
+    assert paths["delta"]["bytes_sent"] < 0.9 * paths["tensor"]["bytes_sent"]  # after a step, most bf16 values stay
