@@ -183,7 +183,6 @@ class DriverBytes:
 def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucket_mb: float, work: Path,
              log: Any) -> list[dict]:
     import ray
-    import torch
 
     from megatron_glue.model_provider import ParallelSizes
     from megatron_glue.trainer import TrainerSettings

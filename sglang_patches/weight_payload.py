@@ -177,9 +177,5 @@ def load_payload(model: torch.nn.Module, named_tensors: Named) -> None:
     apply_payload(named_tensors, get)
 
 
-def is_payload(named: Iterable[tuple[str, torch.Tensor]]) -> bool:
-    return any(n.endswith(SUM) for n, _ in named)
-
-
-__all__ = ["encode", "apply_payload", "check_payload", "checksum", "load_payload", "payload_bytes", "is_payload",
+__all__ = ["encode", "apply_payload", "check_payload", "checksum", "load_payload", "payload_bytes",
            "ChecksumMismatch", "LOADER", "IDX", "VAL", "SUM"]

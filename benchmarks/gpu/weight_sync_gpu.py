@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import platform
 import socket
 import sys

@@ -279,10 +279,9 @@ class ServerEnginePool:
 
     def _record(self, version: str, snapshot: Optional[Path]) -> None:
         """latest.json: the current version and the newest complete snapshot (metadata only)."""
-        _, snap_version, _ = self.restore_point()
-        old = json.loads((self.weights_dir / LATEST).read_text()) if (self.weights_dir / LATEST).exists() else {}
-        info = {"version": version, "snapshot": str(snapshot) if snapshot else old.get("snapshot"),
-                "snapshot_version": version if snapshot else snap_version}
+        old_snapshot, old_version, _ = self.restore_point()
+        info = {"version": version, "snapshot": str(snapshot) if snapshot else old_snapshot,
+                "snapshot_version": version if snapshot else old_version}
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         (self.weights_dir / f"{LATEST}.tmp").write_text(json.dumps(info))
         (self.weights_dir / f"{LATEST}.tmp").replace(self.weights_dir / LATEST)

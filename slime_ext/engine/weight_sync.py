@@ -203,13 +203,14 @@ class Sender:
             n, t = bucket.pop()
             named.append((n, t.detach() if self.dtype is None else t.detach().to(self.dtype)))
             del t
+        elements, full = sum(t.numel() for _, t in named), weight_payload.payload_bytes(named)
         self.stats["buckets"] += 1
         self.stats["tensors"] += len(named)
-        self.stats["elements"] += sum(t.numel() for _, t in named)
-        self.stats["bytes_full"] += weight_payload.payload_bytes(named)
-        if not self.wire.payloads:
-            self.stats["changed"] += sum(t.numel() for _, t in named)
-            self.stats["bytes_sent"] += weight_payload.payload_bytes(named)
+        self.stats["elements"] += elements
+        self.stats["bytes_full"] += full
+        if not self.wire.payloads:  # plain tensors: everything is sent
+            self.stats["changed"] += elements
+            self.stats["bytes_sent"] += full
             self.wire.send([(n, t.contiguous()) for n, t in named])
             return
         payload: NamedTensors = []

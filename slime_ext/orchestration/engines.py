@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import ray
-import torch
 
 from slime_ext.config.schema import Config
 from slime_ext.engine.engine_server import engine_dtype

@@ -100,17 +100,6 @@ class TrainWorker:
     def snapshot_reference(self) -> None:
         self.trainer.snapshot_reference()
 
-    def export_hf(self) -> list[tuple[str, torch.Tensor]]:
-        """HF-named weights of this rank's pipeline stage, returned by the stage's TP/EP/DP rank 0."""
-        from megatron.core import parallel_state as mpu
-
-        from megatron_glue.weight_export import export_hf_state_dict
-
-        tensors = export_hf_state_dict(self.trainer)
-        exporter = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_expert_model_parallel_rank() == 0
-                    and mpu.get_data_parallel_rank() == 0)
-        return list(tensors.items()) if exporter else []
-
     def set_weights_version(self, version: Optional[str]) -> None:
         """The engine version these weights are (None: changed since the last push: trained or loaded)."""
         self.weights_version = version
@@ -211,14 +200,6 @@ class TrainGroup:
             cfg.dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(cfg.dtype, cfg.dtype)
         cfg.save_pretrained(str(root))
         return root
-
-    def export_hf(self) -> list[tuple[str, torch.Tensor]]:
-        """Every weight gathered into this process: for small models in tests and the weight-sync benchmark's
-        'before' column only (the job pushes from the ranks: `push_weights`)."""
-        merged: list[tuple[str, torch.Tensor]] = []
-        for part in self.call("export_hf"):
-            merged.extend(part)
-        return merged
 
     def shutdown(self) -> None:
         """Kill the rank actors and drop their handles now, while this Ray session is alive."""

@@ -61,7 +61,7 @@ def test_trainer_and_engines_on_different_nodes_sync_over_the_nodes_addresses(tm
     log = _engine_log(run_dir)
     assert f"http://{ENGINE}:" in log or f"{ENGINE}:" in log  # the server listens on its node's address
     # the weight-update group's store is hosted by the trainer rank on its own node, never 127.0.0.1
-    assert f"joining weight update group weight_update_group_pp0_g0" in log and f"at {TRAINER}:" in log
+    assert "joining weight update group weight_update_group_pp0_g0" in log and f"at {TRAINER}:" in log
     assert "at 127.0.0.1:" not in log
 
 

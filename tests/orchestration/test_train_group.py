@@ -14,7 +14,6 @@ from tests.megatron_glue.test_parallel import _hf_weights
 def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes):
     from megatron.core import parallel_state as mpu
 
-    from megatron_glue.model_provider import ParallelSizes  # noqa: F401 - sizes arrive built
     from megatron_glue.parallel import init_model_parallel
     from megatron_glue.sharding import shard_megatron_state
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
