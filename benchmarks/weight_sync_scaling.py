@@ -285,7 +285,8 @@ def run(args: argparse.Namespace) -> Path:
         log_file.write(line + "\n")
         log_file.flush()
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": a fresh instance, never a cluster another process left behind (a test run's)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
     import slime_ext
 
@@ -490,7 +491,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     sys.path.insert(0, str(src))
     os.environ["PYTHONPATH"] = f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    run(args)
+    errors = json.loads(run(args).read_text())["errors"]
+    if args.quick and errors:  # the quick mode is a check: a failed case is a failure, with its error
+        for e in errors:
+            print(f"[ws] {e['size']} {e['layout']}: {e['error']}", file=sys.stderr)
+        return 1
     return 0
 
 
