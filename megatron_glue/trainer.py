@@ -12,6 +12,8 @@ the TP / PP / EP / DP layout and micro-batch size.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -25,7 +27,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_glue import cpu_compat, routing_replay
-from megatron_glue.logprobs import vocab_parallel_logprobs
+from megatron_glue.logprobs import DEFAULT_CHUNK_MB, DeferredLMHead
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from megatron_glue.parallel import collective_device
 from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
@@ -58,6 +60,7 @@ class TrainerSettings:
     recompute: str = "none"
     seed: int = 0
     routing_replay: bool = False  # R3: replay the engine's routed experts (samples' routed_experts) in MoE layers
+    logprob_chunk_mb: float = DEFAULT_CHUNK_MB  # fp32 logits per chunk of the LM head's log-probs (logprobs.py)
     # GRPO core
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.2
@@ -138,6 +141,10 @@ class MegatronTrainer:
         )
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
+        # log-probs are taken from the head's input a chunk of tokens at a time (no [tokens, vocab] logits)
+        self.head = DeferredLMHead(model) if mpu.is_pipeline_last_stage() else None
+        if self.head is not None:
+            self.head.chunk_mb = settings.logprob_chunk_mb
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -258,15 +265,16 @@ class MegatronTrainer:
 
         seq_len = max(mb["tokens"].shape[1] for mb in micro_batches)
         try:
-            return fb(
-                forward_step_func=forward_step,
-                data_iterator=iter(micro_batches),
-                model=[self.model],
-                num_microbatches=len(micro_batches),
-                seq_length=seq_len,
-                micro_batch_size=max(mb["tokens"].shape[0] for mb in micro_batches),
-                forward_only=forward_only,
-            )
+            with self.head.deferred() if self.head is not None else contextlib.nullcontext():
+                return fb(
+                    forward_step_func=forward_step,
+                    data_iterator=iter(micro_batches),
+                    model=[self.model],
+                    num_microbatches=len(micro_batches),
+                    seq_length=seq_len,
+                    micro_batch_size=max(mb["tokens"].shape[0] for mb in micro_batches),
+                    forward_only=forward_only,
+                )
         finally:
             if self.settings.routing_replay:
                 routing_replay.clear(self.model)
@@ -304,13 +312,13 @@ class MegatronTrainer:
                     result[key].update(out[key])
         return self._gather_over_dp(result)
 
-    def _logprob_loss(self, with_entropy: bool, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        lp, ent = vocab_parallel_logprobs(logits, mb["targets"], with_entropy)
+    def _logprob_loss(self, with_entropy: bool, mb: dict, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        lp, ent = self.head.logprobs(hidden, mb["targets"], with_entropy)
         batch: RolloutBatch = mb["batch"]
         out = {"logprobs": _per_sample_response(_shift_right(lp).cpu(), batch)}
         if with_entropy:
             out["entropy"] = _per_sample_response(_shift_right(ent).cpu(), batch)
-        return torch.zeros((), device=logits.device), out
+        return torch.zeros((), device=hidden.device), out
 
     def _gather_over_dp(self, result: dict) -> Optional[dict]:
         if self.dp_size == 1:
@@ -398,11 +406,11 @@ class MegatronTrainer:
             old.update(out.pop("logprobs"))
         return old, self._global_sums(outputs)
 
-    def _old_logprob_loss(self, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        lp, _ = vocab_parallel_logprobs(logits, mb["targets"])
+    def _old_logprob_loss(self, mb: dict, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        lp, _ = self.head.logprobs(hidden, mb["targets"])
         out: dict[str, Any] = {"logprobs": _per_sample_response(_shift_right(lp).cpu(), mb["batch"])}
         out.update(_raw_mismatch(lp, mb["old_logprobs"].to(lp.device), mb["loss_mask"].to(lp.device)))
-        return torch.zeros((), device=logits.device), out
+        return torch.zeros((), device=hidden.device), out
 
     def _optimizer_step(self, samples: list[Sample], kind: LossKind, ref_logprobs: Optional[dict[str, torch.Tensor]],
                         old: Optional[dict[str, torch.Tensor]], measure: bool) -> tuple[dict, dict, list]:
@@ -442,9 +450,9 @@ class MegatronTrainer:
         return metrics, raw, ratios
 
     def _train_loss(self, kind: LossKind, scale: float, measure: bool, mb: dict,
-                    logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+                    hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         s = self.settings
-        lp, ent = vocab_parallel_logprobs(logits, mb["targets"], with_entropy=kind == "grpo")
+        lp, ent = self.head.logprobs(hidden, mb["targets"], with_entropy=kind == "grpo")
         seq_mask = mb["loss_mask"].to(lp.device)
         coef, _ = loss_coefficients(seq_mask, s.loss_agg if kind == "grpo" else "token_mean")
         extra: dict[str, Any] = {}

@@ -283,6 +283,10 @@ class TrainConfig(Section):
     # Rollout routing replay (R3, MoE only): the engine records each token's top-k experts and the trainer's
     # MoE layers replay them in logprob recompute and training (docs/routing-replay.md).
     routing_replay: bool = False
+    # Log-probs and entropy are taken from the LM head a chunk of tokens at a time, never as [tokens, vocab]
+    # logits (megatron_glue/logprobs.py): MiB of fp32 logits per chunk; tokens per chunk = this / (4 x vocab / TP).
+    # Peak memory beyond activations is ~4 chunks; the default suits any vocabulary.
+    logprob_chunk_mb: float = Field(128.0, gt=0)
 
 
 class SFTConfig(Section):
