@@ -25,6 +25,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.moe import moe_utils
 
 from megatron_glue import cpu_compat, routing_replay
 from megatron_glue.logprobs import DEFAULT_CHUNK_MB, DeferredLMHead
@@ -54,6 +55,7 @@ class TrainerSettings:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     micro_batch_size: int = 16
+    max_tokens_per_micro_batch: Optional[int] = None  # padded tokens (rows x longest row); None: no bound
     use_distributed_optimizer: bool = True
     optimizer_cpu_offload: bool = False  # GPU runs only (see optimizer_config)
     precision: str = "fp32"
@@ -143,6 +145,9 @@ class MegatronTrainer:
             model.cuda(torch.cuda.current_device())
         # log-probs are taken from the head's input a chunk of tokens at a time (no [tokens, vocab] logits)
         self.head = DeferredLMHead(model) if mpu.is_pipeline_last_stage() else None
+        # Megatron's aux-loss tracker is a process global sized by the first model's layer count: a second
+        # trainer with more layers in the same process would index past it
+        moe_utils.get_moe_layer_wise_logging_tracker().clear()
         if self.head is not None:
             self.head.chunk_mb = settings.logprob_chunk_mb
         ddp_config = DistributedDataParallelConfig(
@@ -222,10 +227,7 @@ class MegatronTrainer:
         denominator), so only the padding changes."""
         pad_multiple = self.sizes.tp if self.sizes.sequence_parallel else 1
         out = []
-        mbs = self.settings.micro_batch_size
-        samples = sorted(samples, key=lambda s: s.total_len)
-        for i in range(0, len(samples), mbs):
-            chunk = samples[i : i + mbs]
+        for chunk in self._cut_micro_batches(sorted(samples, key=lambda s: s.total_len)):
             batch = build_batch(chunk, pad_id=self.pad_id, pad_to_multiple_of=pad_multiple)
             mb = {
                 "batch": batch,
@@ -246,6 +248,20 @@ class MegatronTrainer:
                                                                  tuple(batch.tokens.shape))
             out.append(mb)
         return out
+
+    def _cut_micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """Consecutive runs of the length-sorted samples: at most `micro_batch_size` rows and, when set, at most
+        `max_tokens_per_micro_batch` padded tokens (the bound the memory plan sizes activations by; a single
+        longer sample is a micro-batch of its own)."""
+        mbs, cap = self.settings.micro_batch_size, self.settings.max_tokens_per_micro_batch
+        chunks: list[list[Sample]] = []
+        for sample in samples:  # ascending length: the newest sample is the row a batch pads to
+            last = chunks[-1] if chunks else None
+            if last is not None and len(last) < mbs and (cap is None or (len(last) + 1) * sample.total_len <= cap):
+                last.append(sample)
+            else:
+                chunks.append([sample])
+        return chunks
 
     def _to_device(self, mb: dict) -> dict:
         if not torch.cuda.is_available():
@@ -362,6 +378,7 @@ class MegatronTrainer:
             raw.update(step_raw)
             ratios.extend(step_ratios)
         self.step += 1
+        moe_utils.clear_aux_losses_tracker()  # per-layer aux losses: summed per step, never read by us
         out = _combine_steps(steps)
         out.update(_mismatch_metrics(raw))
         if kind == "grpo":

@@ -1,4 +1,5 @@
-"""`python -m slime_ext.config --check CONFIG [key=value ...]`: validate and print the resolved config."""
+"""`python -m slime_ext.config --check CONFIG [key=value ...]`: validate and print the resolved config; a cluster
+layout that cannot be built or does not fit in memory (slime_ext.orchestration.plan) is an error too."""
 
 from __future__ import annotations
 
@@ -13,11 +14,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", metavar="CONFIG", required=True, help="YAML config to validate")
     parser.add_argument("overrides", nargs="*", help="a.b.c=value overrides")
     args = parser.parse_args(argv)
+    from slime_ext.orchestration.plan import PlanError, build_plan
+
     try:
         resolved = load_config(args.check, args.overrides)
-    except ConfigError as exc:
+        plan = build_plan(resolved.config)
+    except (ConfigError, PlanError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if plan.memory_problems:
+        print("error: the layout does not fit (python -m slime_ext.orchestration.plan prints every term):\n  "
+              + "\n  ".join(plan.memory_problems), file=sys.stderr)
+        return 3
     sys.stdout.write(resolved.to_yaml())
     print(f"# OK: {args.check} is valid (method={resolved.config.method})", file=sys.stderr)
     return 0

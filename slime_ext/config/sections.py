@@ -254,6 +254,8 @@ class ParallelConfig(Section):
     recompute: Literal["none", "selective", "full"] = "none"
     use_distributed_optimizer: bool = True
     optimizer_cpu_offload: bool = False
+    # Padded tokens (rows x longest row) per micro-batch, besides train.micro_batch_size rows (slime's
+    # --max-tokens-per-gpu): the bound the memory plan sizes activations by; a longer sample trains alone.
     max_tokens_per_gpu: int = Field(8192, ge=1)
 
 
@@ -359,6 +361,11 @@ class EvalConfig(Section):
 class ClusterConfig(Section):
     num_nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0)  # 0: CPU-only (embedded engine, gloo)
+    # Memory the plan holds layouts against (slime_ext.orchestration.memory_model): a trainer or engine estimate
+    # above gpu_memory_gib, or an offloaded optimizer above host_memory_gib per node (null: not checked), is
+    # refused by the plan, the launcher's --dry-run and `python -m slime_ext.config --check`.
+    gpu_memory_gib: float = Field(80.0, gt=0)
+    host_memory_gib: Optional[float] = Field(None, gt=0)
     colocate: bool = True
     ray_address: Optional[str] = None
     # Custom Ray resources every trainer rank / engine actor asks for: the nodes that advertise them

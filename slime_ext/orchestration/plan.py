@@ -17,41 +17,10 @@ Layout rules (megatron-core 0.16 `initialize_model_parallel`):
   differs from it is an error. CPU runs (`cluster.gpus_per_node: 0`): W = TP * PP * data_parallel_size
   gloo processes.
 
-Memory model of one trainer GPU (bytes; the heaviest pipeline stage; `ParamSplit` holds the counts):
-
-* parameter split: attention linears, dense MLP, word embedding and output layer are divided by TP
-  (vocab-parallel embedding); norms, q/k norms and the MoE router are replicated on every TP rank;
-  experts are divided by EP * ETP = EP; a stage holds L / PP layers, the first stage the embedding,
-  the last the output layer (both when PP = 1);
-* weights: 2 bytes per local parameter in bf16 (4 in fp32);
-* gradients: 4 bytes per local parameter (megatron's fp32 grad buffer, `grad_reduce_in_fp32=True`
-  as `megatron_glue.trainer` builds it; the buffer is full size even with the distributed optimizer);
-* optimizer: fp32 main params (4 bytes, bf16 only) + Adam moments (8 bytes), divided by DP for
-  non-expert parameters and by EDP for experts when the distributed optimizer is on; moved to host
-  memory (reported per node) when `optimizer_cpu_offload` is on;
-* activations for T = `max_tokens_per_gpu` tokens, s = TP with sequence parallel else 1, t = TP,
-  bf16 (2 bytes) per element, per token and layer:
-    attention: 3 * 2h / s (norm input, residual, projection output)
-               + (2 * (q + k + v widths) + 2 * 2 * q width) / t (q, k, v, flash-attention output,
-               projection input; no s^2 term with flash attention)
-    MoE MLP:   (2h + 8E) / s (norm input, fp32 router logits and probabilities)
-               + k * (2h + 2 * 2I + 2I + 2h) / s (routed copies: fc1 input, gate+up, SwiGLU, fc2 output;
-               balanced routing, ETP = 1 so I is not split)
-    dense MLP: 2h / s + (2 * 2I + 2I) / t
-  logits: T * V / t * (2 + 4 + 4) (bf16 logits, fp32 log-softmax kept for backward, fp32 gradient);
-  full recompute: P * (L / PP) * T * 2h / s (the bf16 input of every layer is the checkpoint) + one
-  layer's activations (recomputed in backward) + logits; none / selective: P * (L / PP) layers of
-  activations + logits (selective recompute drops only the s^2 attention term, already absent with
-  flash attention); P = PP micro-batches in flight on the first stage (1F1B schedule);
-* runtime: a fixed RUNTIME_OVERHEAD_GIB for the CUDA context, NCCL buffers and allocator
-  fragmentation (an assumption, not a measurement).
-
-Rollout side of one engine GPU: weights = total parameters * 2 bytes * models per engine / tp_size
-(the Tandem method holds the frozen junior next to the senior: two models); SGLang's static pool is
-`mem_fraction_static` * GPU memory, the KV cache gets what the weights leave of it; KV bytes per
-token = L * 2 (k, v) * max(1, kv_heads / tp_size) * head_dim * 2 bytes. Colocated engines release
-their memory during training and the trainer offloads during rollout (slime's colocated mode), so
-each phase is compared with the GPU on its own.
+Memory: `slime_ext.orchestration.memory_model` (every term, measured counts, what it leaves out). A layout
+whose trainer or engine estimate exceeds `cluster.gpu_memory_gib` (or, with optimizer offload, whose host
+share exceeds `cluster.host_memory_gib`) is refused: the CLI prints the plan, then the error naming the terms
+and the keys that shrink them, and exits 3 (`--allow-over` prints it without failing).
 """
 
 from __future__ import annotations
@@ -67,12 +36,13 @@ from typing import Any, Optional, Sequence
 from slime_ext.config.loader import ConfigError, load_config
 from slime_ext.methods.registry import method_class, method_name
 from slime_ext.config.schema import Config, ModelConfig
+from slime_ext.orchestration.memory_model import (GIB, NOT_COVERED, EngineMemory, ParamSplit, TrainerMemory,
+                                                 _head_dim, _num_experts, engine_memory, over_memory_problems,
+                                                 param_split, trainer_memory)
 from slime_ext.orchestration.placement import (ActorGroup, Placement, actor_groups, build_placement, engine_count,
                                               engine_gpus, trainer_world)
 
-GIB = 1024**3
-GPU_MEMORY_GIB = 80.0  # H100 80GB
-RUNTIME_OVERHEAD_GIB = 4.0  # CUDA context + NCCL buffers + fragmentation: an assumption, see docstring
+GPU_MEMORY_GIB = 80.0  # H100 80GB (cluster.gpu_memory_gib's default)
 ENGINE_PORT = 30000
 
 
@@ -85,25 +55,6 @@ class PlanError(ValueError):
 
 
 # -- model ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParamSplit:
-    """Parameter counts by how the trainer shards them (see the module docstring)."""
-
-    num_layers: int
-    attention: int  # per layer: q, k, v, o projections (TP-split)
-    replicated: int  # per layer: 2 norms, q/k norms, router (on every TP rank)
-    experts: int  # per layer: all experts' gate, up, down (EP-split)
-    dense_mlp: int  # per layer: dense gate, up, down (TP-split); 0 for MoE
-    embedding: int
-    output: int  # 0 when tied
-    final_norm: int
-
-    @property
-    def total(self) -> int:
-        per_layer = self.attention + self.replicated + self.experts + self.dense_mlp
-        return self.num_layers * per_layer + self.embedding + self.output + self.final_norm
 
 
 @dataclass(frozen=True)
@@ -160,28 +111,6 @@ def load_model_shape(config: Config) -> tuple[ModelShape, list[str]]:
         params_total=counts["total"], params_active=counts["active"], split=split,
     )
     return shape, warnings
-
-
-def _head_dim(hf: Any) -> int:
-    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-
-
-def _num_experts(hf: Any) -> int:
-    return int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", 0) or 0)
-
-
-def param_split(hf: Any) -> ParamSplit:
-    """Count parameters per sharding kind; the sum equals `megatron_glue.hf_config.parameter_counts`."""
-    h, hd, experts = hf.hidden_size, _head_dim(hf), _num_experts(hf)
-    attention = h * hd * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads)
-    replicated = 2 * h + 2 * hd + experts * h  # input/post-attention norms, q/k norms, router
-    expert_params = experts * 3 * h * hf.moe_intermediate_size if experts else 0
-    dense = 0 if experts else 3 * h * hf.intermediate_size
-    embedding = hf.vocab_size * h
-    return ParamSplit(
-        num_layers=hf.num_hidden_layers, attention=attention, replicated=replicated, experts=expert_params,
-        dense_mlp=dense, embedding=embedding, output=0 if hf.tie_word_embeddings else embedding, final_norm=h,
-    )
 
 
 # -- layout ---------------------------------------------------------------------------------------
@@ -338,101 +267,6 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
 # -- Ray actors -----------------------------------------------------------------------------------
 
 
-# -- memory ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainerMemory:
-    local_params: int  # parameters on one GPU of the heaviest stage
-    local_expert_params: int
-    components_gib: dict[str, float]
-    total_gib: float
-    host_offload_gib_per_node: float
-    fits: Optional[bool]  # None on CPU runs
-
-
-@dataclass(frozen=True)
-class EngineMemory:
-    weights_gib: float
-    static_gib: float
-    kv_cache_gib: float
-    kv_bytes_per_token: int
-    kv_tokens: int
-    fits: Optional[bool]
-
-
-def local_param_counts(split: ParamSplit, layout: TrainerLayout) -> tuple[int, int, int]:
-    """(TP-split, replicated, expert) parameters on one GPU of the heaviest pipeline stage."""
-    layers = split.num_layers // layout.pp
-    if layout.pp == 1:
-        edge = split.embedding + split.output
-    else:
-        edge = max(split.embedding, split.output or split.embedding)
-    tp_split = math.ceil((layers * (split.attention + split.dense_mlp) + edge) / layout.tp)
-    replicated = layers * split.replicated + split.final_norm  # final norm: last stage (tiny)
-    experts = math.ceil(layers * split.experts / (layout.ep * layout.etp))
-    return tp_split, replicated, experts
-
-
-def activation_bytes(shape: ModelShape, layout: TrainerLayout) -> dict[str, int]:
-    """Activation memory of one micro-batch of `max_tokens_per_gpu` tokens (formula in the docstring)."""
-    T, h, tp = layout.max_tokens_per_gpu, shape.hidden, layout.tp
-    s = tp if layout.sequence_parallel else 1
-    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    per_token = 3 * 2 * h / s + (2 * (q + 2 * kv) + 2 * 2 * q) / tp
-    if shape.num_experts:
-        routed = 2 * h + 2 * 2 * shape.moe_ffn + 2 * shape.moe_ffn + 2 * h
-        per_token += (2 * h + 8 * shape.num_experts) / s + shape.top_k * routed / s
-    else:
-        per_token += 2 * h / s + (2 * 2 * shape.dense_ffn + 2 * shape.dense_ffn) / tp
-    layer = int(T * per_token)
-    logits = int(T * math.ceil(shape.vocab / tp) * (2 + 4 + 4))
-    layers, inflight = shape.num_layers // layout.pp, layout.pp
-    if layout.recompute == "full":
-        return {"layer_checkpoints": int(inflight * layers * T * 2 * h / s), "recomputed_layer": layer,
-                "logits": logits}
-    return {"layers": inflight * layers * layer, "logits": logits}
-
-
-def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float) -> TrainerMemory:
-    """Per-GPU trainer memory (module docstring); fits is None on CPU runs (host RAM, no GPU limit)."""
-    tp_split, replicated, experts = local_param_counts(shape.split, layout)
-    local = tp_split + replicated + experts
-    bf16 = layout.precision == "bf16"
-    opt_per_param = (4 if bf16 else 0) + 8
-    dense_div = layout.dp if layout.distributed_optimizer else 1
-    expert_div = layout.expert_dp if layout.distributed_optimizer else 1
-    optimizer = opt_per_param * ((tp_split + replicated) / dense_div + experts / expert_div)
-    comps = {"weights": (2 if bf16 else 4) * local, "grads_fp32": 4 * local,
-             "optimizer": 0.0 if layout.optimizer_cpu_offload else optimizer}
-    comps.update({f"act_{k}": v for k, v in activation_bytes(shape, layout).items()})
-    gib = {k: v / GIB for k, v in comps.items()}
-    gpu = layout.gpus_per_node > 0
-    if gpu:
-        gib["runtime"] = RUNTIME_OVERHEAD_GIB
-    total = sum(gib.values())
-    ranks_per_node = min(layout.gpus_per_node or layout.world, layout.world)
-    host = optimizer * ranks_per_node / GIB if layout.optimizer_cpu_offload else 0.0
-    return TrainerMemory(local_params=local, local_expert_params=experts,
-                         components_gib={k: round(v, 3) for k, v in gib.items()}, total_gib=round(total, 3),
-                         host_offload_gib_per_node=round(host, 2), fits=(total <= gpu_gib) if gpu else None)
-
-
-def engine_memory(shape: ModelShape, config: Config, rollout: RolloutLayout, gpu_gib: float) -> Optional[EngineMemory]:
-    """SGLang weights and KV-cache budget per engine GPU; None without SGLang engines on GPUs."""
-    if rollout.engine != "sglang" or config.cluster.gpus_per_node == 0:
-        return None
-    tp = rollout.tp_size
-    weights = shape.params_total * 2 * rollout.models_per_engine / tp / GIB
-    static = config.sglang.mem_fraction_static * gpu_gib
-    kv = static - weights
-    kv_heads = max(1, shape.num_kv_heads // tp)
-    per_token = shape.num_layers * 2 * kv_heads * shape.head_dim * 2 * rollout.models_per_engine
-    tokens = int(kv * GIB // per_token) if kv > 0 else 0
-    return EngineMemory(weights_gib=round(weights, 3), static_gib=round(static, 3), kv_cache_gib=round(kv, 3),
-                        kv_bytes_per_token=per_token, kv_tokens=tokens, fits=kv > 0)
-
-
 # -- the plan -------------------------------------------------------------------------------------
 
 
@@ -449,6 +283,7 @@ class Plan:
     engine_memory: Optional[EngineMemory]
     gpu_memory_gib: float
     warnings: list[str] = field(default_factory=list)
+    memory_problems: list[str] = field(default_factory=list)  # why the layout does not fit (refused by main)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -468,21 +303,28 @@ def _layout_warnings(layout: TrainerLayout, config: Config) -> list[str]:
     return out
 
 
-def build_plan(config: Config, gpu_memory_gib: float = GPU_MEMORY_GIB) -> Plan:
-    """Everything a launch of `config` would build, computed without starting anything."""
+def build_plan(config: Config, gpu_memory_gib: Optional[float] = None) -> Plan:
+    """Everything a launch of `config` would build, computed without starting anything. `gpu_memory_gib`
+    overrides `cluster.gpu_memory_gib`."""
+    gpu_memory_gib = gpu_memory_gib or config.cluster.gpu_memory_gib
     shape, warnings = load_model_shape(config)
     layout = build_layout(config, shape)
     warnings += _layout_warnings(layout, config)
     rollout = build_rollout(config, warnings)
-    tmem = trainer_memory(shape, layout, gpu_memory_gib)
+    seq = config.rollout.max_prompt_len + config.rollout.max_response_len
+    # the trainer's micro-batches: at most micro_batch_size rows and max_tokens_per_gpu padded tokens, but a
+    # longer single sequence still trains (alone)
+    tokens = max(seq, min(layout.max_tokens_per_gpu, config.train.micro_batch_size * seq))
+    if seq > layout.max_tokens_per_gpu:
+        warnings.append(f"one sequence (rollout.max_prompt_len + max_response_len = {seq}) exceeds "
+                        f"train.parallel.max_tokens_per_gpu = {layout.max_tokens_per_gpu}: such samples train alone")
+    tmem = trainer_memory(shape, layout, gpu_memory_gib, config.train.logprob_chunk_mb, tokens)
     emem = engine_memory(shape, config, rollout, gpu_memory_gib)
-    if emem is not None:
-        seq = config.rollout.max_prompt_len + config.rollout.max_response_len
-        if emem.kv_tokens < seq:
-            warnings.append(f"the KV cache holds {emem.kv_tokens} tokens, less than one sequence ({seq})")
+    problems = over_memory_problems(tmem, emem, gpu_memory_gib, config.cluster.host_memory_gib, seq)
     return Plan(method=method_name(config), run_name=config.run.name, model=shape, layout=layout, rollout=rollout,
                 placement=build_placement(config), actors=list(actor_groups(config).values()),
-                trainer_memory=tmem, engine_memory=emem, gpu_memory_gib=gpu_memory_gib, warnings=warnings)
+                trainer_memory=tmem, engine_memory=emem, gpu_memory_gib=gpu_memory_gib, warnings=warnings,
+                memory_problems=problems)
 
 
 # -- text -----------------------------------------------------------------------------------------
@@ -560,7 +402,9 @@ def _format_memory(p: Plan) -> list[str]:
     parts = ", ".join(f"{k} {v:.2f}" for k, v in t.components_gib.items())
     per = "GPU" if p.layout.gpus_per_node else "process"
     lines = [f"memory trainer per {per}: {t.total_gib:.2f} GiB {unit} -> {_fit(t.fits)}  [{parts}]",
-             f"  local params {_fmt_params(t.local_params)} (experts {_fmt_params(t.local_expert_params)})"]
+             f"  local params {_fmt_params(t.local_params)} (experts {_fmt_params(t.local_expert_params)}), "
+             f"micro-batches of {t.tokens_per_micro_batch} tokens (train.parallel.max_tokens_per_gpu)",
+             "  not estimated: " + ", ".join(NOT_COVERED)]
     if t.host_offload_gib_per_node:
         lines.append(f"  optimizer offloaded to host: {t.host_offload_gib_per_node:.1f} GiB per node")
     if e is not None:
@@ -573,6 +417,7 @@ def format_plan(plan: Plan) -> str:
     """The readable multi-line plan the launcher's dry run prints."""
     lines = _format_layout(plan) + _format_rollout(plan) + _format_actors(plan) + _format_memory(plan)
     lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"does not fit: {p}" for p in plan.memory_problems]
     return "\n".join(lines)
 
 
@@ -581,7 +426,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("config", help="YAML run config")
     parser.add_argument("overrides", nargs="*", help="a.b.c=value overrides")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--gpu-mem-gib", type=float, default=GPU_MEMORY_GIB, help="memory of one GPU")
+    parser.add_argument("--gpu-mem-gib", type=float, default=None,
+                        help="memory of one GPU (default: cluster.gpu_memory_gib)")
+    parser.add_argument("--allow-over", action="store_true",
+                        help="print a plan that does not fit without failing (exit 0)")
     args = parser.parse_intermixed_args(argv)
     try:
         plan = build_plan(load_config(args.config, args.overrides).config, args.gpu_mem_gib)
@@ -589,6 +437,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
+    if plan.memory_problems and not args.allow_over:
+        print("error: the layout does not fit:\n  " + "\n  ".join(plan.memory_problems), file=sys.stderr)
+        return 3
     return 0
 
 

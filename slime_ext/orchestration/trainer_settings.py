@@ -20,6 +20,7 @@ def trainer_settings(cfg: Any, loss: LossSpec, total_steps: Optional[int] = None
         lr_decay_style=t.lr_decay_style, total_steps=max(1, total_steps or t.steps * per_step),
         weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
         clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size,
+        max_tokens_per_micro_batch=t.parallel.max_tokens_per_gpu,
         use_distributed_optimizer=t.parallel.use_distributed_optimizer, precision=t.precision,
         optimizer_cpu_offload=t.parallel.optimizer_cpu_offload,
         recompute=t.parallel.recompute, seed=cfg.run.seed, routing_replay=t.routing_replay,

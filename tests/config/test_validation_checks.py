@@ -177,9 +177,10 @@ def test_off_policy_on_colocated_gpus_names_both_keys_and_the_fix(capsys):
     err = capsys.readouterr().err
     assert ("rollout.off_policy_steps = 1 with cluster.colocate = true on a GPU cluster (cluster.gpus_per_node = 8)"
             in err) and "set cluster.colocate=false" in err
-    # engines on their own GPUs, or a CPU run (its processes never sleep): accepted
+    # engines on their own GPUs, or a CPU run (its processes never sleep): accepted (DP derived on GPUs: --check
+    # also builds the cluster plan, which refuses the CPU config's data_parallel_size 2 on 8 GPUs)
     assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1", "cluster.gpus_per_node=8",
-                        "cluster.colocate=false"]) == 0
+                        "cluster.colocate=false", "train.parallel.data_parallel_size=1"]) == 0
     assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1"]) == 0
 
 

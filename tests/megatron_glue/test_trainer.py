@@ -74,9 +74,9 @@ def test_per_sample_weight_scales_the_gradient_exactly():
 def test_micro_batch_size_does_not_change_the_step():
     samples = make_samples(7)
     metrics = []
-    for mbs in (1, 3, 7):
+    for mbs, cap in ((1, None), (3, None), (7, None), (7, 20)):  # 20 tokens: 1-3 rows of 7-14 tokens
         single_process_parallel_state(seed=3)
-        trainer = make_trainer(micro_batch_size=mbs)
+        trainer = make_trainer(micro_batch_size=mbs, max_tokens_per_micro_batch=cap)
         metrics.append(trainer.train_step(samples, kind="grpo"))
     for m in metrics[1:]:
         assert m["pg_loss"] == pytest.approx(metrics[0]["pg_loss"], rel=1e-5)
@@ -230,3 +230,15 @@ def test_micro_batches_group_samples_by_length_and_keep_every_sample():
     widths = [mb["tokens"].shape[1] for mb in micro]
     assert widths == [11, 98, 100]  # sorted: (10, 11), (12, 98), (99, 100); unsorted would pad to 100, 98, 99
     assert sorted(i for mb in micro for i in mb["batch"].sample_ids) == sorted(s.sample_id for s in samples)
+
+
+def test_micro_batches_hold_at_most_max_tokens_padded():
+    """train.parallel.max_tokens_per_gpu: rows x longest row <= the cap, besides micro_batch_size rows; a sample
+    longer than the cap trains alone."""
+    trainer = make_trainer(micro_batch_size=4, max_tokens_per_micro_batch=200)
+    lengths = [10, 100, 12, 98, 11, 99, 250]
+    samples = [Sample(f"s{i}", [3] * 4, [5] * (n - 4)) for i, n in enumerate(lengths)]
+    micro = trainer._micro_batches(samples)
+    shapes = [tuple(mb["tokens"].shape) for mb in micro]
+    # sorted 10 11 12 | 98 99 (3 x 100 > 200) | 100 | 250 (alone, over the cap)
+    assert shapes == [(3, 12), (2, 99), (1, 100), (1, 250)]

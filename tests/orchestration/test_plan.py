@@ -117,6 +117,49 @@ def test_over_is_flagged(tmp_path):
     plan = build_plan(reference_config(tmp_path, "train.parallel.optimizer_cpu_offload=false",
                                        "train.parallel.recompute=none"))
     assert plan.trainer_memory.fits is False and "OVER" in format_plan(plan)
+    assert len(plan.memory_problems) == 1 and "trainer needs" in plan.memory_problems[0]
+
+
+def test_dry_run_refuses_a_layout_that_does_not_fit(tmp_path):
+    """TP 1 / EP 1 puts the whole 30B model's bf16 weights and fp32 gradients on each GPU: the launcher's dry run
+    fails, naming the overflowing terms and the keys that shrink them (it printed OVER and exited 0 before)."""
+    proc = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--dry-run", "train.parallel.tensor_model_parallel_size=1",
+                     "train.parallel.expert_model_parallel_size=1")
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "dry run OK" not in proc.stdout + proc.stderr
+    err = proc.stderr
+    # 30.5B params, experts and the rest unsplit: 4 bytes of fp32 gradient each is ~114 GiB on its own
+    assert "grads_fp32 113.7" in err and "weights 56.8" in err and "cluster.gpu_memory_gib" in err
+    assert "train.parallel.tensor_model_parallel_size / expert_model_parallel_size" in err
+
+
+def test_check_refuses_over_memory_and_names_the_term(tmp_path, capsys):
+    from slime_ext.config.__main__ import main as config_main
+
+    reference_config(tmp_path)
+    config = str(tmp_path / "qwen3.yaml")
+    assert config_main(["--check", config]) == 0
+    capsys.readouterr()
+    # the reference trainer needs ~29 GiB per GPU: a 24 GiB card overflows it
+    assert config_main(["--check", config, "cluster.gpu_memory_gib=24"]) == 3
+    err = capsys.readouterr().err
+    assert "trainer needs" in err and "more than the 24 GiB of cluster.gpu_memory_gib" in err
+    assert "grads_fp32" in err
+    # the engine: weights above the static pool name the SGLang keys
+    assert config_main(["--check", config, "sglang.mem_fraction_static=0.05", "cluster.gpu_memory_gib=80"]) == 3
+    assert "sglang.mem_fraction_static" in capsys.readouterr().err
+    # host RAM with the offloaded optimizer: 12 bytes x 30.5B params on one node = 341 GiB
+    assert config_main(["--check", config, "cluster.host_memory_gib=256"]) == 3
+    assert "cluster.host_memory_gib = 256" in capsys.readouterr().err
+    assert config_main(["--check", config, "cluster.host_memory_gib=512"]) == 0
+
+
+def test_plan_cli_allow_over(tmp_path, capsys):
+    reference_config(tmp_path)
+    config = str(tmp_path / "qwen3.yaml")
+    assert main([config, "cluster.gpu_memory_gib=24"]) == 3
+    assert "does not fit" in capsys.readouterr().out
+    assert main([config, "cluster.gpu_memory_gib=24", "--allow-over"]) == 0
 
 
 def test_tandem_engine_holds_two_models(tmp_path, reference_plan):

@@ -1,0 +1,262 @@
+"""Memory of one trainer rank and one engine GPU, term by term, and which config keys shrink each term.
+
+Why: a 30B launch that does not fit fails after many node-minutes; the same arithmetic fails here in a second.
+The activation counts are not guesses: they were measured on this code (megatron-core 0.16 local layer spec,
+our grouped experts and chunked LM-head log-probs) with `megatron_glue.memory_meter` over 14 shapes (hidden
+64-256, query/key-value widths, expert FFN, top-k, experts, layers, dense and MoE; least squares, every shape
+within 1.5%), and `tests/orchestration/test_memory_model.py` holds the whole estimate against measured peaks.
+CPU and GPU run one code path, so the element counts carry over; the element size follows the precision.
+
+Trainer rank (the heaviest pipeline stage; `ParamSplit` holds the parameter counts):
+
+* weights: 2 bytes per local parameter in bf16 (4 in fp32); gradients: 4 bytes (megatron's fp32 grad buffer,
+  full size even with the distributed optimizer); optimizer: fp32 main params (bf16 only) + Adam moments
+  (8 bytes), divided by DP for non-expert and by expert-DP for expert parameters with the distributed
+  optimizer, on the host when `optimizer_cpu_offload` is on.
+* activations of one micro-batch of T tokens, element size e (2 bf16, 4 fp32), s = TP with sequence parallel
+  else 1, t = TP; per token and layer, counted in elements:
+      ATTN_Q * q / t + ATTN_KV * (k + v widths) / t
+      MoE:   MOE_H * h / s + top_k * (MOE_ROUTED_FFN * I + MOE_ROUTED_H * h) / s
+      dense: DENSE_H * h / s + DENSE_FFN * I / t
+  plus FIXED_H * h / s per token outside the layers (embedding output, final norm, the LM head's input and its
+  gradient); times layers per stage and PP micro-batches in flight (1F1B). Full recompute keeps each layer's
+  input (h / s elements per token) and one layer's activations.
+* expert weight stacks: the grouped experts stack the local expert weights for one grouped matmul and autograd
+  keeps the stack: local expert parameters x e per micro-batch in flight (not with Transformer Engine).
+* LM-head log-probs: LOGPROB_CHUNK_COPIES fp32 copies of one chunk's logits, min(T, tokens per chunk) x V / t
+  (`train.logprob_chunk_mb`); no [T, V] tensor.
+* runtime (GPU only): RUNTIME_OVERHEAD_GIB for the CUDA context, NCCL buffers and allocator fragmentation, an
+  assumption that no measurement here covers.
+
+Engine GPU (SGLang): weights = total parameters x 2 bytes x models per engine / tp_size; the static pool is
+`mem_fraction_static` x GPU memory and the KV cache gets what the weights leave; KV bytes per token = layers x 2
+x max(1, kv_heads / tp_size) x head_dim x 2 bytes. Colocated engines release their memory while the trainer
+runs (and the trainer offloads during rollout), so each phase is compared with the GPU on its own.
+
+Not covered (named in the plan's output): the Python heap and CUDA graphs, allocator caching and
+fragmentation beyond the runtime term, Megatron's per-micro-batch communication buffers, the KL reference copy
+(`grpo.kl_coef > 0`: one more copy of the weights, on the host), and the engine's activations outside
+SGLang's static pool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from megatron_glue.logprobs import tokens_per_chunk
+
+if TYPE_CHECKING:  # the plan's dataclasses; imported for types only (the plan imports this module)
+    from slime_ext.orchestration.plan import ModelShape, RolloutLayout, TrainerLayout
+
+GIB = 1024**3
+RUNTIME_OVERHEAD_GIB = 4.0
+
+# elements per token and layer (fitted on measured peaks; see the module docstring)
+ATTN_Q = 5.25
+ATTN_KV = 1.2
+MOE_H = 5.9
+MOE_ROUTED_FFN = 5.21
+MOE_ROUTED_H = 1.83
+DENSE_H = 8.0
+DENSE_FFN = 5.0
+FIXED_H = 6.6
+LOGPROB_CHUNK_COPIES = 3
+
+NOT_COVERED = ("Python heap", "allocator caching/fragmentation (GPU: within the runtime term)",
+               "communication buffers", "KL reference weights (host)", "engine activations outside the static pool")
+
+# the keys that shrink each trainer term, for the error of a layout that does not fit
+TRAINER_FIXES = {
+    "weights": "train.parallel.tensor_model_parallel_size / expert_model_parallel_size / pipeline_model_parallel_size",
+    "grads_fp32": "train.parallel.tensor_model_parallel_size / expert_model_parallel_size / "
+                  "pipeline_model_parallel_size",
+    "optimizer": "train.parallel.optimizer_cpu_offload: true, train.parallel.use_distributed_optimizer: true, or more "
+                 "data-parallel ranks",
+    "act_layers": "train.parallel.recompute: full, train.parallel.max_tokens_per_gpu, "
+                  "train.parallel.sequence_parallel: true",
+    "act_layer_checkpoints": "train.parallel.max_tokens_per_gpu, train.parallel.sequence_parallel: true, "
+                             "train.parallel.pipeline_model_parallel_size",
+    "act_recomputed_layer": "train.parallel.max_tokens_per_gpu",
+    "act_outside_layers": "train.parallel.max_tokens_per_gpu, train.parallel.sequence_parallel: true",
+    "expert_stacks": "train.parallel.expert_model_parallel_size, train.parallel.recompute: full",
+    "logprob_chunks": "train.logprob_chunk_mb",
+}
+ENGINE_FIXES = "sglang.tp_size, sglang.mem_fraction_static"
+
+
+@dataclass(frozen=True)
+class ParamSplit:
+    """Parameter counts by how the trainer shards them."""
+
+    num_layers: int
+    attention: int  # per layer: q, k, v, o projections (TP-split)
+    replicated: int  # per layer: 2 norms, q/k norms, router (on every TP rank)
+    experts: int  # per layer: all experts' gate, up, down (EP-split)
+    dense_mlp: int  # per layer: dense gate, up, down (TP-split); 0 for MoE
+    embedding: int
+    output: int  # 0 when tied
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        per_layer = self.attention + self.replicated + self.experts + self.dense_mlp
+        return self.num_layers * per_layer + self.embedding + self.output + self.final_norm
+
+
+def _head_dim(hf: Any) -> int:
+    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+
+def _num_experts(hf: Any) -> int:
+    return int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", 0) or 0)
+
+
+def param_split(hf: Any) -> ParamSplit:
+    """Count parameters per sharding kind; the sum equals `megatron_glue.hf_config.parameter_counts`."""
+    h, hd, experts = hf.hidden_size, _head_dim(hf), _num_experts(hf)
+    attention = h * hd * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads)
+    replicated = 2 * h + 2 * hd + experts * h  # input/post-attention norms, q/k norms, router
+    expert_params = experts * 3 * h * hf.moe_intermediate_size if experts else 0
+    dense = 0 if experts else 3 * h * hf.intermediate_size
+    embedding = hf.vocab_size * h
+    return ParamSplit(
+        num_layers=hf.num_hidden_layers, attention=attention, replicated=replicated, experts=expert_params,
+        dense_mlp=dense, embedding=embedding, output=0 if hf.tie_word_embeddings else embedding, final_norm=h,
+    )
+
+
+@dataclass(frozen=True)
+class TrainerMemory:
+    local_params: int  # parameters on one GPU of the heaviest stage
+    local_expert_params: int
+    components_gib: dict[str, float]
+    total_gib: float
+    host_offload_gib_per_node: float
+    fits: Optional[bool]  # None on CPU runs
+    tokens_per_micro_batch: int = 0
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    weights_gib: float
+    static_gib: float
+    kv_cache_gib: float
+    kv_bytes_per_token: int
+    kv_tokens: int
+    fits: Optional[bool]
+
+
+def local_param_counts(split: ParamSplit, layout: "TrainerLayout") -> tuple[int, int, int]:
+    """(TP-split, replicated, expert) parameters on one GPU of the heaviest pipeline stage."""
+    layers = split.num_layers // layout.pp
+    if layout.pp == 1:
+        edge = split.embedding + split.output
+    else:
+        edge = max(split.embedding, split.output or split.embedding)
+    tp_split = math.ceil((layers * (split.attention + split.dense_mlp) + edge) / layout.tp)
+    replicated = layers * split.replicated + split.final_norm  # final norm: last stage (tiny)
+    experts = math.ceil(layers * split.experts / (layout.ep * layout.etp))
+    return tp_split, replicated, experts
+
+
+def activation_elements_per_token(shape: "ModelShape", tp: int, sp: int) -> tuple[float, float]:
+    """(per layer, outside the layers) activation elements per token of a micro-batch."""
+    h = shape.hidden
+    q, kv = shape.num_heads * shape.head_dim, 2 * shape.num_kv_heads * shape.head_dim
+    layer = (ATTN_Q * q + ATTN_KV * kv) / tp
+    if shape.num_experts:
+        layer += MOE_H * h / sp + shape.top_k * (MOE_ROUTED_FFN * shape.moe_ffn + MOE_ROUTED_H * h) / sp
+    else:
+        layer += DENSE_H * h / sp + DENSE_FFN * shape.dense_ffn / tp
+    return layer, FIXED_H * h / sp
+
+
+def activation_bytes(shape: "ModelShape", layout: "TrainerLayout", tokens: int, chunk_mb: float,
+                     local_expert_params: int) -> dict[str, int]:
+    """Bytes of one rank's activations for micro-batches of `tokens` tokens (module docstring)."""
+    elem = 2 if layout.precision == "bf16" else 4
+    sp = layout.tp if layout.sequence_parallel else 1
+    per_layer, outside = activation_elements_per_token(shape, layout.tp, sp)
+    layers, inflight = shape.num_layers // layout.pp, layout.pp
+    layer = int(tokens * per_layer * elem)
+    local_vocab = math.ceil(shape.vocab / layout.tp)
+    chunk_tokens = min(tokens, tokens_per_chunk(local_vocab, chunk_mb))
+    out = ({"act_layer_checkpoints": int(inflight * layers * tokens * shape.hidden / sp * elem),
+            "act_recomputed_layer": layer} if layout.recompute == "full" else {"act_layers": inflight * layers * layer})
+    out["act_outside_layers"] = int(inflight * tokens * outside * elem)
+    if local_expert_params and layout.recompute != "full":
+        out["expert_stacks"] = inflight * local_expert_params * elem
+    elif local_expert_params:  # recompute keeps the stack of the layer being recomputed only
+        out["expert_stacks"] = local_expert_params // max(1, layers) * elem
+    out["logprob_chunks"] = LOGPROB_CHUNK_COPIES * chunk_tokens * local_vocab * 4
+    return out
+
+
+def trainer_memory(shape: "ModelShape", layout: "TrainerLayout", gpu_gib: float, chunk_mb: float,
+                   tokens: Optional[int] = None) -> TrainerMemory:
+    """Per-rank trainer memory for micro-batches of `tokens` (default `max_tokens_per_gpu`); fits is None on CPU
+    runs (host RAM, no GPU limit)."""
+    tokens = tokens or layout.max_tokens_per_gpu
+    tp_split, replicated, experts = local_param_counts(shape.split, layout)
+    local = tp_split + replicated + experts
+    bf16 = layout.precision == "bf16"
+    opt_per_param = (4 if bf16 else 0) + 8
+    dense_div = layout.dp if layout.distributed_optimizer else 1
+    expert_div = layout.expert_dp if layout.distributed_optimizer else 1
+    optimizer = opt_per_param * ((tp_split + replicated) / dense_div + experts / expert_div)
+    comps = {"weights": (2 if bf16 else 4) * local, "grads_fp32": 4 * local,
+             "optimizer": 0.0 if layout.optimizer_cpu_offload else optimizer}
+    comps.update(activation_bytes(shape, layout, tokens, chunk_mb, experts))
+    gib = {k: v / GIB for k, v in comps.items()}
+    gpu = layout.gpus_per_node > 0
+    if gpu:
+        gib["runtime"] = RUNTIME_OVERHEAD_GIB
+    total = sum(gib.values())
+    ranks_per_node = min(layout.gpus_per_node or layout.world, layout.world)
+    host = optimizer * ranks_per_node / GIB if layout.optimizer_cpu_offload else 0.0
+    return TrainerMemory(local_params=local, local_expert_params=experts,
+                         components_gib={k: round(v, 3) for k, v in gib.items()}, total_gib=round(total, 3),
+                         host_offload_gib_per_node=round(host, 2), fits=(total <= gpu_gib) if gpu else None,
+                         tokens_per_micro_batch=tokens)
+
+
+def engine_memory(shape: "ModelShape", config: Any, rollout: "RolloutLayout", gpu_gib: float) -> Optional[EngineMemory]:
+    """SGLang weights and KV-cache budget per engine GPU; None without SGLang engines on GPUs."""
+    if rollout.engine != "sglang" or config.cluster.gpus_per_node == 0:
+        return None
+    tp = rollout.tp_size
+    weights = shape.params_total * 2 * rollout.models_per_engine / tp / GIB
+    static = config.sglang.mem_fraction_static * gpu_gib
+    kv = static - weights
+    kv_heads = max(1, shape.num_kv_heads // tp)
+    per_token = shape.num_layers * 2 * kv_heads * shape.head_dim * 2 * rollout.models_per_engine
+    tokens = int(kv * GIB // per_token) if kv > 0 else 0
+    return EngineMemory(weights_gib=round(weights, 3), static_gib=round(static, 3), kv_cache_gib=round(kv, 3),
+                        kv_bytes_per_token=per_token, kv_tokens=tokens, fits=kv > 0)
+
+
+def over_memory_problems(trainer: TrainerMemory, engine: Optional[EngineMemory], gpu_gib: float,
+                         host_gib: Optional[float], min_kv_tokens: int) -> list[str]:
+    """Why a layout cannot fit, each naming the largest terms and the keys that shrink them; [] when it fits."""
+    problems = []
+    if trainer.fits is False:
+        terms = sorted(((v, k) for k, v in trainer.components_gib.items() if v > 0 and k != "runtime"),
+                       reverse=True)[:3]
+        detail = "; ".join(f"{k} {v:.2f} GiB (shrink with {TRAINER_FIXES.get(k, '?')})" for v, k in terms)
+        problems.append(f"trainer needs {trainer.total_gib:.2f} GiB per GPU, more than the {gpu_gib:.0f} GiB of "
+                        f"cluster.gpu_memory_gib; largest terms: {detail}")
+    if host_gib is not None and trainer.host_offload_gib_per_node > host_gib:
+        problems.append(f"the offloaded optimizer needs {trainer.host_offload_gib_per_node:.1f} GiB of host RAM per "
+                        f"node, more than cluster.host_memory_gib = {host_gib:.0f} (more nodes, a larger "
+                        f"train.parallel.expert_model_parallel_size x data-parallel size, or no "
+                        f"train.parallel.optimizer_cpu_offload)")
+    if engine is not None and not engine.fits:
+        problems.append(f"engine weights {engine.weights_gib:.2f} GiB exceed the static pool "
+                        f"{engine.static_gib:.2f} GiB (sglang.mem_fraction_static x cluster.gpu_memory_gib): raise "
+                        f"{ENGINE_FIXES}")
+    elif engine is not None and engine.kv_tokens < min_kv_tokens:
+        problems.append(f"the engine's KV cache holds {engine.kv_tokens} tokens, less than one sequence "
+                        f"({min_kv_tokens}): raise {ENGINE_FIXES}")
+    return problems

@@ -1,0 +1,107 @@
+"""The plan's trainer memory estimate against the measured peak of the real trainer on CPU: three model sizes x
+two micro-batch lengths, each within 15% in total and in its activation part (the part that grows with tokens).
+
+Why: the plan refuses layouts by this estimate; a model of the memory that no measurement holds could refuse a
+layout that fits or pass one that does not. When the trainer's code changes what it keeps for backward, or the
+estimate's terms drift from it, this fails and names the shape.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from megatron_glue.hf_config import hf_config_from_model_config
+from megatron_glue.memory_meter import PeakMemory, live_tensor_bytes
+from slime_ext.config import load_config
+from slime_ext.orchestration.memory_model import GIB, trainer_memory
+from slime_ext.orchestration.plan import build_plan
+from tests.conftest import CONFIGS
+from tests.megatron_fixtures import single_process_parallel_state
+
+TOLERANCE = 0.15
+# (hidden, layers, heads, kv heads, head dim, expert ffn, experts, top-k, vocab, logprob chunk MiB)
+SIZES = {
+    "h64-moe": (64, 2, 4, 2, 16, 64, 4, 2, 4096, 128.0),
+    "h128-moe": (128, 3, 8, 2, 16, 192, 8, 2, 8192, 1.0),
+    "h256-moe": (256, 2, 8, 4, 32, 256, 4, 2, 16384, 8.0),
+}
+LENGTHS = (256, 768)  # tokens per sample; micro-batches of 2 samples
+MICRO_BATCH = 2
+
+
+def _config(size: str, length: int):
+    h, layers, heads, kv, hd, ffn, experts, topk, vocab, chunk = SIZES[size]
+    return load_config(CONFIGS / "grpo.yaml", [
+        f"model.hidden_size={h}", f"model.num_layers={layers}", f"model.num_attention_heads={heads}",
+        f"model.num_key_value_heads={kv}", f"model.head_dim={hd}", f"model.moe_intermediate_size={ffn}",
+        f"model.num_experts={experts}", f"model.num_experts_per_tok={topk}", f"model.vocab_size={vocab}",
+        "model.max_position_embeddings=2048", f"train.logprob_chunk_mb={chunk}", "train.precision=fp32",
+        "train.parallel.data_parallel_size=1", f"train.micro_batch_size={MICRO_BATCH}",
+        f"rollout.max_prompt_len={length // 2}", f"rollout.max_response_len={length // 2}",
+    ]).config
+
+
+def _measure(config, length: int) -> tuple[int, int]:
+    """(static bytes: weights, gradients and Adam states after a first step; peak growth of a second step)."""
+    from megatron_glue.model_provider import ParallelSizes
+    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+    from slime_ext.data import Sample
+
+    single_process_parallel_state()
+    hf = hf_config_from_model_config(config.model)
+    torch.manual_seed(0)
+    gc.collect()
+    before = live_tensor_bytes()
+    trainer = MegatronTrainer(hf, TrainerSettings(micro_batch_size=MICRO_BATCH, precision="fp32",
+                                                  logprob_chunk_mb=config.train.logprob_chunk_mb), ParallelSizes())
+    g = torch.Generator().manual_seed(0)
+    half = length // 2
+    samples = [Sample(f"s{i}", torch.randint(1, hf.vocab_size, (half,), generator=g).tolist(),
+                      torch.randint(1, hf.vocab_size, (half,), generator=g).tolist(), logprobs=[-1.0] * half,
+                      advantage=1.0 - i) for i in range(MICRO_BATCH)]
+    trainer.train_step(samples, kind="grpo")  # creates the Adam states
+    static = live_tensor_bytes() - before
+    with PeakMemory("cpu") as meter:
+        trainer.train_step(samples, kind="grpo")
+    del trainer
+    gc.collect()
+    return static, meter.growth_bytes
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return {(size, length): _measure(_config(size, length), length) for size in SIZES for length in LENGTHS}
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("length", LENGTHS)
+def test_estimate_within_15_percent_of_the_measured_peak(measured, size, length):
+    config = _config(size, length)
+    plan = build_plan(config)
+    tokens = MICRO_BATCH * length
+    estimate = trainer_memory(plan.model, plan.layout, config.cluster.gpu_memory_gib, config.train.logprob_chunk_mb,
+                              tokens)
+    comps = {k: v * GIB for k, v in estimate.components_gib.items()}
+    static_est = comps["weights"] + comps["grads_fp32"] + comps["optimizer"]
+    dynamic_est = sum(v for k, v in comps.items() if k not in ("weights", "grads_fp32", "optimizer"))
+    static, growth = measured[(size, length)]
+    detail = (f"{size} x {tokens} tokens: static {static / 2**20:.1f} MiB measured vs {static_est / 2**20:.1f} "
+              f"estimated; step peak growth {growth / 2**20:.1f} vs {dynamic_est / 2**20:.1f}; terms "
+              + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in comps.items()))
+    assert abs(static_est - static) <= TOLERANCE * static, detail
+    assert abs(dynamic_est - growth) <= TOLERANCE * growth, detail
+    assert abs(static_est + dynamic_est - static - growth) <= TOLERANCE * (static + growth), detail
+
+
+def test_the_plan_sizes_micro_batches_like_the_trainer():
+    """The plan's tokens per micro-batch: micro_batch_size full-length rows, capped by max_tokens_per_gpu, never
+    below one sequence (the trainer cuts micro-batches the same way: tests/megatron_glue/test_trainer.py)."""
+    cfg = _config("h64-moe", 256)
+    assert build_plan(cfg).trainer_memory.tokens_per_micro_batch == 512
+    capped = load_config(CONFIGS / "grpo.yaml", ["train.parallel.data_parallel_size=1", "train.micro_batch_size=16",
+                                                 "train.parallel.max_tokens_per_gpu=1000"]).config
+    seq = capped.rollout.max_prompt_len + capped.rollout.max_response_len
+    assert build_plan(capped).trainer_memory.tokens_per_micro_batch == max(seq, 1000)
