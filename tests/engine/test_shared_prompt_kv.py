@@ -112,3 +112,42 @@ if __name__ == "__main__" and "--record" in sys.argv:
     REFERENCE.parent.mkdir(exist_ok=True)
     REFERENCE.write_text(json.dumps(run_workload()) + "\n")
     print(f"wrote {REFERENCE}")
+
+
+def test_the_prompt_kv_is_held_once_for_its_samples(monkeypatch):
+    monkeypatch.setattr(static_kv, "CAPACITY_SLACK", 16)  # own slots per row before the first growth
+    state = static_kv.StaticKVState(_model("moe"), PrefixCache())
+    rng = random.Random(2)
+    prompt = [rng.randrange(2, 64) for _ in range(100)]
+    state.prefill([prompt])
+    state.select(torch.zeros(8, dtype=torch.long))  # 8 samples of the prompt
+    # a token's KV: 2 layers x (K + V) x 2 kv heads x 8 dims x 4 bytes = 256 bytes. The prompt once plus 8 rows
+    # x 16 own slots: (100 + 8 * 16) * 256 = 58,368 bytes; 8 copies of prompt + slots would be
+    # 8 * (100 + 16) * 256 = 237,568
+    assert state.kv_bytes() == 58_368
+    for _ in range(17):  # the 17th token outgrows 16 own slots: own capacity doubles, the prompt does not
+        state.step(torch.tensor([rng.randrange(2, 64) for _ in range(8)]))
+    assert state.kv_bytes() == (100 + 8 * 32) * 256
+    k, v = state.row_kv(3)[1]  # a row's full KV for the prefix cache: the shared prompt's, then its own
+    assert k.shape == v.shape == (2, 117, 8)
+    assert torch.equal(k[:, :100], state.prompts[1][0][0]) and torch.equal(k[:, 100:], state.own[1][0][3, :, :17])
+
+
+def test_compaction_drops_prompts_no_row_samples(monkeypatch):
+    monkeypatch.setattr(static_kv, "CAPACITY_SLACK", 16)
+    model = _model("dense")
+    state = static_kv.StaticKVState(model, PrefixCache())
+    rng = random.Random(3)
+    long, short = ([rng.randrange(2, 64) for _ in range(n)] for n in (100, 40))
+    state.prefill([long, short])
+    state.select(torch.tensor([0, 1, 0, 1, 0, 1, 0, 1]))  # 4 samples each, interleaved
+    assert state.kv_bytes() == (2 * 100 + 8 * 16) * 256  # prompts padded to the longest: 83,968 bytes
+    state.step(torch.arange(2, 10))
+    state.select(torch.tensor([1, 3, 5, 7]))  # the long prompt's rows finished: half the rows are dead
+    assert state.compactions == 2 and state.prompts[0][0].shape[:3] == (1, 2, 40)
+    assert state.kv_bytes() == (40 + 4 * 16) * 256  # 26,624 bytes
+    assert [state.fed(i) for i in range(4)] == [41] * 4
+    logits = state.step(torch.tensor([11, 12, 13, 14]))  # the kept rows still read the right prompt and own KV
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor([short + [3 + 2 * i, 11 + i] for i in range(4)])).logits[:, -1]
+    assert float((logits - full).abs().max()) < 4e-6 * max(1.0, float(full.abs().max()))
