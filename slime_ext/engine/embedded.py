@@ -4,7 +4,8 @@ It is the CPU host of the rollout side (SGLang is the GPU host); both run the sa
 
 One `generate` call decodes a static batch:
 1. requests with identical input ids are prefilled once (a group of n samples of one prompt computes
-   the prompt once) and every input reuses the longest cached prefix (`PrefixCache`), so a
+   the prompt once; the static-KV kernel also holds the prompt's KV once for the n rows, the HF path copies
+   it into each row) and every input reuses the longest cached prefix (`PrefixCache`), so a
    continuation (prompt + partial response + appended text) prefills only the new tokens;
 2. all rows share one left-padded DynamicCache; prefix KV of different lengths and their new tokens are
    laid out with padding holes that the attention mask hides, and positions count real tokens only;
@@ -375,7 +376,7 @@ class EmbeddedEngine:
             if cached is None:
                 cached = used
         expand = torch.tensor([unique[tuple(r.input_ids)] for r in requests])
-        for state in states:
+        for state in states:  # one row per request (static-KV rows share their prompt's KV; HF rows copy it)
             state.select(expand)
         logits_list = [lg[expand] for lg in logits_list]
         for row, u in zip(rows, expand.tolist()):

@@ -4,7 +4,10 @@ Why: on a small model the HF forward is bound by per-call overhead (mask buildin
 module dispatch), not arithmetic; SGLang likewise runs its own model code rather than transformers'.
 This forward reads the HF model's own parameters (no copies, so in-place weight updates apply at once)
 and computes the same function with fewer operations:
-- every row's KV sits left-aligned in one preallocated tensor per layer [rows, kv_heads, capacity, dim];
+- KV sits left-aligned in preallocated tensors per layer: each unique prompt's once ([prompts, kv_heads,
+  longest prompt, dim]), and each row's generated tokens' in its own slots ([rows, kv_heads, capacity, dim]);
+  the n samples of a prompt share its KV (decode attends to the prompt's keys with the queries of all its
+  rows in one batched matmul, then to the row's own keys), so a group of n costs one prompt's KV, not n;
   a row's tokens are written at its own length, so no padding holes, no per-step mask concatenation;
 - linear layers and experts run on packed real tokens only (prefill pads nothing but attention);
 - experts are one grouped matmul over tokens sorted by expert (a loop where torch lacks grouped_mm);
@@ -16,7 +19,7 @@ engine keeps the HF path; tests hold the two to the same logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -27,8 +30,9 @@ from slime_ext.engine.prefix_cache import KV, PrefixCache
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 COMPACT_DEAD_FRACTION = 0.25  # compact the cache once this share of its rows has finished
-CAPACITY_SLACK = 64  # extra slots per row at prefill; the cache doubles when a row reaches the end
+CAPACITY_SLACK = 64  # own (generated-token) slots per row at prefill; they double when a row reaches the end
 PREFILL_ATTENTION_ELEMENTS = 1 << 24  # rows are prefilled in chunks so rows x queries x keys stays under this
+KVPair = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values), [rows, kv_heads, slots, head_dim] each
 
 
 def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
@@ -111,7 +115,8 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
 
 
 class QwenStaticForward:
-    """The forward pass itself: packed tokens in, per-token hidden states out, KV written in place."""
+    """The forward pass itself: packed tokens in, per-token hidden states out; the attention object given to
+    a call owns the KV layout (where the new tokens' KV is written and which KV each query reads)."""
 
     def __init__(self, model: torch.nn.Module):
         reason = unsupported_reason(model)
@@ -130,25 +135,24 @@ class QwenStaticForward:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
 
-    def new_cache(self, rows: int, capacity: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def new_cache(self, rows: int, capacity: int) -> list[KVPair]:
         shape = (rows, self.kv_heads, capacity, self.head_dim)
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.layers]
 
-    def __call__(self, cache: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor, rows: torch.Tensor,
-                 slots: torch.Tensor, width: int, record: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Run packed tokens `ids` [N] of cache rows `rows` [N] at positions `slots` [N] (a row's tokens are
-        consecutive, in order). `width` = max new tokens of a row (1 when decoding). Returns the final
-        normed hidden states [N, hidden] and, with `record`, the routed expert ids [N, moe_layers, top_k]."""
+    def __call__(self, attention: "Attention", ids: torch.Tensor, positions: torch.Tensor,
+                 record: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Run packed tokens `ids` [N] at rotary `positions` [N]; `attention` stores their KV and attends.
+        Returns the final normed hidden states [N, hidden] and, with `record`, the routed expert ids
+        [N, moe_layers, top_k]."""
         inner = self.model.model
         h = F.embedding(ids, inner.embed_tokens.weight)
-        cos, sin = inner.rotary_emb(h, slots[None])
+        cos, sin = inner.rotary_emb(h, positions[None])
         cos, sin = cos[0][:, None], sin[0][:, None]
-        attend = self._attention_plan(cache[0][0].shape[0], rows, slots, width)
         routing = []
         for li, layer in enumerate(self.layers):
             x = _rms(h, layer.ln_attn, self.eps)
-            h = h + self._attention(layer, cache[li], x, rows, slots, cos, sin, attend)
+            h = h + self._attention(layer, li, attention, x, cos, sin)
             x = _rms(h, layer.ln_mlp, self.eps)
             if layer.moe:
                 y, chosen = self._moe(layer.mlp, x)
@@ -166,49 +170,15 @@ class QwenStaticForward:
         head = self.model.lm_head
         return F.linear(hidden, head.weight, head.bias).float()
 
-    def _attention_plan(self, n_rows: int, rows: torch.Tensor, slots: torch.Tensor, width: int) -> dict:
-        """Index and mask tensors shared by every layer of one call."""
-        keys = int(slots.max()) + 1
-        if width == 1 and rows.shape[0] == n_rows:  # decode: one query per row, rows in order
-            mask = torch.arange(keys, device=slots.device)[None] <= slots[:, None]
-            return {"keys": keys, "mask": mask[:, None, None], "column": None}
-        column = torch.arange(rows.shape[0], device=rows.device)
-        starts = torch.ones_like(rows, dtype=torch.bool)
-        starts[1:] = rows[1:] != rows[:-1]
-        first = torch.cummax(torch.where(starts, column, torch.zeros_like(column)), 0).values
-        column = column - first  # index of a token among its row's new tokens
-        first_slot = torch.zeros(n_rows, dtype=slots.dtype, device=slots.device)
-        first_slot[rows[starts]] = slots[starts]  # each row's first new token (one write per row)
-        query_slot = first_slot[:, None] + torch.arange(width, device=slots.device)[None]  # [rows, width]
-        mask = torch.arange(keys, device=slots.device)[None, None] <= query_slot[:, :, None]  # [rows, width, keys]
-        mask = mask[:, None, None].expand(n_rows, 1, self.groups, width, keys).reshape(n_rows, 1, self.groups * width, keys)
-        return {"keys": keys, "mask": mask, "column": column, "width": width}
-
-    def _attention(self, layer: _Layer, kv: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, rows: torch.Tensor,
-                   slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: dict) -> torch.Tensor:
+    def _attention(self, layer: _Layer, li: int, attention: "Attention", x: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         q = _rms(_linear(layer.q, x).view(n, self.heads, self.head_dim), layer.q_norm, self.eps)
         k = _rms(_linear(layer.k, x).view(n, self.kv_heads, self.head_dim), layer.k_norm, self.eps)
         v = _linear(layer.v, x).view(n, self.kv_heads, self.head_dim)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        keys, values = kv
-        keys[rows, :, slots] = k
-        values[rows, :, slots] = v
-        span = plan["keys"]
-        k_all, v_all = keys[:, :, :span], values[:, :, :span]
-        if plan["column"] is None:  # decode: the query heads of one kv head are its "queries"
-            out = F.scaled_dot_product_attention(q.view(n, self.kv_heads, self.groups, self.head_dim), k_all, v_all,
-                                                 attn_mask=plan["mask"])
-            return _linear(layer.o, out.reshape(n, self.heads * self.head_dim))
-        width, column = plan["width"], plan["column"]
-        padded = q.new_zeros(keys.shape[0], width, self.heads, self.head_dim)
-        padded[rows, column] = q
-        padded = padded.view(-1, width, self.kv_heads, self.groups, self.head_dim).permute(0, 2, 3, 1, 4)
-        padded = padded.reshape(-1, self.kv_heads, self.groups * width, self.head_dim)
-        out = F.scaled_dot_product_attention(padded, k_all, v_all, attn_mask=plan["mask"])
-        out = out.view(-1, self.kv_heads, self.groups, width, self.head_dim).permute(0, 3, 1, 2, 4)
-        out = out.reshape(-1, width, self.heads * self.head_dim)[rows, column]
-        return _linear(layer.o, out)
+        out = attention(li, q.view(n, self.kv_heads, self.groups, self.head_dim), k, v)
+        return _linear(layer.o, out.reshape(n, self.heads * self.head_dim))
 
     def _moe(self, block: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k routing as transformers' Qwen3MoeTopKRouter, then each expert on the tokens routed to it."""
@@ -230,21 +200,165 @@ class QwenStaticForward:
         return torch.zeros_like(x).index_add_(0, token, y), chosen
 
 
+class Attention:
+    """Where a forward call's new tokens' KV goes and what each query attends to (one object per call,
+    shared by every layer): `attention(layer, q [N, kv_heads, groups, dim], k, v [N, kv_heads, dim])`
+    stores k, v and returns the attention output [N, kv_heads, groups, dim]."""
+
+    def __call__(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedAttention(Attention):
+    """Prefill: the packed new tokens of the rows of one per-row cache (row r's tokens consecutive, at its
+    `slots`), each attending to its row's earlier tokens and itself. `width` = most new tokens of a row."""
+
+    def __init__(self, fwd: QwenStaticForward, cache: list[KVPair], rows: torch.Tensor, slots: torch.Tensor,
+                 width: int):
+        self.cache, self.rows, self.slots = cache, rows, slots
+        self.kv_heads, self.groups, self.head_dim = fwd.kv_heads, fwd.groups, fwd.head_dim
+        self.n_rows = cache[0][0].shape[0]
+        self.keys = int(slots.max()) + 1
+        self.width = width
+        if width == 1 and rows.shape[0] == self.n_rows:  # one query per row, rows in order
+            mask = torch.arange(self.keys, device=slots.device)[None] <= slots[:, None]
+            self.mask, self.column = mask[:, None, None], None
+        else:
+            self.mask, self.column = self._padded_plan()
+
+    def _padded_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's index among its row's new tokens, and the mask of the rows' padded query blocks."""
+        rows, slots, width = self.rows, self.slots, self.width
+        column = torch.arange(rows.shape[0], device=rows.device)
+        starts = torch.ones_like(rows, dtype=torch.bool)
+        starts[1:] = rows[1:] != rows[:-1]
+        first = torch.cummax(torch.where(starts, column, torch.zeros_like(column)), 0).values
+        column = column - first
+        first_slot = torch.zeros(self.n_rows, dtype=slots.dtype, device=slots.device)
+        first_slot[rows[starts]] = slots[starts]  # each row's first new token (one write per row)
+        query_slot = first_slot[:, None] + torch.arange(width, device=slots.device)[None]  # [rows, width]
+        mask = torch.arange(self.keys, device=slots.device)[None, None] <= query_slot[:, :, None]
+        mask = mask[:, None, None].expand(self.n_rows, 1, self.groups, width, self.keys)
+        return mask.reshape(self.n_rows, 1, self.groups * width, self.keys), column
+
+    def __call__(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys, values = self.cache[li]
+        keys[self.rows, :, self.slots] = k
+        values[self.rows, :, self.slots] = v
+        k_all, v_all = keys[:, :, :self.keys], values[:, :, :self.keys]
+        if self.column is None:  # the query heads of one kv head are its "queries"
+            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask)
+        kvh, g, d, width = self.kv_heads, self.groups, self.head_dim, self.width
+        padded = q.new_zeros(self.n_rows, width, kvh, g, d)
+        padded[self.rows, self.column] = q
+        padded = padded.permute(0, 2, 3, 1, 4).reshape(self.n_rows, kvh, g * width, d)
+        out = F.scaled_dot_product_attention(padded, k_all, v_all, attn_mask=self.mask)
+        out = out.view(self.n_rows, kvh, g, width, d).permute(0, 3, 1, 2, 4)
+        return out[self.rows, self.column]
+
+
+class SharedPromptAttention(Attention):
+    """Decode: one new token per row, attending to its prompt's KV, held once for all the rows that sample
+    that prompt, and to the row's own generated tokens' KV.
+
+    Why grouped: the prompt's keys are read once per prompt, not once per sample. The queries of the rows of
+    one prompt are stacked (padded to the largest group) and multiplied by that prompt's keys in one batched
+    matmul over prompts; the own keys are a per-row batched matmul; one softmax spans both parts."""
+
+    def __init__(self, fwd: QwenStaticForward, prompts: list[KVPair], own: list[KVPair], layout: "SharedLayout"):
+        dev = fwd.device
+        self.prompts, self.own = prompts, own
+        self.share, self.rank = layout.share.to(dev), layout.rank.to(dev)
+        self.n_prompts, self.group, self.contiguous = layout.prompt_len.numel(), layout.group, layout.contiguous
+        self.own_len = layout.own_len().to(dev)
+        self.prompt_keys = int(layout.prompt_len.max())
+        self.own_keys = int(layout.own_len().max()) + 1
+        prompt_len = layout.prompt_len.to(dev)[self.share]
+        prompt_mask = torch.arange(self.prompt_keys, device=dev)[None] < prompt_len[:, None]
+        own_mask = torch.arange(self.own_keys, device=dev)[None] <= self.own_len[:, None]
+        self.hidden = ~torch.cat([prompt_mask, own_mask], dim=1)[:, None, None]  # [rows, 1, 1, keys]: not attended
+        self.scale = fwd.head_dim ** -0.5
+        self.row_index = torch.arange(self.share.numel(), device=dev)
+
+    def _by_prompt(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, kv_heads, groups, L] -> [prompts, kv_heads, group * groups, L]: each prompt's rows stacked
+        (zero-padded to the largest group unless the rows already come in equal groups in prompt order)."""
+        rows, kvh, g, length = x.shape
+        if self.contiguous:
+            padded = x.view(self.n_prompts, self.group, kvh, g, length)
+        else:
+            padded = x.new_zeros(self.n_prompts, self.group, kvh, g, length)
+            padded[self.share, self.rank] = x
+        return padded.transpose(1, 2).reshape(self.n_prompts, kvh, self.group * g, length)
+
+    def _by_row(self, y: torch.Tensor, groups: int) -> torch.Tensor:
+        """Inverse of `_by_prompt`: [prompts, kv_heads, group * groups, L] -> [rows, kv_heads, groups, L]."""
+        kvh, length = y.shape[1], y.shape[-1]
+        y = y.view(self.n_prompts, kvh, self.group, groups, length).transpose(1, 2)
+        if self.contiguous:
+            return y.reshape(-1, kvh, groups, length)
+        return y[self.share, self.rank]
+
+    def __call__(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        own_k, own_v = self.own[li]
+        own_k[self.row_index, :, self.own_len] = k
+        own_v[self.row_index, :, self.own_len] = v
+        prompt_k, prompt_v = (t[:, :, :self.prompt_keys] for t in self.prompts[li])
+        own_k, own_v = own_k[:, :, :self.own_keys], own_v[:, :, :self.own_keys]
+        groups = q.shape[2]
+        scores = torch.cat([self._by_row(self._by_prompt(q) @ prompt_k.transpose(-1, -2), groups),
+                            q @ own_k.transpose(-1, -2)], dim=-1)
+        scores = (scores.float() * self.scale).masked_fill(self.hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        from_prompt = self._by_row(self._by_prompt(probs[..., :self.prompt_keys]) @ prompt_v, groups)
+        return from_prompt + probs[..., self.prompt_keys:] @ own_v
+
+
+@dataclass
+class SharedLayout:
+    """The bookkeeping of prompt KV shared by rows: which prompt each physical row samples and how many
+    tokens it has been fed. A row's own KV slot for its next token is `own_len()` (fed minus prompt)."""
+
+    prompt_len: torch.Tensor  # [prompts] tokens of each prompt's KV
+    share: torch.Tensor  # [rows] the prompt of each physical row
+    lengths: torch.Tensor  # [rows] tokens fed to each physical row: its prompt's plus its own
+    rank: torch.Tensor = field(init=False)  # [rows] a row's index among the rows of its prompt
+    group: int = field(init=False)  # most rows of one prompt
+    contiguous: bool = field(init=False)  # every prompt has `group` rows, in prompt order (no padding needed)
+
+    def __post_init__(self) -> None:
+        counts = torch.bincount(self.share, minlength=self.prompt_len.numel())
+        order = torch.argsort(self.share, stable=True)
+        first = counts.cumsum(0) - counts
+        self.rank = torch.empty_like(self.share)
+        self.rank[order] = torch.arange(self.share.numel()) - first[self.share[order]]
+        self.group = int(counts.max()) if counts.numel() else 0
+        self.contiguous = torch.equal(self.share, torch.arange(counts.numel()).repeat_interleave(self.group))
+
+    def own_len(self) -> torch.Tensor:
+        return self.lengths - self.prompt_len[self.share]
+
+
 class StaticKVState:
     """One model's batch during a generate call on the static-KV forward (the `_ModelState` interface).
 
-    Logical rows (what the engine sees) map to physical cache rows; `select` only remaps until enough rows
-    are dead (COMPACT_DEAD_FRACTION) or a row is duplicated, then copies. `lengths[p]` = tokens fed to
-    physical row p."""
+    Each unique prompt's KV is held once (`prompts`, per layer [prompts, kv_heads, longest prompt, dim]);
+    each physical row holds only the KV of the tokens fed after its prompt (`own`, per layer [rows, kv_heads,
+    capacity, dim]) and the index of the prompt it samples, so n samples of a prompt cost one prompt's KV plus
+    their own tokens' KV, not n copies of the prompt's. Logical rows (what the engine sees) map to physical
+    rows; `select` only remaps until enough rows are dead (COMPACT_DEAD_FRACTION) or a row is duplicated,
+    then copies the rows' own KV (and drops prompts no row samples any more)."""
 
     def __init__(self, model: torch.nn.Module, store: PrefixCache, record: bool = False):
         self.forward = QwenStaticForward(model)
         self.store = store
         self.record = record
         self.recorder = True if record else None  # the engine tests `recorder is not None`
-        self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.lengths = torch.zeros(0, dtype=torch.long)
-        self.physical = torch.zeros(0, dtype=torch.long)  # logical row -> physical row
+        self.prompts: list[KVPair] = []
+        self.own: list[KVPair] = []
+        empty = torch.zeros(0, dtype=torch.long)
+        self.layout = SharedLayout(empty, empty, empty)
+        self.physical = empty  # logical row -> physical row
         self.prefill_routing: list[torch.Tensor] = []
         self.step_routing: Optional[torch.Tensor] = None
         self.compactions = 0
@@ -252,10 +366,15 @@ class StaticKVState:
     def prefix_length(self, ids: list[int], max_len: int) -> int:
         return self.store.prefix_length(ids, max_len, with_routing=self.record)
 
+    def kv_bytes(self) -> int:
+        """Bytes of KV the batch holds (shared prompts and rows' own tokens)."""
+        return sum(t.numel() * t.element_size() for pair in self.prompts + self.own for t in pair)
+
     @torch.no_grad()
     def prefill(self, inputs: list[list[int]], limits: Optional[list[int]] = None) -> tuple[torch.Tensor, list[int]]:
-        """Prefill unique inputs (reusing cached prefixes, at most `limits[i]` tokens of input i). Returns
-        last-position logits [U, V] and the cached tokens used per input."""
+        """Prefill unique inputs (reusing cached prefixes, at most `limits[i]` tokens of input i) into the
+        shared prompt KV, one physical row per input. Returns last-position logits [U, V] and the cached
+        tokens used per input."""
         caps = limits if limits is not None else [len(ids) - 1 for ids in inputs]
         routed: list[Optional[torch.Tensor]] = [None] * len(inputs)
         if self.record:
@@ -265,38 +384,18 @@ class StaticKVState:
         else:
             prefixes = [self.store.longest_prefix(ids, max_len=min(len(ids) - 1, cap)) for ids, cap in zip(inputs, caps)]
         n = len(inputs)
-        capacity = max(len(ids) for ids in inputs) + CAPACITY_SLACK
         fwd = self.forward
-        self.cache = fwd.new_cache(n, capacity)
+        self.prompts = fwd.new_cache(n, max(len(ids) for ids in inputs))
         for i, (p, kv) in enumerate(prefixes):
             if p:
-                for (keys, values), (k, v) in zip(self.cache, kv):
+                for (keys, values), (k, v) in zip(self.prompts, kv):
                     keys[i, :, :p] = k
                     values[i, :, :p] = v
-        self.lengths = torch.tensor([len(ids) for ids in inputs], dtype=torch.long)
+        lengths = torch.tensor([len(ids) for ids in inputs], dtype=torch.long)
+        self.layout = SharedLayout(lengths, torch.arange(n), lengths.clone())
+        self.own = fwd.new_cache(n, CAPACITY_SLACK)
         self.physical = torch.arange(n)
-        hidden_last = [None] * n
-        new_routing: list[Optional[torch.Tensor]] = [None] * n
-        for chunk in self._prefill_chunks(inputs, prefixes):
-            ids, rows, slots, width = [], [], [], 1
-            for i in chunk:
-                p = prefixes[i][0]
-                rest = inputs[i][p:]
-                ids.extend(rest)
-                rows.extend([i - chunk.start] * len(rest))
-                slots.extend(range(p, len(inputs[i])))
-                width = max(width, len(rest))
-            rows_t = torch.tensor(rows, dtype=torch.long, device=fwd.device)
-            view = [(k[chunk.start:chunk.stop], v[chunk.start:chunk.stop]) for k, v in self.cache]
-            hidden, routing = fwd(view, torch.tensor(ids, dtype=torch.long, device=fwd.device), rows_t,
-                                  torch.tensor(slots, dtype=torch.long, device=fwd.device), width, self.record)
-            at = 0
-            for i in chunk:
-                r = len(inputs[i]) - prefixes[i][0]
-                hidden_last[i] = hidden[at + r - 1]
-                if routing is not None:
-                    new_routing[i] = routing[at:at + r].cpu()
-                at += r
+        hidden_last, new_routing = self._prefill_rows(inputs, prefixes)
         logits = fwd.logits(torch.stack(hidden_last))
         self.prefill_routing = []
         if self.record:
@@ -306,6 +405,35 @@ class StaticKVState:
         for i, ids in enumerate(inputs):
             self.store.insert(ids, self.row_kv(i), self.prefill_routing[i] if self.record else None)
         return logits, [p for p, _ in prefixes]
+
+    def _prefill_rows(self, inputs: list[list[int]],
+                      prefixes: list) -> tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]:
+        """Feed every input's uncached tokens, chunk by chunk; each input's last hidden state and routing."""
+        fwd = self.forward
+        hidden_last: list[torch.Tensor] = [None] * len(inputs)
+        new_routing: list[Optional[torch.Tensor]] = [None] * len(inputs)
+        for chunk in self._prefill_chunks(inputs, prefixes):
+            ids, rows, slots, width = [], [], [], 1
+            for i in chunk:
+                p = prefixes[i][0]
+                rest = inputs[i][p:]
+                ids.extend(rest)
+                rows.extend([i - chunk.start] * len(rest))
+                slots.extend(range(p, len(inputs[i])))
+                width = max(width, len(rest))
+            slots_t = torch.tensor(slots, dtype=torch.long, device=fwd.device)
+            view = [(k[chunk.start:chunk.stop], v[chunk.start:chunk.stop]) for k, v in self.prompts]
+            rows_t = torch.tensor(rows, dtype=torch.long, device=fwd.device)
+            ids_t = torch.tensor(ids, dtype=torch.long, device=fwd.device)
+            hidden, routing = fwd(PackedAttention(fwd, view, rows_t, slots_t, width), ids_t, slots_t, self.record)
+            at = 0
+            for i in chunk:
+                r = len(inputs[i]) - prefixes[i][0]
+                hidden_last[i] = hidden[at + r - 1]
+                if routing is not None:
+                    new_routing[i] = routing[at:at + r].cpu()
+                at += r
+        return hidden_last, new_routing
 
     def _prefill_chunks(self, inputs: list[list[int]], prefixes: list) -> list[range]:
         """Contiguous row ranges whose padded attention (rows x query heads x new tokens x keys) stays under
@@ -321,50 +449,67 @@ class StaticKVState:
         return chunks
 
     def row_kv(self, row: int) -> KV:
-        """Logical row's fed tokens' KV, per layer ([kv_heads, n, dim] each), copied (for the prefix cache)."""
+        """Logical row's fed tokens' KV (its prompt's, then its own), per layer ([kv_heads, n, dim] each),
+        copied (for the prefix cache)."""
         p = int(self.physical[row])
-        n = int(self.lengths[p])
-        return [(keys[p, :, :n].clone(), values[p, :, :n].clone()) for keys, values in self.cache]
+        u = int(self.layout.share[p])
+        prompt, own = int(self.layout.prompt_len[u]), int(self.layout.own_len()[p])
+        return [(torch.cat([pk[u, :, :prompt], ok[p, :, :own]], dim=1),
+                 torch.cat([pv[u, :, :prompt], ov[p, :, :own]], dim=1))
+                for (pk, pv), (ok, ov) in zip(self.prompts, self.own)]
 
     def fed(self, row: int) -> int:
-        return int(self.lengths[int(self.physical[row])])
+        return int(self.layout.lengths[int(self.physical[row])])
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep logical rows `index` (in that order; repeats duplicate a row)."""
+        """Keep logical rows `index` (in that order; repeats duplicate a row: the copy shares its prompt KV
+        and gets its own copy of the row's generated KV)."""
         physical = self.physical[index]
-        rows = self.cache[0][0].shape[0]
+        rows = self.own[0][0].shape[0]
         duplicated = physical.unique().numel() < physical.numel()
         if duplicated or rows - physical.numel() >= max(1, int(COMPACT_DEAD_FRACTION * rows)):
-            self.cache = [(k[physical], v[physical]) for k, v in self.cache]
-            self.lengths = self.lengths[physical]
+            self._compact(physical)
             physical = torch.arange(physical.numel())
-            self.compactions += 1
         self.physical = physical
+
+    def _compact(self, physical: torch.Tensor) -> None:
+        """Physical rows become `physical` (own KV copied); prompts no kept row samples are dropped."""
+        self.own = [(k[physical], v[physical]) for k, v in self.own]
+        layout = self.layout
+        used, share = torch.unique(layout.share[physical], return_inverse=True)
+        prompt_len = layout.prompt_len
+        if used.numel() < prompt_len.numel():
+            prompt_len = prompt_len[used]
+            longest = int(prompt_len.max())
+            self.prompts = [(k[used, :, :longest], v[used, :, :longest]) for k, v in self.prompts]
+        self.layout = SharedLayout(prompt_len, share, layout.lengths[physical])
+        self.compactions += 1
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per logical row; returns next-token logits [rows, V]."""
         fwd = self.forward
-        rows = self.cache[0][0].shape[0]
-        if int(self.lengths.max()) >= self.cache[0][0].shape[2]:
+        layout = self.layout
+        if int(layout.own_len().max()) >= self.own[0][0].shape[2]:
             self._grow()
-        full = torch.zeros(rows, dtype=torch.long)
+        full = torch.zeros(layout.share.numel(), dtype=torch.long)
         full[self.physical] = tokens
-        hidden, routing = fwd(self.cache, full.to(fwd.device), torch.arange(rows, device=fwd.device),
-                              self.lengths.to(fwd.device), 1, self.record)
-        self.lengths[self.physical] += 1
+        attention = SharedPromptAttention(fwd, self.prompts, self.own, layout)
+        hidden, routing = fwd(attention, full.to(fwd.device), layout.lengths.to(fwd.device), self.record)
+        layout.lengths[self.physical] += 1
         index = self.physical.to(fwd.device)
         if routing is not None:
             self.step_routing = routing[index].cpu()
         return fwd.logits(hidden[index])
 
     def _grow(self) -> None:
-        capacity = self.cache[0][0].shape[2]
+        """Double every row's own-KV capacity (the prompts' KV never grows)."""
+        capacity = self.own[0][0].shape[2]
         grown = []
-        for keys, values in self.cache:
+        for keys, values in self.own:
             k = keys.new_zeros(keys.shape[0], keys.shape[1], 2 * capacity, keys.shape[3])
             v = torch.zeros_like(k)
             k[:, :, :capacity] = keys
             v[:, :, :capacity] = values
             grown.append((k, v))
-        self.cache = grown
+        self.own = grown

@@ -66,7 +66,7 @@ def test_prefill_steps_select_and_prefix_reuse_match_full_forwards(moe, monkeypa
                               ([5, 3, 1, 0], 2), ([2], 3)):
         state.select(torch.tensor(keep))
         seqs = [seqs[i] for i in keep]
-        assert state.compactions == compactions and state.cache[0][0].shape[0] in (len(keep), 8, 7)
+        assert state.compactions == compactions and state.own[0][0].shape[0] in (len(keep), 8, 7)
         tokens = torch.tensor([rng.randrange(2, 64) for _ in seqs])
         for s, t in zip(seqs, tokens.tolist()):
             s.append(t)

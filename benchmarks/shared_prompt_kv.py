@@ -1,0 +1,180 @@
+"""Peak memory of the embedded engine's rollout before and after the prompt KV is shared by its n samples.
+
+Each side runs in a fresh subprocess that imports the project from its own tree: "before" from a worktree of
+the commit that still copied the prompt KV into every sample's row (`git worktree add /tmp/kv-before
+<commit>`), "after" from this checkout. Both decode the same rollout on the embedded default's model shape
+(Qwen3-MoE, hidden 128, 4 layers, 2 KV heads x 32 dims, fp32): `--prompts` prompts of 200-300 tokens x
+`--samples` samples, exactly `--new-tokens` tokens each (no EOS), temperature 1, static-KV kernel.
+
+Per side and per prefix-cache setting (the engine's default budget, and 0 tokens, which leaves the batch's
+own memory alone), it reports:
+- batch_kv_mb: KV tensors held by the generate call's batch state, the largest over the decode steps;
+- peak_alloc_mb: the peak of torch's CPU allocations during `generate` above the level before it, from the
+  profiler's memory events (allocations and frees in time order, cumulated; an op's own transient
+  allocations that it frees before returning are netted out by the profiler);
+- peak_rss_delta_mb (default budget only): the process's peak RSS after `generate` minus its RSS before
+  (the allocator may reuse memory freed earlier, so this is a lower bound on what the call needed);
+- seconds: wall time of one unprofiled `generate` (after a warm-up call).
+
+    python benchmarks/shared_prompt_kv.py --before /tmp/kv-before [--prompts 16 --samples 8 --new-tokens 64]
+        [--out results/benchmarks/shared_prompt_kv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 1 << 20
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _state_kv_bytes(state: Any) -> int:
+    """KV bytes a static-KV batch state holds, for either layout (a per-row `cache`, or `prompts` + `own`)."""
+    pairs = [pair for name in ("cache", "prompts", "own") for pair in (getattr(state, name, None) or [])]
+    return sum(t.numel() * t.element_size() for pair in pairs for t in pair)
+
+
+def _requests(args: argparse.Namespace) -> list:
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, args.vocab) for _ in range(rng.randint(200, 300))] for _ in range(args.prompts)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
+    return [GenerateRequest(f"p{i}s{j}", p, sampling, seed=i * args.samples + j)
+            for i, p in enumerate(prompts) for j in range(args.samples)]
+
+
+def _profiled_peak(run) -> int:
+    """Peak of cumulated torch CPU allocation events during `run()`, in bytes above the start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
+    return max(itertools.accumulate(size for _, size in events), default=0)
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One side, in this process: the tree given is imported first."""
+    sys.path.insert(0, str(Path(args.tree).resolve()))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from megatron_glue.hf_config import hf_config_from_model_config
+    from slime_ext.config.sections import ModelConfig
+    from slime_ext.engine import static_kv
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from transformers import AutoModelForCausalLM
+
+    assert Path(static_kv.__file__).resolve().is_relative_to(Path(args.tree).resolve()), static_kv.__file__
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config_from_model_config(
+        ModelConfig(vocab_size=args.vocab, max_position_embeddings=1024))).eval()
+    held = [0]
+    original = static_kv.StaticKVState.step
+
+    def spy(self, tokens):
+        held[0] = max(held[0], _state_kv_bytes(self))
+        return original(self, tokens)
+
+    static_kv.StaticKVState.step = spy
+    requests = _requests(args)
+    EmbeddedEngine(model, -1, kernel="static").generate(requests[:2])  # warm-up: kernels, lazy imports
+    out: dict[str, Any] = {"tree": str(args.tree)}
+    for budget in ("default", 0):
+        kwargs = {} if budget == "default" else {"prefix_cache_tokens": 0}
+        held[0] = 0
+        rss = _rss_bytes()
+        start = time.perf_counter()
+        results = EmbeddedEngine(model, -1, kernel="static", **kwargs).generate(requests)
+        seconds = time.perf_counter() - start
+        assert all(len(r.output_ids) == args.new_tokens for r in results)
+        row = {"batch_kv_mb": held[0] / MB, "seconds": seconds}
+        if budget == "default":
+            row["peak_rss_delta_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss) / MB
+        row["peak_alloc_mb"] = _profiled_peak(
+            lambda: EmbeddedEngine(model, -1, kernel="static", **kwargs).generate(requests)) / MB
+        out[f"prefix_cache_{budget}"] = row
+    return out
+
+
+def _run_side(tree: Path, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--tree", str(tree), "--prompts", str(args.prompts), "--samples",
+           str(args.samples), "--new-tokens", str(args.new_tokens), "--vocab", str(args.vocab), "--threads",
+           str(args.threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(tree))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{tree}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    side = json.loads(proc.stdout.strip().splitlines()[-1])
+    side["commit"] = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    check=False).stdout.strip()
+    side["dirty"] = bool(subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                                        capture_output=True, text=True, check=False).stdout.strip())
+    return side
+
+
+def _markdown(report: dict) -> str:
+    lines = ["| side | prefix cache | batch KV (MB) | peak torch alloc (MB) | peak RSS delta (MB) | seconds |",
+             "|---|---|---|---|---|---|"]
+    for side in ("before", "after"):
+        for budget in ("default", "0"):
+            r = report[side][f"prefix_cache_{budget}"]
+            rss = f"{r['peak_rss_delta_mb']:.1f}" if "peak_rss_delta_mb" in r else "-"
+            lines.append(f"| {side} | {budget} | {r['batch_kv_mb']:.1f} | {r['peak_alloc_mb']:.1f} | {rss} "
+                         f"| {r['seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, help="a checkout of the commit before the prompt KV was shared")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=320)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    if args.before is None:
+        parser.error("--before is required")
+    report = {"workload": {"prompts": args.prompts, "samples": args.samples, "prompt_tokens": "200-300",
+                           "new_tokens": args.new_tokens, "vocab": args.vocab, "threads": args.threads,
+                           "model": "embedded default shape (ModelConfig defaults), fp32"},
+              "machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count()},
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    report["before"] = _run_side(args.before, args)
+    report["after"] = _run_side(ROOT, args)
+    table = _markdown(report)
+    print(table)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "shared_prompt_kv.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
