@@ -1,8 +1,10 @@
-"""Peak memory of the embedded engine's rollout before and after the prompt KV is shared by its n samples.
+"""Peak memory of the embedded engine's rollout of n samples per prompt, a "before" checkout against this one.
 
-Each side runs in a fresh subprocess that imports the project from its own tree: "before" from a worktree of
-the commit that still copied the prompt KV into every sample's row (`git worktree add /tmp/kv-before
-<commit>`), "after" from this checkout. Both decode the same rollout on the embedded default's model shape
+Written to measure the batch's shared prompt KV (before: the commit that still copied the prompt KV into every
+sample's row), then reused for the prefix cache's shared blocks (before: the commit whose prefix cache kept a
+full copy per finished row). Each side runs in a fresh subprocess that imports the project from its own tree:
+"before" from a worktree of the earlier commit (`git worktree add --detach /tmp/kv-before <commit>`), "after"
+from this checkout. Both decode the same rollout on the embedded default's model shape
 (Qwen3-MoE, hidden 128, 4 layers, 2 KV heads x 32 dims, fp32): `--prompts` prompts of 200-300 tokens x
 `--samples` samples, exactly `--new-tokens` tokens each (no EOS), temperature 1, static-KV kernel.
 
@@ -14,6 +16,9 @@ own memory alone), it reports:
   allocations that it frees before returning are netted out by the profiler);
 - peak_rss_delta_mb (default budget only): the process's peak RSS after `generate` minus its RSS before
   (the allocator may reuse memory freed earlier, so this is a lower bound on what the call needed);
+- prefix_cache_mb / prefix_cache_tokens (default budget only): what the engine's prefix cache holds after
+  `generate`: bytes of the distinct tensor storages reachable from it, and the tokens of its entries' keys
+  (each entry's full length, shared or not);
 - seconds: wall time of one unprofiled `generate` (after a warm-up call).
 
     python benchmarks/shared_prompt_kv.py --before /tmp/kv-before [--prompts 16 --samples 8 --new-tokens 64]
@@ -34,7 +39,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -49,6 +54,33 @@ def _state_kv_bytes(state: Any) -> int:
     """KV bytes a static-KV batch state holds, for either layout (a per-row `cache`, or `prompts` + `own`)."""
     pairs = [pair for name in ("cache", "prompts", "own") for pair in (getattr(state, name, None) or [])]
     return sum(t.numel() * t.element_size() for pair in pairs for t in pair)
+
+
+def _tensors(obj: Any, seen: set[int]) -> Iterator[Any]:
+    """Every tensor reachable from `obj` through containers and object attributes (layout-agnostic, so the
+    same walk measures a cache of full copies and one of shared blocks)."""
+    import torch
+
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value, seen)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value, seen)
+    elif hasattr(obj, "__dict__"):
+        yield from _tensors(vars(obj), seen)
+
+
+def _cache_held(cache: Any) -> dict:
+    """Bytes of the distinct storages a prefix cache holds, and its entries' total length in tokens."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(cache, set())}
+    return {"prefix_cache_mb": sum(storages.values()) / MB,
+            "prefix_cache_tokens": sum(len(key) for key in cache._entries)}
 
 
 def _requests(args: argparse.Namespace) -> list:
@@ -104,12 +136,15 @@ def child(args: argparse.Namespace) -> dict:
         held[0] = 0
         rss = _rss_bytes()
         start = time.perf_counter()
-        results = EmbeddedEngine(model, -1, kernel="static", **kwargs).generate(requests)
+        engine = EmbeddedEngine(model, -1, kernel="static", **kwargs)
+        results = engine.generate(requests)
         seconds = time.perf_counter() - start
         assert all(len(r.output_ids) == args.new_tokens for r in results)
         row = {"batch_kv_mb": held[0] / MB, "seconds": seconds}
         if budget == "default":
             row["peak_rss_delta_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss) / MB
+            row.update(_cache_held(engine.prefix_cache))
+        del engine
         row["peak_alloc_mb"] = _profiled_peak(
             lambda: EmbeddedEngine(model, -1, kernel="static", **kwargs).generate(requests)) / MB
         out[f"prefix_cache_{budget}"] = row
@@ -133,20 +168,21 @@ def _run_side(tree: Path, args: argparse.Namespace) -> dict:
 
 
 def _markdown(report: dict) -> str:
-    lines = ["| side | prefix cache | batch KV (MB) | peak torch alloc (MB) | peak RSS delta (MB) | seconds |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| side | prefix cache | batch KV (MB) | prefix cache held (MB) | peak torch alloc (MB) "
+             "| peak RSS delta (MB) | seconds |", "|---|---|---|---|---|---|---|"]
     for side in ("before", "after"):
         for budget in ("default", "0"):
             r = report[side][f"prefix_cache_{budget}"]
             rss = f"{r['peak_rss_delta_mb']:.1f}" if "peak_rss_delta_mb" in r else "-"
-            lines.append(f"| {side} | {budget} | {r['batch_kv_mb']:.1f} | {r['peak_alloc_mb']:.1f} | {rss} "
+            held = f"{r['prefix_cache_mb']:.1f}" if "prefix_cache_mb" in r else "-"
+            lines.append(f"| {side} | {budget} | {r['batch_kv_mb']:.1f} | {held} | {r['peak_alloc_mb']:.1f} | {rss} "
                          f"| {r['seconds']:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, help="a checkout of the commit before the prompt KV was shared")
+    parser.add_argument("--before", type=Path, help="a checkout of the commit to compare against")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)

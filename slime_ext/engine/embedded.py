@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
@@ -56,9 +57,10 @@ class _Row:
     routing: list[torch.Tensor] = field(default_factory=list)  # recorded chunks, each [n, moe_layers, top_k]
 
 
-def _row_kv(cache: DynamicCache, row: int, valid: torch.Tensor) -> KV:
-    """One row's KV without padding holes: per layer ([heads, n, dim], [heads, n, dim])."""
-    idx = valid.nonzero().squeeze(-1).to(cache.layers[0].keys.device)
+def _row_kv(cache: DynamicCache, row: int, valid: torch.Tensor, start: int = 0) -> KV:
+    """One row's KV without padding holes, from its `start`-th fed token on: per layer ([heads, n - start, dim]
+    twice), copied (the prefix cache asks only for the part past the prefix it already holds)."""
+    idx = valid.nonzero().squeeze(-1)[start:].to(cache.layers[0].keys.device)
     return [(layer.keys[row][:, idx].clone(), layer.values[row][:, idx].clone()) for layer in cache.layers]
 
 
@@ -179,11 +181,12 @@ class _ModelState:
                 self.prefill_routing.append(torch.cat(parts) if len(parts) > 1 else parts[0].clone())
         self.mask = mask
         for i, ids in enumerate(inputs):
-            self.store.insert(ids, self.row_kv(i), self.prefill_routing[i] if self.recorder is not None else None)
+            self.store.insert_from(ids, partial(self.row_kv, i),
+                                   self.prefill_routing[i] if self.recorder is not None else None)
         return out.logits[:, -1].float(), [p for p, _ in prefixes]
 
-    def row_kv(self, row: int) -> KV:
-        return _row_kv(self.cache, row, self.mask[row].bool())
+    def row_kv(self, row: int, start: int = 0) -> KV:
+        return _row_kv(self.cache, row, self.mask[row].bool(), start)
 
     def fed(self, row: int) -> int:
         return int(self.mask[row].sum())
@@ -401,7 +404,7 @@ class EmbeddedEngine:
                 ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
                 routing = torch.cat(rows[ri].routing)[:fed] if record else None
                 for k, state in enumerate(states):
-                    state.store.insert(ids, state.row_kv(b), routing if k == 0 else None)
+                    state.store.insert_from(ids, partial(state.row_kv, b), routing if k == 0 else None)
             if not keep:
                 break
             tokens = torch.tensor([next_tokens[b] for b in keep], dtype=torch.long)

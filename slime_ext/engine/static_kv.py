@@ -20,6 +20,7 @@ engine keeps the HF path; tests hold the two to the same logits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Optional
 
 import torch
@@ -403,7 +404,7 @@ class StaticKVState:
                 parts = ([routed[i]] if p else []) + [new_routing[i]]
                 self.prefill_routing.append(torch.cat(parts) if len(parts) > 1 else parts[0].clone())
         for i, ids in enumerate(inputs):
-            self.store.insert(ids, self.row_kv(i), self.prefill_routing[i] if self.record else None)
+            self.store.insert_from(ids, partial(self.row_kv, i), self.prefill_routing[i] if self.record else None)
         return logits, [p for p, _ in prefixes]
 
     def _prefill_rows(self, inputs: list[list[int]],
@@ -448,14 +449,16 @@ class StaticKVState:
         chunks.append(range(start, len(inputs)))
         return chunks
 
-    def row_kv(self, row: int) -> KV:
-        """Logical row's fed tokens' KV (its prompt's, then its own), per layer ([kv_heads, n, dim] each),
-        copied (for the prefix cache)."""
+    def row_kv(self, row: int, start: int = 0) -> KV:
+        """Logical row's fed tokens' KV from token `start` on (its prompt's, then its own), per layer
+        ([kv_heads, n - start, dim] each), copied: the prefix cache keeps it, and asks only for the part
+        past what it already holds (`PrefixCache.insert_from`), so a finished row costs its own tokens."""
         p = int(self.physical[row])
         u = int(self.layout.share[p])
         prompt, own = int(self.layout.prompt_len[u]), int(self.layout.own_len()[p])
-        return [(torch.cat([pk[u, :, :prompt], ok[p, :, :own]], dim=1),
-                 torch.cat([pv[u, :, :prompt], ov[p, :, :own]], dim=1))
+        a, b = min(start, prompt), max(start - prompt, 0)
+        return [(torch.cat([pk[u, :, a:prompt], ok[p, :, b:own]], dim=1),
+                 torch.cat([pv[u, :, a:prompt], ov[p, :, b:own]], dim=1))
                 for (pk, pv), (ok, ov) in zip(self.prompts, self.own)]
 
     def fed(self, row: int) -> int:
