@@ -43,6 +43,9 @@ from slime_ext.engine.prefix_cache import KV, PrefixCache
 KERNELS = ("auto", "static", "hf")
 
 
+PREFIX_CACHE_TOKENS = 1 << 20  # the prefix cache's token budget (blocks held, each token once)
+
+
 @dataclass
 class _Row:
     request: GenerateRequest
@@ -219,7 +222,7 @@ class EmbeddedEngine:
         eos_token_id: int,
         partner: Optional[torch.nn.Module] = None,
         decode: Optional[Callable[[Sequence[int]], str]] = None,
-        prefix_cache_tokens: int = 1 << 20,
+        prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
         kernel: str = "auto",
     ):
         if kernel not in KERNELS:

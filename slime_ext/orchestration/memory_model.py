@@ -33,6 +33,16 @@ Engine GPU (SGLang): weights = total parameters x 2 bytes x models per engine / 
 x max(1, kv_heads / tp_size) x head_dim x 2 bytes. Colocated engines release their memory while the trainer
 runs (and the trainer offloads during rollout), so each phase is compared with the GPU on its own.
 
+Embedded engine (CPU runs: the in-process engine or the CPU engine servers; `embedded_engine_memory`), one
+generate call holding a whole rollout step (`rollout.prompts_per_step` prompts x `n_samples_per_prompt` rows,
+prompts of `max_prompt_len`, responses of `max_response_len`: an upper bound), element size e of the engine's
+precision, kv = layers x 2 x kv_heads x head_dim x e bytes per token, per model held (two with a partner):
+weights; the batch's KV (each prompt once plus every row's own slots, which start at 64 and double); the prefix
+cache (prompts once plus every row's generated tokens, within its token budget); the next-token logits (rows x
+V, fp32); and the prefill's attention scores (rows x heads x prompt x prompt fp32, chunked at
+PREFILL_ATTENTION_ELEMENTS, PREFILL_SCORE_COPIES of it live); the peak is the larger of prefill and decode.
+Measured against `EmbeddedEngine.generate` in `tests/orchestration/test_memory_model.py`.
+
 Not covered (named in the plan's output): the Python heap and CUDA graphs, allocator caching and
 fragmentation beyond the runtime term, Megatron's per-micro-batch communication buffers, the KL reference copy
 (`grpo.kl_coef > 0`: one more copy of the weights, on the host), and the engine's activations outside
@@ -63,6 +73,8 @@ DENSE_H = 8.0
 DENSE_FFN = 5.0
 FIXED_H = 6.6
 LOGPROB_CHUNK_COPIES = 3
+PREFILL_SCORE_COPIES = 1.4  # measured: scores, their softmax in part, the chunk's other activations
+OWN_KV_SLOTS = 64  # static_kv.CAPACITY_SLACK
 
 NOT_COVERED = ("Python heap", "allocator caching/fragmentation (GPU: within the runtime term)",
                "communication buffers", "KL reference weights (host)", "engine activations outside the static pool")
@@ -235,6 +247,47 @@ def engine_memory(shape: "ModelShape", config: Any, rollout: "RolloutLayout", gp
     tokens = int(kv * GIB // per_token) if kv > 0 else 0
     return EngineMemory(weights_gib=round(weights, 3), static_gib=round(static, 3), kv_cache_gib=round(kv, 3),
                         kv_bytes_per_token=per_token, kv_tokens=tokens, fits=kv > 0)
+
+
+@dataclass(frozen=True)
+class EmbeddedEngineMemory:
+    components_mib: dict[str, float]
+    total_mib: float
+    rows: int
+
+
+def embedded_engine_memory(shape: "ModelShape", config: Any, models: int) -> EmbeddedEngineMemory:
+    """Peak tensor memory of the embedded engine over one rollout step (module docstring)."""
+    from slime_ext.engine.embedded import PREFIX_CACHE_TOKENS
+    from slime_ext.engine.static_kv import PREFILL_ATTENTION_ELEMENTS
+
+    r = config.rollout
+    elem = 2 if r.precision == "bf16" else 4
+    prompts, rows, p, n_new = r.prompts_per_step, r.prompts_per_step * r.n_samples_per_prompt, r.max_prompt_len, \
+        r.max_response_len
+    kv = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * elem * models
+    own = OWN_KV_SLOTS
+    while own < n_new - 1:  # fed tokens: the last one generated is never fed
+        own *= 2
+    batch_kv = kv * (prompts * p + rows * own)
+    # the last doubling of the own slots holds old and new at once, while the rows are still decoding (the
+    # prefix cache has the prompts only); at the end the cache also holds every row's generated tokens
+    grow = kv * rows * own // 2 if own > OWN_KV_SLOTS else 0
+    cache_prompts = kv * min(PREFIX_CACHE_TOKENS, prompts * p)
+    cache = kv * min(PREFIX_CACHE_TOKENS, prompts * p + rows * (n_new - 1))
+    logits = rows * shape.vocab * 4 * models
+    scores = min(prompts * shape.num_heads * p * p, PREFILL_ATTENTION_ELEMENTS) * 4 * PREFILL_SCORE_COPIES
+    prefill = kv * prompts * p + scores
+    at_grow, at_end = batch_kv + grow + cache_prompts, batch_kv + cache
+    comps = {"weights": shape.params_total * elem * models}
+    if prefill > max(at_grow, at_end) + logits:
+        comps.update({"prompt_kv": kv * prompts * p, "prefill_scores": scores})
+    elif at_grow > at_end:
+        comps.update({"batch_kv_while_growing": batch_kv + grow, "prefix_cache": cache_prompts, "logits": logits})
+    else:
+        comps.update({"batch_kv": batch_kv, "prefix_cache": cache, "logits": logits})
+    mib = {k: round(v / 2**20, 2) for k, v in comps.items()}
+    return EmbeddedEngineMemory(components_mib=mib, total_mib=round(sum(comps.values()) / 2**20, 2), rows=rows)
 
 
 def over_memory_problems(trainer: TrainerMemory, engine: Optional[EngineMemory], gpu_gib: float,

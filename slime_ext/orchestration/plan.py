@@ -36,9 +36,9 @@ from typing import Any, Optional, Sequence
 from slime_ext.config.loader import ConfigError, load_config
 from slime_ext.methods.registry import method_class, method_name
 from slime_ext.config.schema import Config, ModelConfig
-from slime_ext.orchestration.memory_model import (GIB, NOT_COVERED, EngineMemory, ParamSplit, TrainerMemory,
-                                                 _head_dim, _num_experts, engine_memory, over_memory_problems,
-                                                 param_split, trainer_memory)
+from slime_ext.orchestration.memory_model import (GIB, NOT_COVERED, EmbeddedEngineMemory, EngineMemory, ParamSplit,
+                                                 TrainerMemory, _head_dim, _num_experts, embedded_engine_memory,
+                                                 engine_memory, over_memory_problems, param_split, trainer_memory)
 from slime_ext.orchestration.placement import (ActorGroup, Placement, actor_groups, build_placement, engine_count,
                                               engine_gpus, trainer_world)
 
@@ -284,6 +284,7 @@ class Plan:
     gpu_memory_gib: float
     warnings: list[str] = field(default_factory=list)
     memory_problems: list[str] = field(default_factory=list)  # why the layout does not fit (refused by main)
+    embedded_engine_memory: Optional[EmbeddedEngineMemory] = None  # CPU runs: the engine process's peak
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -321,10 +322,12 @@ def build_plan(config: Config, gpu_memory_gib: Optional[float] = None) -> Plan:
     tmem = trainer_memory(shape, layout, gpu_memory_gib, config.train.logprob_chunk_mb, tokens)
     emem = engine_memory(shape, config, rollout, gpu_memory_gib)
     problems = over_memory_problems(tmem, emem, gpu_memory_gib, config.cluster.host_memory_gib, seq)
+    embedded = (embedded_engine_memory(shape, config, rollout.models_per_engine)
+                if config.cluster.gpus_per_node == 0 else None)
     return Plan(method=method_name(config), run_name=config.run.name, model=shape, layout=layout, rollout=rollout,
                 placement=build_placement(config), actors=list(actor_groups(config).values()),
                 trainer_memory=tmem, engine_memory=emem, gpu_memory_gib=gpu_memory_gib, warnings=warnings,
-                memory_problems=problems)
+                memory_problems=problems, embedded_engine_memory=embedded)
 
 
 # -- text -----------------------------------------------------------------------------------------
@@ -407,6 +410,10 @@ def _format_memory(p: Plan) -> list[str]:
              "  not estimated: " + ", ".join(NOT_COVERED)]
     if t.host_offload_gib_per_node:
         lines.append(f"  optimizer offloaded to host: {t.host_offload_gib_per_node:.1f} GiB per node")
+    if p.embedded_engine_memory is not None:
+        m = p.embedded_engine_memory
+        lines.append(f"memory engine per process (one rollout step, {m.rows} rows): {m.total_mib:.1f} MiB  ["
+                     + ", ".join(f"{k} {v:.1f}" for k, v in m.components_mib.items()) + "]")
     if e is not None:
         lines.append(f"memory engine per GPU: weights {e.weights_gib:.2f} GiB, static pool {e.static_gib:.2f} GiB, "
                      f"KV cache {e.kv_cache_gib:.2f} GiB = {e.kv_tokens} tokens -> {_fit(e.fits)}")

@@ -105,3 +105,61 @@ def test_the_plan_sizes_micro_batches_like_the_trainer():
                                                  "train.parallel.max_tokens_per_gpu=1000"]).config
     seq = capped.rollout.max_prompt_len + capped.rollout.max_response_len
     assert build_plan(capped).trainer_memory.tokens_per_micro_batch == max(seq, 1000)
+
+
+# -- the embedded engine ----------------------------------------------------------------------------
+# (hidden, head dim, expert ffn, vocab) x (prompt tokens, new tokens); 8 prompts x 8 samples
+ENGINE_SIZES = {"h128-v4k": (128, 32, 256, 4096), "h256-v8k": (256, 64, 512, 8192), "h128-v16k": (128, 32, 256, 16384)}
+ENGINE_LENGTHS = ((256, 64), (512, 160))
+
+
+def _engine_config(size: str, prompt: int, new: int):
+    h, hd, ffn, vocab = ENGINE_SIZES[size]
+    return load_config(CONFIGS / "grpo.yaml", [
+        f"model.hidden_size={h}", f"model.head_dim={hd}", f"model.moe_intermediate_size={ffn}",
+        f"model.vocab_size={vocab}", "model.max_position_embeddings=2048", "rollout.prompts_per_step=8",
+        "rollout.n_samples_per_prompt=8", f"rollout.max_prompt_len={prompt}", f"rollout.max_response_len={new}",
+        "rollout.precision=fp32"]).config
+
+
+def _measure_engine(config) -> tuple[int, int]:
+    """(weights bytes, peak growth) of one generate call holding the whole rollout step (no EOS: every row
+    generates max_response_len tokens; prompts of exactly max_prompt_len)."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from sglang_patches.decoding import SamplingParams
+    from slime_ext.data.generation import GenerateRequest
+    from slime_ext.engine.embedded import EmbeddedEngine
+
+    r = config.rollout
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config_from_model_config(config.model)).eval()
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, config.model.vocab_size) for _ in range(r.max_prompt_len)]
+               for _ in range(r.prompts_per_step)]
+    requests = [GenerateRequest(f"p{i}s{j}", p, SamplingParams(temperature=1.0, max_new_tokens=r.max_response_len),
+                                seed=i * 100 + j) for i, p in enumerate(prompts) for j in range(r.n_samples_per_prompt)]
+    engine = EmbeddedEngine(model, -1, kernel="static")
+    with PeakMemory("cpu") as meter:
+        results = engine.generate(requests)
+    assert all(len(res.output_ids) == r.max_response_len for res in results)
+    return meter.start_bytes, meter.growth_bytes
+
+
+@pytest.mark.parametrize("size", list(ENGINE_SIZES))
+@pytest.mark.parametrize("prompt, new", ENGINE_LENGTHS)
+def test_embedded_engine_estimate_within_15_percent(size, prompt, new):
+    config = _engine_config(size, prompt, new)
+    plan = build_plan(config)
+    est = plan.embedded_engine_memory
+    weights, growth = _measure_engine(config)
+    comps = {k: v * 2**20 for k, v in est.components_mib.items()}
+    rest = sum(v for k, v in comps.items() if k != "weights")
+    detail = (f"{size}, {prompt}+{new} tokens x {est.rows} rows: weights {weights / 2**20:.1f} vs "
+              f"{comps['weights'] / 2**20:.1f} MiB, generate growth {growth / 2**20:.1f} vs {rest / 2**20:.1f}; "
+              f"terms {est.components_mib}")
+    assert abs(comps["weights"] - weights) <= TOLERANCE * weights, detail
+    assert abs(rest - growth) <= TOLERANCE * growth, detail
+    assert abs(est.total_mib * 2**20 - weights - growth) <= TOLERANCE * (weights + growth), detail
