@@ -169,7 +169,9 @@ def run_case(impl: str, tokens: int, args: argparse.Namespace, log: Any) -> dict
     if impl == "before":
         cmd += ["--src", str(args.src)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    env.pop("PYTHONPATH", None)
+    # a world of its own: a rendezvous address inherited from a parent that runs torch.distributed is taken
+    for key in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(args.src if impl == "before" else ROOT),
                           timeout=args.case_timeout)

@@ -24,6 +24,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext.algo": DATA_AND_MATH,
     # the config composes its schema from the registry (which imports method code only by name)
     "slime_ext.config": DATA_AND_MATH + ("slime_ext.config", "slime_ext.methods.registry"),
+    # `python -m slime_ext.config --check` is a tool (nothing imports it): it also builds the cluster plan
+    "slime_ext.config.__main__": PACKAGES,
     "slime_ext.rewards": BASE,
     "slime_ext.tasks": BASE,
     "slime_ext.tokenizer": BASE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -16,9 +17,13 @@ from tests.conftest import REPO
 
 @pytest.mark.timeout(400)
 def test_quick_toy_run_writes_rows_and_ours_is_below_hf_at_4k(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks/memory_scaling.py"), "--quick", "--toy", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=380, cwd=str(REPO), env=env)
+    with socket.socket() as taken:  # a rendezvous port in use, as a parent running torch.distributed leaves
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(taken.getsockname()[1])}
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks/memory_scaling.py"), "--quick", "--toy", "--out",
+                               str(tmp_path)], capture_output=True, text=True, timeout=380, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "memory_quick.json").read_text())["rows"]
     assert [r["tokens"] for r in rows] == [1024, 4096]
