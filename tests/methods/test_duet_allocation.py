@@ -57,9 +57,9 @@ def test_knapsack_is_optimal_on_small_instances_and_within_budget():
 
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
 def test_knapsack_is_exact_at_tiny_and_large_signal_scales(scale):
-    """70 random instances per scale against brute force, optimal to 1e-9 relative. Before the objective
-    was scaled, CBC's absolute tolerances swallowed the s^2 ~ 1e-12 coefficients: 281 of 300 instances at
-    scale 1e-6 came back non-optimal (gap up to 400%)."""
+    """70 random instances per scale against brute force, optimal to 1e-9 relative. (With the former
+    pulp/CBC solver, before its objective was scaled, CBC's absolute tolerances swallowed the s^2 ~ 1e-12
+    coefficients: 281 of 300 instances at scale 1e-6 came back non-optimal, gap up to 400%.)"""
     rng = random.Random(15 + int(math.log10(scale)))
     for _ in range(70):
         q = rng.randint(2, 4)
@@ -74,8 +74,8 @@ def test_knapsack_is_exact_at_tiny_and_large_signal_scales(scale):
 
 
 def test_knapsack_is_not_misled_by_cbc_preprocessing():
-    """An instance on which CBC's preprocessing (Cgl) fixes variables wrongly and reports the 37%-worse
-    [1, 2, 1] as Optimal; [2, 1, 1] costs 1494 <= B and is the optimum."""
+    """A regression instance from the former pulp/CBC solver, whose preprocessing (Cgl) fixed variables
+    wrongly and reported the 37%-worse [1, 2, 1] as Optimal; [2, 1, 1] costs 1494 <= B and is the optimum."""
     s, L, B = [0.7601222025785034, 0.040327550433621843, 0.7019359455766575], [242, 289, 721], 1560.2266558941026
     got = knapsack_allocation(s, L, B, n_min=1, n_max=5)
     assert got.n == [2, 1, 1] and got.cost == 1494.0

@@ -4,7 +4,8 @@ Neyman allocation under a token budget B: minimise sum_q s_q^2 / n_q subject to 
 The continuous optimum (Theorem 1) is n_q = (B / S) s_q / sqrt(L_q), S = sum_k s_k sqrt(L_k), with
 dual variable lambda = (S / B)^2, i.e. n_q = s_q / sqrt(lambda L_q). The practical allocator rounds and
 clips n_q(lambda) to [n_min, n_max] and finds lambda by bisection on log lambda (warm-started from the
-previous step); the exact allocator solves the integer problem as a multiple-choice knapsack with pulp.
+previous step); the exact allocator solves the integer problem as a multiple-choice knapsack in exact
+integer arithmetic (exact_knapsack.py).
 
 Pitfall of the reference code avoided here: it bisects over a fixed range [e^-20, e^20], which at the
 cold-start floor s = 0.01 does not contain the crossing, so it returns an allocation that spends only
@@ -16,9 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Optional, Sequence
 
 import numpy as np
+
+from slime_ext.methods.duet.exact_knapsack import ExactAllocationError, solve_exact
 
 
 class BudgetError(ValueError):
@@ -112,43 +116,26 @@ def bisect_allocation(s: Sequence[float], L: Sequence[float], budget: float, n_m
 
 def knapsack_allocation(s: Sequence[float], L: Sequence[float], budget: float, n_min: int = 1, n_max: int = 32,
                         time_limit_s: float = 30.0) -> Allocation:
-    """The exact integer allocation: a multiple-choice knapsack (one count per prompt) solved by pulp/CBC."""
-    import pulp
+    """The exact integer allocation: a multiple-choice knapsack (one count per prompt), solved in exact
+    integer arithmetic (exact_knapsack.py) because a tolerance-based solver (CBC, even at gap 0 with its
+    preprocessing off) returned non-optimal allocations as Optimal when two allocations nearly tie.
 
+    Among equally good allocations it returns the cheapest, then the lexicographically smallest n. The
+    cost is summed exactly, so `cost <= budget` holds for the float values too."""
     s_arr, L_arr = _check_inputs(s, L, budget, n_min, n_max)
-    if n_max * float(L_arr.sum()) <= budget:
+    if math.isinf(budget) or _exact_cost(L_arr, [n_max] * len(L_arr)) <= Fraction(budget):
         n = [n_max] * len(s_arr)
-        return Allocation(n, 0.0, n_max * float(L_arr.sum()), budget, saturated=True)
-    prob = pulp.LpProblem("duet_allocation", pulp.LpMinimize)
-    choices = range(n_min, n_max + 1)
-    x = {(q, k): pulp.LpVariable(f"x_{q}_{k}", cat="Binary") for q in range(len(s_arr)) for k in choices}
-    weights = _scaled_objective_weights(s_arr, n_min)
-    prob += pulp.lpSum(float(weights[q] / k) * x[q, k] for q, k in x)
-    for q in range(len(s_arr)):
-        prob += pulp.lpSum(x[q, k] for k in choices) == 1
-    prob += pulp.lpSum(float(k * L_arr[q]) * x[q, k] for q, k in x) <= budget
-    # gapRel=gapAbs=0: stop only at a proven optimum. CBC's preprocessing (Cgl) is off: on some instances
-    # it fixes variables wrongly and reports a worse allocation as Optimal (see the test with [242, 289, 721])
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.0,
-                                          options=["preprocess off"]))
-    if pulp.LpStatus[status] != "Optimal":
-        raise BudgetError(f"knapsack allocation: solver status {pulp.LpStatus[status]} (B={budget:.0f})")
-    n = [next(k for k in choices if (x[q, k].value() or 0) > 0.5) for q in range(len(s_arr))]
-    cost = float(sum(k * L_arr[q] for q, k in enumerate(n)))
-    if cost > budget:  # CBC accepts constraint violations up to its primal tolerance; we do not
-        raise BudgetError(f"knapsack allocation: solver returned cost {cost:.6g} above B={budget:.6g}")
-    return Allocation(n, float("nan"), cost, budget)
+        return Allocation(n, 0.0, float(_exact_cost(L_arr, n)), budget, saturated=True)
+    try:
+        n = solve_exact([float(x) for x in s_arr], [float(x) for x in L_arr], budget, n_min, n_max, time_limit_s)
+    except ExactAllocationError as e:
+        raise BudgetError(f"knapsack allocation: {e} (B={budget:.0f})") from e
+    return Allocation(n, float("nan"), float(_exact_cost(L_arr, n)), budget)
 
 
-def _scaled_objective_weights(s: np.ndarray, n_min: int) -> np.ndarray:
-    """s_q^2 divided by the largest objective coefficient (max s_q^2 / n_min), so coefficients are O(1).
-
-    CBC compares objective values against absolute tolerances (about 1e-6 to 1e-9); with raw s_q^2 at
-    small signals (s = 1e-3 gives 1e-6) different allocations look equally good to it and it stops at a
-    non-optimal one. Dividing every coefficient by one positive constant leaves the argmin unchanged.
-    """
-    squares = s * s
-    return squares / (float(squares.max()) / n_min)
+def _exact_cost(L: np.ndarray, n: Sequence[int]) -> Fraction:
+    """sum_q n_q L_q without rounding (a float sum can round an overspend of one ulp down to B)."""
+    return sum((k * Fraction(float(x)) for k, x in zip(n, L)), Fraction(0))
 
 
 def objective(s: Sequence[float], n: Sequence[int]) -> float:
