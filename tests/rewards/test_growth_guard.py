@@ -59,6 +59,16 @@ def test_ordinary_answers_pass(latex: str) -> None:
     assert _problem(latex) is None, latex
 
 
+def test_bracket_depth() -> None:
+    def nested(depth: int) -> str:
+        return "(" * depth + "2**2**100" + ")" * depth
+
+    assert growth_problem(nested(90)) is not None and "digits" in growth_problem(nested(90))
+    assert growth_problem(nested(150)) == "brackets nested deeper than 100"
+    assert growth_problem(nested(400)) is None  # Python's parser refuses it: sympy says parse_error
+    assert growth_problem("(" * 90 + "1" + ")" * 90) is None
+
+
 def test_guard_is_fast_on_long_and_deep_input() -> None:
     hostile = ["(" * 400 + "1" + ")" * 400, "2**" * 300 + "2", "1+" * 450 + "1", "x" * 900, "!" * 900,
                "(" * 200 + "x" + ")!" * 200]

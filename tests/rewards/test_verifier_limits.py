@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -69,6 +69,13 @@ def _warm() -> None:
     assert get_worker().compare("x", "x", 120.0) == "equal"
 
 
+def _wait_until(condition: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
 def _timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
     start = time.monotonic()
     result = fn(*args, **kwargs)
@@ -118,7 +125,7 @@ def test_waiting_for_a_worker_another_thread_holds_counts_toward_the_limit(busy_
     slow = threading.Thread(target=compare_math, args=SLOW, kwargs={"timeout_s": 3.0})
     slow.start()
     try:
-        time.sleep(0.3)  # the slow comparison now holds the worker
+        _wait_until(get_worker()._lock.locked, 10.0)  # the slow comparison now holds the worker
         (equal, reason), elapsed = _timed(compare_math, "(x+1)^2", "x^2+2x+1", timeout_s=0.5)
         assert elapsed < 0.5 + MARGIN_S, f"{elapsed:.2f} s"
         assert (equal, reason) == (False, "worker_busy")
