@@ -10,7 +10,8 @@ gate (`sglang_patches.duet`, which must not import `slime_ext`) need the same ex
 from __future__ import annotations
 
 MAX_SCAN_CHARS = 20_000
-"""Only the last this-many characters are scanned: the final answer sits at the end."""
+"""Only the last this-many characters are scanned: the final answer sits at the end. A longer text
+whose only boxes lie before that window gives ``too_long`` rather than ``no_boxed``."""
 
 _COMMANDS = ("\\boxed", "\\fbox")
 
@@ -52,14 +53,29 @@ def matching_brace(text: str, open_idx: int) -> int:
 def find_last_boxed(text: str) -> tuple[str | None, str]:
     r"""Content of the last ``\boxed{}``/``\fbox{}`` and a reason.
 
-    Returns ``(content, "ok")``, ``(None, "no_boxed")`` or ``(None, "unbalanced_braces")``.
-    The last box is authoritative: if it is unterminated (output cut off) we do not fall back to an
-    earlier one, because that earlier box was not the model's final answer.
+    Returns ``(content, "ok")``, ``(None, "no_boxed")``, ``(None, "unbalanced_braces")`` or
+    ``(None, "too_long")`` (the text is longer than ``MAX_SCAN_CHARS`` and no box starts in its last
+    ``MAX_SCAN_CHARS`` characters, but one starts earlier). The last box is authoritative: if it is
+    unterminated (output cut off) we do not fall back to an earlier one, because that earlier box
+    was not the model's final answer.
     """
     if not isinstance(text, str) or not text:
         return None, "no_boxed"
-    if len(text) > MAX_SCAN_CHARS:
-        text = text[-MAX_SCAN_CHARS:]
+    if len(text) <= MAX_SCAN_CHARS:
+        return _find_in(text)
+    content, why = _find_in(text[-MAX_SCAN_CHARS:])
+    if why == "no_boxed" and _mentions_box(text[: len(text) - MAX_SCAN_CHARS + max(map(len, _COMMANDS))]):
+        return None, "too_long"
+    return content, why
+
+
+def _mentions_box(head: str) -> bool:
+    """Whether a box command occurs in the part of a long text that is not scanned (one linear search)."""
+    return any(cmd in head for cmd in _COMMANDS)
+
+
+def _find_in(text: str) -> tuple[str | None, str]:
+    """``find_last_boxed`` on a text that fits the scan window."""
     # Walk candidates from the end. Each command's last position is cached and only searched
     # again once the scan has moved past it, so the total work stays linear in len(text).
     search_end = len(text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from sglang_patches.boxed_answer import matching_brace
+from slime_ext.rewards.growth_guard import growth_problem
 
 
 class UnsupportedExpression(ValueError):
@@ -45,9 +46,6 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYMBOL_RE = re.compile(r"[A-Za-z](?:_[A-Za-z0-9]+)?")
 _MAX_DEPTH = 60
 
-MAX_TOWER_HEIGHT = 2
-"""``a^{b^{c}}`` has height 2; anything taller is rejected before sympy ever sees it."""
-MAX_LITERAL_EXPONENT = 10**6
 
 
 def _read_argument(s: str, i: int) -> tuple[str, int]:
@@ -183,71 +181,6 @@ def latex_to_sympy(s: str) -> str:
         raise UnsupportedExpression("nesting too deep") from exc
 
 
-# ---------------------------------------------------------------------------------------------
-# Cheap pre-guard against power towers. The worker's process timeout is the real guarantee;
-# this just avoids paying for a kill + restart on the obvious cases such as 9^9^9^9.
-
-
-def _operand_end(expr: str, i: int) -> int:
-    """End index of the exponent operand starting at ``i`` (right-associative ``**`` chains included)."""
-    n = len(expr)
-    while i < n and expr[i] in " +-":
-        i += 1
-    if i < n and expr[i] == "(":
-        i = _matching_paren(expr, i) + 1
-    else:
-        while i < n and (expr[i].isalnum() or expr[i] in "._"):
-            i += 1
-        if i < n and expr[i] == "(":  # function call, e.g. sqrt(2)
-            i = _matching_paren(expr, i) + 1
-    j = i
-    while j < n and expr[j] == " ":
-        j += 1
-    if expr.startswith("**", j):
-        return _operand_end(expr, j + 2)
-    return i
-
-
-def _matching_paren(expr: str, i: int) -> int:
-    depth = 0
-    for j in range(i, len(expr)):
-        depth += (expr[j] == "(") - (expr[j] == ")")
-        if depth == 0:
-            return j
-    return len(expr) - 1
-
-
-def _tower_height(expr: str, depth: int = 0) -> int:
-    if depth > MAX_TOWER_HEIGHT:
-        return depth  # already too tall; no need to look further
-    best = 0
-    i = 0
-    while True:
-        j = expr.find("**", i)
-        if j < 0:
-            return best
-        end = _operand_end(expr, j + 2)
-        operand = expr[j + 2 : end]
-        best = max(best, 1 + _tower_height(operand, depth + 1))
-        if best > MAX_TOWER_HEIGHT:
-            return best
-        literal = operand.strip(" ()+-")
-        if literal.isdigit() and (len(literal) > 7 or int(literal) > MAX_LITERAL_EXPONENT):
-            return MAX_TOWER_HEIGHT + 1
-        i = max(end, j + 2)
-
-
-MAX_LITERAL_FACTORIAL = 10_000
-_FACTORIAL_LITERAL_RE = re.compile(r"(\d+)\s*\)*\s*!")
-
-
 def is_power_bomb(expr: str) -> bool:
-    """True for power towers taller than MAX_TOWER_HEIGHT, literal exponents above MAX_LITERAL_EXPONENT,
-    factorials of literals above MAX_LITERAL_FACTORIAL and factorials of factorials."""
-    if "!" in expr and ("!!" in expr.replace(" ", "") or any(
-            len(m.group(1)) > 6 or int(m.group(1)) > MAX_LITERAL_FACTORIAL for m in _FACTORIAL_LITERAL_RE.finditer(expr))):
-        return True
-    try:
-        return _tower_height(expr) > MAX_TOWER_HEIGHT
-    except RecursionError:
-        return True
+    """True when the static growth guard refuses ``expr`` (see ``growth_guard.growth_problem`` for why)."""
+    return growth_problem(expr) is not None

@@ -11,6 +11,11 @@ decimal expansion: equal when the relative difference is strictly below 1e-6 (``
 Lists (top-level commas): tuples and intervals, ``(..)``/``[..]``, are compared item by item in
 order, and bracket types must match when both sides have brackets (``(1,2)`` != ``[1,2]``); sets
 ``\{..\}`` and bare lists (``x = 2, 3``) are compared as multisets. A bare list matches either.
+
+Limits: ``timeout_s`` bounds the whole call, extraction, guards, sympy and waiting for the worker
+included; a call returns within ``timeout_s + TIME_LIMIT_MARGIN_S``. Answers and labels longer than
+``MAX_ANSWER_CHARS`` and boxes before the scan window (``MAX_SCAN_CHARS``) are ``too_long``; values
+that would grow astronomically (``growth_guard``) are ``too_complex``; both say why in ``detail``.
 """
 
 from __future__ import annotations
@@ -20,15 +25,19 @@ import time
 from fractions import Fraction
 
 from slime_ext.rewards import sympy_worker
-from sglang_patches.boxed_answer import extract_last_boxed, find_last_boxed
-from slime_ext.rewards.latex_to_sympy import UnsupportedExpression, is_power_bomb, latex_to_sympy
+from sglang_patches.boxed_answer import MAX_SCAN_CHARS, extract_last_boxed, find_last_boxed
+from slime_ext.rewards.growth_guard import growth_problem
+from slime_ext.rewards.latex_to_sympy import UnsupportedExpression, latex_to_sympy
 from slime_ext.rewards.normalize import normalize_answer
 from slime_ext.rewards.result import VerifyResult
 
 __all__ = ["compare_math", "extract_last_boxed", "math_equal", "normalize_answer", "verify_math"]
 
 MAX_ANSWER_CHARS = 1000
-"""Longer answers are rejected as "too_long" before any parsing: real answers are short."""
+"""Longer answers and labels are rejected as "too_long" before any parsing: real answers are short."""
+TIME_LIMIT_MARGIN_S = 0.25
+"""A call returns within its ``timeout_s`` plus this: parent-side work after the last deadline check
+and sending the kill signal to a worker that ran out of time (it is reaped in the background)."""
 MAX_LIST_ITEMS = 32
 MAX_EXTRACTED_CHARS = 1000
 REL_TOL = Fraction(1, 10**6)
@@ -47,7 +56,22 @@ _VERDICTS = {
     sympy_worker.TIMEOUT: (False, "timeout"),
     sympy_worker.TOO_COMPLEX: (False, "too_complex"),
     sympy_worker.WORKER_ERROR: (False, "worker_error"),
+    sympy_worker.WORKER_BUSY: (False, "worker_busy"),
 }
+
+
+class _Deadline:
+    """The end of a call's time limit, movable by the uncharged wait for the first sympy worker."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.at = time.monotonic() + timeout_s
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+
+Outcome = tuple[bool, str, "str | None"]
+"""(equivalent?, reason, detail): the detail says what a ``too_long``/``too_complex`` refused."""
 
 
 def _parse_number(s: str) -> tuple[Fraction, bool] | None:
@@ -126,11 +150,11 @@ def _split_top_level(s: str) -> list[str]:
     return parts
 
 
-def _compare_scalar(pred: str, label: str, pred_pct: bool, label_pct: bool, deadline: float) -> tuple[bool, str]:
+def _compare_scalar(pred: str, label: str, pred_pct: bool, label_pct: bool, deadline: _Deadline) -> Outcome:
     if pred == label:
-        return True, "correct"
+        return True, "correct", None
     if not pred:
-        return False, "empty_answer"
+        return False, "empty_answer", None
     p_num, l_num = _parse_number(pred), _parse_number(label)
     if p_num is not None and l_num is not None:
         equal = any(
@@ -138,81 +162,98 @@ def _compare_scalar(pred: str, label: str, pred_pct: bool, label_pct: bool, dead
             for a in _percent_readings(p_num, pred_pct)
             for b in _percent_readings(l_num, label_pct)
         )
-        return (True, "correct") if equal else (False, "wrong")
+        return (True, "correct", None) if equal else (False, "wrong", None)
     try:
         p_expr = latex_to_sympy(pred)
     except UnsupportedExpression:
-        return False, "parse_error"
+        return False, "parse_error", None
     try:
         l_expr = latex_to_sympy(label)
     except UnsupportedExpression:
-        return False, "wrong"  # a non-math label (e.g. a word) that did not match as a string
-    if is_power_bomb(p_expr) or is_power_bomb(l_expr):
-        return False, "too_complex"
-    remaining = deadline - time.monotonic()
+        return False, "wrong", None  # a non-math label (e.g. a word) that did not match as a string
+    for side, expr in (("answer", p_expr), ("label", l_expr)):
+        problem = growth_problem(expr)
+        if problem is not None:
+            return False, "too_complex", f"{side}: {problem}"
+    worker = sympy_worker.get_worker()
+    deadline.at += worker.wait_for_first_start()  # a cold start is not charged (see sympy_worker)
+    remaining = deadline.remaining()
     if remaining <= 0:
-        return False, "timeout"
-    verdict = sympy_worker.get_worker().compare(p_expr, l_expr, remaining)
-    return _VERDICTS.get(verdict, (False, "worker_error"))
+        return False, "timeout", None
+    verdict = worker.compare(p_expr, l_expr, remaining)
+    equal, reason = _VERDICTS.get(verdict, (False, "worker_error"))
+    return equal, reason, None
+
+
+def _length_problem(pred: str, label: str) -> Outcome | None:
+    """``too_long`` for an answer or label past ``MAX_ANSWER_CHARS``, checked before any parsing."""
+    for side, text in (("label", label), ("answer", pred)):
+        if len(text) > MAX_ANSWER_CHARS:
+            return False, "too_long", f"{side} has {len(text)} characters (at most {MAX_ANSWER_CHARS} are read)"
+    return None
 
 
 def compare_math(pred: str, label: str, timeout_s: float = 2.0) -> tuple[bool, str]:
-    """(equivalent?, reason). ``timeout_s`` bounds the symbolic part of the whole comparison.
+    """(equivalent?, reason). ``timeout_s`` bounds the whole comparison (see ``TIME_LIMIT_MARGIN_S``).
 
     reason: "correct", "wrong", "empty_answer", "bad_label", "too_long", "too_complex",
-    "parse_error", "timeout" or "worker_error".
+    "parse_error", "timeout", "worker_busy" or "worker_error".
     """
-    deadline = time.monotonic() + timeout_s
+    equal, reason, _ = _compare(pred, label, _Deadline(timeout_s))
+    return equal, reason
+
+
+def _compare(pred: str, label: str, deadline: _Deadline) -> Outcome:
     pred = "" if pred is None else str(pred)
     label = "" if label is None else str(label)
-    if len(label) > MAX_ANSWER_CHARS:
-        return False, "bad_label"
-    if len(pred) > MAX_ANSWER_CHARS:
-        return False, "too_long"
+    too_long = _length_problem(pred, label)
+    if too_long is not None:
+        return too_long
     p, lab = normalize_answer(pred), normalize_answer(label)
     if not lab:
-        return False, "bad_label"
+        return False, "bad_label", "the label is empty after normalisation"
     if not p:
-        return False, "empty_answer"
+        return False, "empty_answer", None
     if p == lab:
-        return True, "correct"
+        return True, "correct", None
     p_brackets, p_inner = _outer_brackets(p)
     l_brackets, l_inner = _outer_brackets(lab)
     p_items, l_items = _split_top_level(p_inner), _split_top_level(l_inner)
     if len(p_items) == 1 and len(l_items) == 1:
         return _compare_scalar(p, lab, "%" in pred, "%" in label, deadline)
     if len(p_items) != len(l_items) or len(p_items) > MAX_LIST_ITEMS:
-        return False, "wrong"
+        return False, "wrong", None
     if p_brackets and l_brackets and p_brackets != l_brackets:
-        return False, "wrong"
+        return False, "wrong", None
     if (p_brackets or l_brackets) in ("()", "[]", "(]", "[)"):
         for a, b in zip(p_items, l_items):  # tuples and intervals: order matters
-            equal, reason = _compare_scalar(a, b, False, False, deadline)
-            if not equal:
-                return False, reason
-        return True, "correct"
+            outcome = _compare_scalar(a, b, False, False, deadline)
+            if not outcome[0]:
+                return outcome
+        return True, "correct", None
     return _match_unordered(p_items, l_items, deadline)
 
 
-_FAILURE_PRIORITY = ("timeout", "too_complex", "worker_error", "parse_error")
+_FAILURE_PRIORITY = ("timeout", "worker_busy", "too_complex", "worker_error", "parse_error")
 
 
-def _match_unordered(p_items: list[str], l_items: list[str], deadline: float) -> tuple[bool, str]:
+def _match_unordered(p_items: list[str], l_items: list[str], deadline: _Deadline) -> Outcome:
     """Sets and bare lists (roots "2, 3" vs "3, 2"): every predicted item must match a distinct label item."""
     if sorted(p_items) == sorted(l_items):
-        return True, "correct"
+        return True, "correct", None
     unmatched = list(l_items)
-    failures: set[str] = set()
+    failures: dict[str, str | None] = {}
     for a in p_items:
         for idx, b in enumerate(unmatched):
-            equal, reason = _compare_scalar(a, b, False, False, deadline)
+            equal, reason, detail = _compare_scalar(a, b, False, False, deadline)
             if equal:
                 del unmatched[idx]
                 break
-            failures.add(reason)
+            failures.setdefault(reason, detail)
         else:
-            return False, next((r for r in _FAILURE_PRIORITY if r in failures), "wrong")
-    return True, "correct"
+            reason = next((r for r in _FAILURE_PRIORITY if r in failures), "wrong")
+            return False, reason, failures.get(reason)
+    return True, "correct", None
 
 
 def math_equal(pred: str, label: str, timeout_s: float = 2.0) -> bool:
@@ -221,19 +262,33 @@ def math_equal(pred: str, label: str, timeout_s: float = 2.0) -> bool:
 
 
 def verify_math(response: str, label: object, timeout_s: float = 2.0) -> VerifyResult:
-    r"""Scores the last ``\boxed{}`` answer of ``response`` against ``label`` (plain or boxed)."""
+    r"""Scores the last ``\boxed{}`` answer of ``response`` against ``label`` (plain or boxed).
+
+    ``timeout_s`` bounds the whole call; it returns within ``timeout_s + TIME_LIMIT_MARGIN_S``.
+    """
+    deadline = _Deadline(timeout_s)
     try:
         content, why = find_last_boxed(response if isinstance(response, str) else "")
         if content is None:
-            return VerifyResult(0.0, why)
+            return VerifyResult(0.0, why, detail=_extraction_detail("response", why))
         extracted = content[:MAX_EXTRACTED_CHARS]
         label_text = "" if label is None else str(label)
         if "\\boxed" in label_text or "\\fbox" in label_text:
-            inner = extract_last_boxed(label_text)
+            inner, why = find_last_boxed(label_text)
             if inner is None:
-                return VerifyResult(0.0, "bad_label", extracted)
+                reason = "too_long" if why == "too_long" else "bad_label"
+                return VerifyResult(0.0, reason, extracted, detail=_extraction_detail("label", why))
             label_text = inner
-        equal, reason = compare_math(content, label_text, timeout_s)
-        return VerifyResult(1.0 if equal else 0.0, reason, extracted)
+        equal, reason, detail = _compare(content, label_text, deadline)
+        return VerifyResult(1.0 if equal else 0.0, reason, extracted, detail=detail)
     except Exception as exc:  # last line of defence: a verifier bug must not kill the run
         return VerifyResult(0.0, "verifier_error", None, detail=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def _extraction_detail(side: str, why: str) -> str | None:
+    """Says where the box was when it could not be read (``too_long``); other reasons speak for themselves."""
+    if why == "too_long":
+        return f"{side}: the last \\boxed starts before the last {MAX_SCAN_CHARS} characters, the part that is read"
+    if why == "unbalanced_braces" and side == "label":
+        return "label: its last \\boxed is not closed"
+    return None

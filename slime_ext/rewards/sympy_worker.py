@@ -3,7 +3,8 @@
 Why a process and not a signal alarm: sympy can spend minutes inside one C-level big-integer
 operation (``10**(10**10)``), where a SIGALRM handler never gets to run. A separate process can
 always be killed. The worker is started lazily, kept alive between calls (importing sympy costs
-about a second), killed on timeout, and started again on the next call. It never outlives its
+about a second), killed on timeout, and replaced at once in the background, so the next call waits
+for the new worker only within its own time limit. It never outlives its
 parent: Linux's parent-death signal kills it even in the middle of a computation (see
 ``die_with_parent``), and EOF on its request pipe ends it between requests.
 
@@ -19,13 +20,19 @@ import os
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 STARTUP_TIMEOUT_S = 120.0
-"""Worker start (interpreter + sympy import) is not charged to the per-call timeout."""
+"""The longest a worker may take to start (interpreter + sympy import). Only the first start of a
+worker handle is waited for this long; later starts run in the background (see ``SympyWorker``)."""
+WARM_UP = ("(x+1)**2", "x**2+2*x+1")
+"""Compared once before a worker reports ready: sympy imports much of ``simplify`` on first use, and a
+freshly restarted worker should not spend a caller's limit on that."""
 WORKER_MEMORY_HEADROOM = 2 << 30
 """The worker may grow this much over its size at start; a runaway big-int then fails fast."""
 REL_TOL = 1e-6
@@ -37,6 +44,8 @@ PARSE_ERROR = "parse_error"
 TIMEOUT = "timeout"
 TOO_COMPLEX = "too_complex"
 WORKER_ERROR = "worker_error"
+WORKER_BUSY = "worker_busy"
+"""The caller's time ran out waiting for the worker: restarting after a kill, or serving another thread."""
 
 
 # ------------------------------------------------------------------ code running in the worker
@@ -158,6 +167,8 @@ def serve(read_fd: int, write_fd: int, parent_pid: int | None = None) -> None:
     _limit_memory()
     try:
         import sympy  # noqa: F401  (the expensive import, done before reporting ready)
+
+        compare_expressions(*WARM_UP)
     except Exception as exc:  # pragma: no cover - depends on the environment
         replies.send(("error", repr(exc)))
         return
@@ -198,6 +209,85 @@ _BOOTSTRAP = (
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sympy-worker-spawner")
 
 
+class _Process:
+    """One running, ready worker and the two ends of its pipes.
+
+    A plain class, not a dataclass: the worker loads this file without registering it in
+    ``sys.modules``, where ``dataclasses`` would look for the module.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], requests: Connection, replies: Connection) -> None:
+        self.proc, self.requests, self.replies = proc, requests, replies
+
+    def kill(self) -> None:
+        """SIGKILL (ends even a worker inside one big-integer operation) and closes the pipes; no reaping."""
+        for conn in (self.requests, self.replies):
+            conn.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def close(self) -> None:
+        """Kills and reaps the worker, so no zombie is left behind."""
+        self.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not delivered
+            pass
+
+    def kill_and_reap_in_background(self) -> None:
+        """Kills now and leaves the reaping to the spawner thread, ahead of the successor's start.
+
+        Tearing down a worker that grew large takes a moment; the caller whose request timed out
+        should not spend it.
+        """
+        self.kill()
+        try:
+            _spawner.submit(self.proc.wait, 10)
+        except RuntimeError:  # the interpreter is shutting down: no new threads; reap here
+            self.close()
+
+    def ask_to_exit(self) -> None:
+        """Asks an idle worker to exit, then makes sure it is gone."""
+        try:
+            if self.proc.poll() is None:
+                self.requests.send(None)
+                self.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.close()
+
+
+def _launch() -> _Process | None:
+    """Starts a worker and waits until it has imported sympy; runs on the spawner thread.
+
+    None when the interpreter cannot be started or does not report ready within ``STARTUP_TIMEOUT_S``.
+    """
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP, str(req_r), str(rep_w), _THIS_FILE, str(os.getpid())],
+            pass_fds=(req_r, rep_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except OSError:
+        for fd in (req_r, req_w, rep_r, rep_w):
+            os.close(fd)
+        return None
+    os.close(req_r)
+    os.close(rep_w)
+    process = _Process(proc, Connection(req_w, readable=False), Connection(rep_r, writable=False))
+    try:
+        if process.replies.poll(STARTUP_TIMEOUT_S) and process.replies.recv()[0] == "ready":
+            return process
+    except (EOFError, OSError):
+        pass
+    process.close()
+    return None
+
+
 class SympyWorker:
     """Thread-safe handle on one lazily started, restartable sympy process.
 
@@ -207,95 +297,127 @@ class SympyWorker:
     guard (a training script would start training again inside the verifier). A plain
     interpreter running one import avoids that; the messages still use
     ``multiprocessing.connection.Connection`` framing over two private pipes.
+
+    Time limits cover the whole call. A worker killed after a timeout is replaced in the background
+    at once, so the restart (interpreter + sympy import, about a second) is not charged to whichever
+    call comes next: that call waits for the new worker, and for the lock another thread holds, only
+    within its own limit, and reports ``WORKER_BUSY`` when the limit runs out first. Only the very
+    first start of a worker is waited for uncharged (``wait_for_first_start``, up to
+    ``STARTUP_TIMEOUT_S``); ``start()`` begins it early.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._requests: Connection | None = None
-        self._replies: Connection | None = None
+        self._process: _Process | None = None
+        self._starting: Future[_Process | None] | None = None
+        self._ever_ready = False
         self.starts = 0  # how many workers were started; tests and logs read it
 
-    def compare(self, a_src: str, b_src: str, timeout_s: float) -> str:
-        """EQUAL, NOT_EQUAL, PARSE_ERROR, TIMEOUT, TOO_COMPLEX or WORKER_ERROR; never raises or hangs."""
+    def start(self) -> None:
+        """Begins starting the worker in the background (a no-op when one is running or starting)."""
         with self._lock:
-            try:
-                if not self._ensure_started():
-                    return WORKER_ERROR
-                assert self._requests is not None and self._replies is not None
-                self._requests.send((a_src, b_src))
-                if not self._replies.poll(max(timeout_s, 0.0)):
-                    self._kill()
-                    return TIMEOUT
-                verdict = self._replies.recv()
-            except (EOFError, OSError):
-                self._kill()
-                return WORKER_ERROR
-            if verdict == TOO_COMPLEX:  # MemoryError in the worker: start clean next time
-                self._kill()
-            return verdict if isinstance(verdict, str) else WORKER_ERROR
+            if self._process is None and self._starting is None:
+                self._start_in_background()
+
+    def compare(self, a_src: str, b_src: str, timeout_s: float) -> str:
+        """EQUAL, NOT_EQUAL, PARSE_ERROR, TIMEOUT, TOO_COMPLEX, WORKER_BUSY or WORKER_ERROR.
+
+        Never raises; returns within ``timeout_s`` plus the moment it takes to send a kill signal, plus
+        the uncharged wait for this handle's first worker (``wait_for_first_start``).
+        """
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        deadline += self.wait_for_first_start()
+        if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            return WORKER_BUSY
+        try:
+            process = self._ready_process(deadline)
+            if not isinstance(process, _Process):
+                return process
+            return self._ask(process, a_src, b_src, deadline)
+        finally:
+            self._lock.release()
 
     @property
     def pid(self) -> int | None:
         with self._lock:
-            return self._proc.pid if self._proc is not None else None
+            return self._process.proc.pid if self._process is not None else None
 
-    def _ensure_started(self) -> bool:
-        if self._proc is not None and self._proc.poll() is None:
-            return True
-        self._kill()
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
+    def wait_for_first_start(self) -> float:
+        """Waits until this handle's first worker is ready (or failed to start); returns the seconds waited.
+
+        Callers do not charge this wait to their time limit: the first start is not caused by any
+        input, and a cold start on a loaded machine can take longer than a whole limit. Returns 0 at
+        once when a worker has been ready before; later restarts are charged (see the class docstring).
+        """
+        if self._ever_ready:
+            return 0.0
+        start = time.monotonic()
+        with self._lock:
+            if not self._ever_ready:
+                self._ready_process(start + STARTUP_TIMEOUT_S)
+        return time.monotonic() - start
+
+    def _ready_process(self, deadline: float) -> _Process | str:
+        """The running worker, starting or awaiting one as needed; a verdict string when there is none."""
+        if self._process is not None:
+            if self._process.proc.poll() is None:
+                return self._process
+            self._process.close()  # died between requests (killed from outside, OOM killer)
+            self._process = None
+        if self._starting is None and not self._start_in_background():
+            return WORKER_ERROR
+        assert self._starting is not None
         try:
-            self._proc = _spawner.submit(
-                subprocess.Popen,
-                [sys.executable, "-c", _BOOTSTRAP, str(req_r), str(rep_w), _THIS_FILE, str(os.getpid())],
-                pass_fds=(req_r, rep_w),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                close_fds=True,
-            ).result()
-        except (OSError, RuntimeError):
-            for fd in (req_r, req_w, rep_r, rep_w):
-                os.close(fd)
-            return False
-        os.close(req_r)
-        os.close(rep_w)
-        self._requests = Connection(req_w, readable=False)
-        self._replies = Connection(rep_r, writable=False)
-        self.starts += 1
-        if self._replies.poll(STARTUP_TIMEOUT_S):
-            status, _ = self._replies.recv()
-            if status == "ready":
-                return True
-        self._kill()
-        return False
+            process = self._starting.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except FutureTimeout:
+            return WORKER_BUSY  # still starting; the next call picks it up
+        self._starting = None
+        if process is None:
+            return WORKER_ERROR
+        self._process, self._ever_ready = process, True
+        return process
 
-    def _kill(self) -> None:
-        """Kills and reaps the worker, so no zombie is left behind. Caller holds the lock."""
-        proc = self._proc
-        for conn in (self._requests, self._replies):
-            if conn is not None:
-                conn.close()
-        self._proc, self._requests, self._replies = None, None, None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.kill()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not delivered
-                pass
+    def _start_in_background(self) -> bool:
+        """Submits a start to the spawner thread; False when the interpreter is shutting down. Caller holds the lock."""
+        try:
+            self._starting = _spawner.submit(_launch)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            return False
+        self.starts += 1
+        return True
+
+    def _ask(self, process: _Process, a_src: str, b_src: str, deadline: float) -> str:
+        """One request to a ready worker; a worker that timed out or failed is replaced in the background."""
+        try:
+            process.requests.send((a_src, b_src))
+            if not process.replies.poll(max(deadline - time.monotonic(), 0.0)):
+                self._replace()
+                return TIMEOUT
+            verdict = process.replies.recv()
+        except (EOFError, OSError):
+            self._replace()
+            return WORKER_ERROR
+        if verdict == TOO_COMPLEX:  # MemoryError in the worker: start clean
+            self._replace()
+        return verdict if isinstance(verdict, str) else WORKER_ERROR
+
+    def _replace(self) -> None:
+        """Kills the current worker and starts its successor in the background. Caller holds the lock."""
+        if self._process is not None:
+            self._process.kill_and_reap_in_background()
+            self._process = None
+        if self._starting is None:
+            self._start_in_background()
 
     def shutdown(self) -> None:
-        """Asks the worker to exit, kills it if it does not; safe to call repeatedly."""
+        """Asks the worker to exit, kills it if it does not, and any worker still starting; safe to repeat."""
         with self._lock:
-            if self._proc is not None and self._requests is not None and self._proc.poll() is None:
-                try:
-                    self._requests.send(None)
-                    self._proc.wait(timeout=2)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
-            self._kill()
+            starting, self._starting = self._starting, None
+            if starting is not None and not starting.cancel():
+                starting.add_done_callback(_close_started)
+            if self._process is not None:
+                self._process.ask_to_exit()
+                self._process = None
 
     def _forget_after_fork(self) -> None:
         # In a forked child the worker belongs to the parent: drop the handles, never kill it.
@@ -303,13 +425,21 @@ class SympyWorker:
         global _spawner
         _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sympy-worker-spawner")
         self._lock = threading.Lock()
-        for conn in (self._requests, self._replies):
-            if conn is not None:
+        if self._process is not None:
+            for conn in (self._process.requests, self._process.replies):
                 try:
                     conn.close()
                 except OSError:
                     pass
-        self._proc, self._requests, self._replies = None, None, None
+        self._process, self._starting, self._ever_ready = None, None, False
+
+
+def _close_started(future: Future[_Process | None]) -> None:
+    """Done-callback for a start that ``shutdown`` could not cancel: the new worker is not wanted."""
+    if not future.cancelled() and future.exception() is None:
+        process = future.result()
+        if process is not None:
+            process.close()
 
 
 _WORKER = SympyWorker()

@@ -69,3 +69,20 @@ def test_worker_survives_the_short_lived_thread_that_started_it() -> None:
         assert worker.pid == pid and worker.starts == 1
     finally:
         worker.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_during_a_background_start_leaves_no_worker() -> None:
+    """A worker still starting when ``shutdown`` runs (e.g. at exit, right after a timeout) is killed once ready."""
+    from slime_ext.rewards.sympy_worker import SympyWorker
+
+    worker = SympyWorker()
+    worker.start()
+    starting = worker._starting
+    assert starting is not None
+    worker.shutdown()
+    if not starting.cancelled():
+        process = starting.result(timeout=100)
+        assert process is not None
+        assert process.proc.wait(timeout=10) is not None  # killed by shutdown's done-callback
+    assert worker.pid is None
