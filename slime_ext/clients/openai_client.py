@@ -8,7 +8,9 @@ DA-GRPO's cloud model use it.
 
 Worst case of one call to a dead endpoint: (max_retries + 1) x timeout_s plus the backoff sleeps. With a
 `CircuitBreaker` each attempt asks it first: once it is open, retries stop and new calls fail at once with
-`CallSkipped` (no attempt made) until its cool-down ends.
+`CallSkipped` (no attempt made) until its cool-down ends. The breaker admits no more attempts at once than
+can still fail before it opens, so with c calls in flight at most `failures` attempts are made, not
+`failures + c - 1`; an attempt beyond that waits in `allow()` for one in flight to end.
 """
 
 from __future__ import annotations
@@ -120,6 +122,10 @@ class OpenAIClient:
                 self._breaker_record(ok=not _retryable(exc))
                 if not _retryable(exc):
                     break
+            except BaseException:  # interrupted mid-attempt: free the breaker's slot for the other callers
+                if self.breaker is not None:
+                    self.breaker.release()
+                raise
         self._count(failed=1)
         raise CallFailed(f"{self.base_url}/chat/completions failed after {made} attempt(s): {last}")
 

@@ -16,6 +16,9 @@ each engine's process: a dead (or unanswering) server is restarted by its actor 
 newest weights and version (at most `sglang.max_restarts` times per engine), and the failed requests are
 sent again unchanged (same rid, seed and samplers, so the same tokens). When an engine's restarts are
 used up, `EngineUnavailable` stops the run (the loop keeps the checkpoint and prints the resume command).
+Each restart and the requests re-sent after it are also kept for `take_restart_report()`: the pool lives
+in the rollout manager (a Ray actor whose log the driver does not show), so the manager hands the report
+to the driver with the step's metrics (`engine/restarts`, `engine/resent_requests`, `engine_events.jsonl`).
 
 Versions. Every sync sets the engines' weight version to the step's; every result carries the version
 that produced it (`GenerateResult.weight_version`), and `versions()` reads what each engine serves.
@@ -96,6 +99,8 @@ class ServerEnginePool:
         self._restarts_seen = [0] * len(self.urls)
         self.served = defaultdict(int)  # engine index -> requests answered (tests, metrics)
         self.restarts = 0
+        self._restart_events: list[dict[str, Any]] = []  # since the last take_restart_report()
+        self._resent = 0
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "engine_dtype", "base_dir",
@@ -175,6 +180,7 @@ class ServerEnginePool:
                 log.warning("%d request(s) failed with every engine healthy: %s", len(failed), errors[:3])
                 return results  # request-level failures (bad request): the method sees them as failed
             log.warning("re-sending %d request(s) after restarting engine(s) %s", len(failed), restarted)
+            self._note_resent(len(failed), restarted)
             again = self._dispatch([requests[i] for i in failed])
             for i, res in zip(failed, again):
                 results[i] = res
@@ -184,7 +190,8 @@ class ServerEnginePool:
         EngineUnavailable when an engine has used up `sglang.max_restarts`."""
         restarted = []
         for e, (actor, client) in enumerate(zip(self.actors, self.clients)):
-            if _get(actor, "alive") and client.health(timeout_s=min(10.0, self.cfg.request_timeout_s)):
+            reason = self._down_reason(actor, client)
+            if reason is None:
                 continue
             used = _get(actor, "restart_count")
             if used >= self.cfg.max_restarts:
@@ -203,8 +210,43 @@ class ServerEnginePool:
             if snapshot_version != version:
                 self.bring_current(e, version)
             self.restarts += 1
+            self._note_restart(e, used + 1, reason)
             restarted.append(e)
         return restarted
+
+    def _down_reason(self, actor: Any, client: SGLangEngineClient) -> Optional[str]:
+        """Why engine `actor` needs a restart (None: it is fine). Said in the restart events, since a dead
+        process (killed, crashed) and a hung one (no /health answer) call for different investigations."""
+        if not _get(actor, "alive"):
+            return "its server process died"
+        if not client.health(timeout_s=min(10.0, self.cfg.request_timeout_s)):
+            return "it did not answer /health"
+        return None
+
+    # -- restart report (for the driver: this copy of the pool may live in a Ray actor) ------------------
+    def _note_restart(self, e: int, restart: int, reason: str) -> None:
+        event = {"time": time.time(), "engine": e, "url": self.urls[e], "restart": restart,
+                 "max_restarts": int(self.cfg.max_restarts), "reason": reason}
+        with self._lock:
+            self._restart_events.append(event)
+
+    def _note_resent(self, n: int, engines: list[int]) -> None:
+        """`n` requests went out again after restarting `engines`: counted, and noted on those restarts."""
+        with self._lock:
+            self._resent += n
+            for event in self._restart_events:
+                if event["engine"] in engines and "resent_requests" not in event:
+                    event["resent_requests"] = n
+
+    def take_restart_report(self) -> dict[str, Any]:
+        """Restarts and re-sent requests since the last call, and forget them: {"restarts": n,
+        "resent_requests": m, "events": [{time, engine, url, restart, max_restarts, reason,
+        resent_requests}]}. `resent_requests` of an event counts the requests re-sent after its round of
+        restarts (shared by the engines restarted in that round)."""
+        with self._lock:
+            events, resent = self._restart_events, self._resent
+            self._restart_events, self._resent = [], 0
+        return {"restarts": len(events), "resent_requests": resent, "events": events}
 
     def abort(self, rid: str) -> None:
         with self._lock:

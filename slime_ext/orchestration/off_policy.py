@@ -29,6 +29,7 @@ import time
 from typing import Any, Iterable, Optional
 
 from slime_ext.data import Sample
+from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY
 
 PENDING_KEY = "pending_rollout"
 
@@ -89,7 +90,8 @@ class OffPolicyRollouts:
         else:  # the first step, or a resume from a checkpoint without a collected rollout: generate it now
             groups, row = self._collect(self._start(step, step))
         self.ready = None
-        row = {k: v for k, v in row.items() if not k.startswith("_")}
+        # the loop's private keys stay here, the restart events go on to the driver's report
+        row = {k: v for k, v in row.items() if not k.startswith("_") or k == ENGINE_EVENTS_KEY}
         if step + 1 < self.steps:
             self.pending = (step + 1, self._start(step + 1, step))
         self.handed_at = time.time()

@@ -25,6 +25,10 @@ from slime_ext.tasks.dataset import LoadReport
 from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long
 from slime_ext.tasks.templates import get_template
 
+# A rollout metrics key holding the engine restart events of the step (a list, not a number): the driver
+# takes it out of the row, prints the restarts and appends them to `<run dir>/engine_events.jsonl`.
+ENGINE_EVENTS_KEY = "_engine_events"
+
 STATUS_BY_FINISH = {
     "stop": SampleStatus.COMPLETED,
     "sampler": SampleStatus.COMPLETED,
@@ -111,6 +115,21 @@ class _Partial:
             weight_version=last.weight_version, served_by=last.served_by,
             # the last call's input was the prompt and every earlier output: its routing covers the whole sample
             routed_experts=last.routed_experts)
+
+
+def restart_metrics(engine: Any, step: int) -> dict[str, Any]:
+    """`engine/restarts` and `engine/resent_requests` since the last step (0 for an engine that cannot
+    restart, e.g. the embedded one), plus the restart events under ENGINE_EVENTS_KEY when there were any.
+    Restarts happen in this process (the rollout manager actor, whose log the driver does not show), so
+    they travel to the driver with the step's metrics."""
+    take = getattr(engine, "take_restart_report", None)
+    report = take() if callable(take) and getattr(take, "remote", None) is None else {}
+    out: dict[str, Any] = {"engine/restarts": float(report.get("restarts", 0)),
+                           "engine/resent_requests": float(report.get("resent_requests", 0))}
+    events = report.get("events") or []
+    if events:
+        out[ENGINE_EVENTS_KEY] = [{**e, "step": step} for e in events]
+    return out
 
 
 def version_metrics(results: list[GenerateResult]) -> dict[str, float]:
@@ -228,6 +247,7 @@ class RolloutManager:
                         "rollout/failed": sum(r.finish_reason == "failed" for r in results) / len(results),
                         "rollout/epoch": source.epoch})
         metrics.update(version_metrics(results))
+        metrics.update(restart_metrics(self.engine, step))
         return groups, metrics
 
     # -- off-policy runs --------------------------------------------------------------------------

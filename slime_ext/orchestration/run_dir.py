@@ -48,6 +48,30 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+ENGINE_EVENTS_FILE = "engine_events.jsonl"
+
+
+def append_engine_events(run_dir: Path, events: list[dict[str, Any]]) -> None:
+    """Append engine restart events (one JSON line each: time, step, engine, url, restart, max_restarts,
+    reason, resent_requests) to `<run dir>/engine_events.jsonl`: the record of a run's engine faults that
+    otherwise lived only in a Ray worker's log. Never truncated on resume: the events did happen."""
+    if not events:
+        return
+    with (Path(run_dir) / ENGINE_EVENTS_FILE).open("a") as f:
+        for event in events:
+            f.write(json.dumps(event) + "\n")
+
+
+def engine_event_line(event: dict[str, Any]) -> str:
+    """The console line of one restart, e.g. "[step 3] engine 0 restarted (1/2): its server process died;
+    64 request(s) re-sent"."""
+    line = (f"[step {event.get('step', '?')}] engine {event['engine']} restarted "
+            f"({event['restart']}/{event['max_restarts']}): {event['reason']}")
+    if "resent_requests" in event:
+        line += f"; {event['resent_requests']} request(s) re-sent"
+    return line
+
+
 # -- resume -----------------------------------------------------------------------------------------
 PEAK_RSS_KEY = "memory/peak_rss_gib"
 

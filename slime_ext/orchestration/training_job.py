@@ -45,10 +45,10 @@ from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.off_policy import OffPolicyRollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
-from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
+from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.run_logger import RunLogger
-from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, peak_rss_from_metrics, resume_command,
-                                             truncate_metrics)
+from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, append_engine_events, engine_event_line,
+                                             peak_rss_from_metrics, resume_command, truncate_metrics)
 from slime_ext.orchestration.trainer_settings import trainer_settings
 from slime_ext.tasks.dataset import LoadReport
 from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids, sft_token_ids
@@ -167,6 +167,19 @@ def _plain(text: str) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in _plain(str(exc)).splitlines() if line.strip()]
     return lines[0][:300] if lines else "no details"
+
+
+def report_engine_restarts(row: dict[str, Any], run_dir: Path) -> None:
+    """Take the restart events out of a step's rollout metrics, print each on the console and append them to
+    `engine_events.jsonl`: the restarts happen in the rollout manager actor, whose log the driver does not
+    show (log_to_driver=False), so without this a restarted engine left no trace in the run."""
+    events = row.pop(ENGINE_EVENTS_KEY, None) or []
+    if not events:
+        return
+    for event in events:
+        tqdm.write(engine_event_line(event), file=sys.stdout)  # above the progress bar, not through it
+    sys.stdout.flush()
+    append_engine_events(run_dir, events)
 
 
 def _prune_checkpoints(directory: Path, keep: int = KEEP_CHECKPOINTS) -> None:
@@ -459,6 +472,7 @@ class TrainingJob:
                  engine: Any) -> dict:
         t_start = time.perf_counter()
         groups, row = manager.rollout(step)
+        report_engine_restarts(row, self.run_dir)
         samples = [s for g in groups for s in g]
         if step == 0 and self.cfg.train.check_consistency_at_start:
             row.update(self._check_consistency(group, samples))

@@ -27,3 +27,58 @@ def test_grpo_on_two_engine_servers_rolls_out_each_step_with_that_steps_weights(
         assert r["rollout/engines_used"] == 2
         assert r["time/sync_push"] > 0 and "reward/mean" in r
     assert sorted(p.name for p in (run_dir / "engine_logs").iterdir()) == ["engine_0.log", "engine_1.log"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_engine_server_killed_mid_run_shows_on_the_console_in_the_metrics_and_in_the_run_dir(tmp_path, capsys):
+    """SIGKILL to the engine server after step 0's row: step 1's requests fail, the rollout manager (a Ray
+    actor, whose log the driver does not show) restarts it and re-sends them, and the driver prints the
+    restart, logs `engine/restarts` / `engine/resent_requests` for step 1 (0 for the other steps) and
+    appends the event to engine_events.jsonl (issue 28, item 4)."""
+    import json
+    import os
+    import re
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from slime_ext.orchestration.driver import main
+
+    killed: dict[str, int] = {}
+
+    def kill_after_step_0() -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline and not killed:
+            metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+            if metrics and metrics[0].read_text().count("\n") >= 1:
+                for proc in psutil.process_iter(["pid", "cmdline"]):
+                    cmd = " ".join(proc.info["cmdline"] or [])
+                    if "slime_ext.tools.serve" in cmd and str(tmp_path) in cmd:
+                        os.kill(proc.info["pid"], signal.SIGKILL)
+                        killed["pid"] = proc.info["pid"]
+                        return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_after_step_0, daemon=True)
+    killer.start()
+    args = ["rollout.engine=sglang", "sglang.num_engines=1", "sft.steps=3", "train.steps=3",
+            "run.stages=[data,tokenizer,sft,rl]"]
+    assert main(job_args(tmp_path, *args)) == 0
+    killer.join(timeout=5)
+    assert killed, "the engine server was never found to kill"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["engine/restarts"] for r in rows] == [0.0, 1.0, 0.0]
+    resent = rows[1]["engine/resent_requests"]
+    assert 1 <= resent <= 32 and rows[0]["engine/resent_requests"] == rows[2]["engine/resent_requests"] == 0.0
+    out = capsys.readouterr().out
+    assert re.search(rf"\[step 1\] engine 0 restarted \(1/2\): its server process died; {int(resent)} request\(s\) "
+                     r"re-sent", out), out[-2000:]
+    (line,) = (run_dir / "engine_events.jsonl").read_text().splitlines()
+    event = json.loads(line)
+    assert (event["step"], event["engine"], event["restart"], event["max_restarts"]) == (1, 0, 1, 2)
+    assert event["reason"] == "its server process died" and event["resent_requests"] == resent

@@ -214,6 +214,7 @@ def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_token
     snapshot, snapshot_version, version = pool.restore_point()
     assert version == "40" and snapshot_version != "40"
     reference = pool.generate(_requests(n_prompts=4, n=2, max_new=120, tag="kill"))
+    pool.take_restart_report()  # start from nothing (the fixture is shared)
     victim = pool.actors[1]
     pid = victim.pid()
 
@@ -231,10 +232,19 @@ def test_a_killed_server_is_restarted_and_the_step_completes_with_the_same_token
     assert all(r.finish_reason != "failed" for r in results)
     assert [r.output_ids for r in results] == [r.output_ids for r in reference]  # re-sent with the same seeds
     assert {r.weight_version for r in results} == {"40"} and pool.versions() == ["40", "40"]
+    # the restart and the re-sent requests are reported once (the driver's console, metrics and run dir)
+    report = pool.take_restart_report()
+    assert report["restarts"] == 1 and 1 <= report["resent_requests"] <= 8
+    (event,) = report["events"]
+    assert (event["engine"], event["restart"], event["max_restarts"]) == (1, 1, 1)
+    assert event["reason"] == "its server process died" and event["resent_requests"] == report["resent_requests"]
+    assert event["url"] == pool.urls[1] and event["time"] > 0
+    assert pool.take_restart_report() == {"restarts": 0, "resent_requests": 0, "events": []}
     os.kill(victim.pid(), signal.SIGKILL)  # its one restart (sglang.max_restarts=1) is used up
     time.sleep(0.5)
     with pytest.raises(EngineUnavailable, match="restart"):
         pool.generate(_requests(n_prompts=4, n=2, tag="dead"))
+    assert pool.take_restart_report()["restarts"] == 0  # no restart was made: the run stops with the error
 
 
 @pytest.mark.slow
@@ -251,6 +261,8 @@ def test_a_server_that_stops_answering_is_restarted(model_dir, tmp_path):
         threading.Timer(0.1, lambda: os.kill(pid, signal.SIGSTOP)).start()
         results = pool.generate(_requests(n_prompts=2, n=2, max_new=120, tag="hang"))
         assert actor.restart_count() == 1 and actor.pid() != pid
+        (event,) = pool.take_restart_report()["events"]
+        assert event["reason"] == "it did not answer /health" and event["resent_requests"] == 4
         assert [r.output_ids for r in results] == [r.output_ids for r in reference]
     finally:
         actor.stop()

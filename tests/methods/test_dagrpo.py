@@ -475,24 +475,108 @@ def test_eight_failing_calls_cost_at_most_n_attempts_with_the_breaker(monkeypatc
     assert len(attempts) == 6 and (tally.failed, tally.skipped) == (1, 2)
 
 
-def test_breaker_bounds_attempts_with_concurrent_calls(monkeypatch):
-    """With 4 calls in flight the attempts already running when the breaker opens still finish:
-    at most N + concurrency - 1 attempts in all."""
-    from slime_ext.clients import openai_client
-    from slime_ext.clients.circuit_breaker import CircuitBreaker
-    from slime_ext.methods.dagrpo.cloud import CloudHelper
+class HeldBackend:
+    """A failing backend that holds each attempt until `parties` attempts are in flight (or `hold_s` passes),
+    so concurrent calls really overlap: without counting calls in flight every thread gets an attempt in."""
 
-    attempts = []
+    def __init__(self, parties: int, hold_s: float = 0.5):
+        import threading
 
-    def post(self, path, payload, stream=False):
-        attempts.append(1)
+        self.parties, self.hold_s = parties, hold_s
+        self.attempts = 0
+        self._lock, self._all_in = threading.Lock(), threading.Event()
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            self.attempts += 1
+            if self.attempts >= self.parties:
+                self._all_in.set()
+        self._all_in.wait(self.hold_s)
         raise ConnectionError("refused")
 
-    monkeypatch.setattr(openai_client.OpenAIClient, "_post", post)
+
+@pytest.mark.parametrize("threads", [5, 8, 16])
+def test_breaker_admits_no_more_attempts_than_can_fail_before_it_opens(threads):
+    """N threads each asking the breaker and failing their attempt at once: exactly `failures` (5) attempts
+    reach the backend; the rest are refused (before, all N got through and the breaker opened after N)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+
+    breaker, backend = CircuitBreaker(failures=5, cooldown_s=60.0), HeldBackend(threads)
+
+    def call(_: int) -> str:
+        if not breaker.allow():
+            return "refused"
+        try:
+            backend()
+        except ConnectionError:
+            breaker.record_failure()
+            return "failed"
+        return "ok"
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        outcomes = list(pool.map(call, range(threads)))
+    assert backend.attempts == 5 and outcomes.count("failed") == 5 and outcomes.count("refused") == threads - 5
+    assert breaker.state == "open" and breaker.opened == 1 and not breaker.allow()
+
+
+def test_a_waiting_attempt_is_admitted_when_one_in_flight_succeeds_or_is_released():
+    """At capacity (failures - consecutive failures in flight) `allow()` waits rather than refusing: the
+    endpoint may be fine. A success or a `release` (an interrupted caller) lets the waiter in."""
+    import threading
+
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+
+    b = CircuitBreaker(failures=2, cooldown_s=60.0)
+    assert b.allow() and b.allow() and b.in_flight == 2
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(b.allow()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # waiting: two in flight could still open it
+    b.record_success()
+    waiter.join(5)
+    assert got == [True] and b.in_flight == 2
+    b.record_failure()  # 1 failure + 1 in flight = 2: full again
+    waiter = threading.Thread(target=lambda: got.append(b.allow()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    b.release()
+    waiter.join(5)
+    assert got == [True, True] and b.state == "closed" and b.in_flight == 1
+
+
+def test_breaker_bounds_attempts_with_concurrent_calls(monkeypatch):
+    """8 calls with 8 in flight (3 retries each) against a dead endpoint: exactly 5 attempts are made
+    (before: 8 to 11, the issue's 6-8 at 4 in flight); the calls that got no attempt fail fast with
+    CallSkipped (the breaker's open error), the others fail with their retries cut off."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slime_ext.clients import openai_client
+    from slime_ext.clients.circuit_breaker import CircuitBreaker
+    from slime_ext.clients.openai_client import CallFailed, CallSkipped
+
+    backend = HeldBackend(8)
+    monkeypatch.setattr(openai_client.OpenAIClient, "_post", backend)
     monkeypatch.setattr(openai_client.time, "sleep", lambda s: None)
-    client = openai_client.OpenAIClient("http://cloud", max_retries=3, max_concurrency=4, breaker=CircuitBreaker(5, 60.0))
-    _, tally = CloudHelper(client).ask([f"q{i}" for i in range(8)])
-    assert 5 <= len(attempts) <= 5 + 3 and tally.calls == 8 and tally.unanswered == 8 and tally.skipped >= 1
+    client = openai_client.OpenAIClient("http://cloud", max_retries=3, max_concurrency=8, breaker=CircuitBreaker(5, 60.0))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda i: _chat_or_error(client, f"q{i}"), range(8)))
+    assert backend.attempts == 5 and client.stats["attempts"] == 5
+    assert sum(isinstance(r, CallSkipped) for r in results) == 3
+    assert all(isinstance(r, CallFailed) for r in results) and client.stats["skipped"] == 3
+    assert client.breaker.state == "open"
+
+
+def _chat_or_error(client, question: str):
+    from slime_ext.clients.openai_client import CallFailed
+
+    try:
+        return client.chat([{"role": "user", "content": question}])
+    except CallFailed as exc:
+        return exc
 
 
 class ScriptedClient:
