@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -312,15 +311,17 @@ class DistributedGroup:
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         host = host or node_address()
         world = 1 + tp_size * len(clients)
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        # The store binds port 0 itself: picking a free port and binding it later raced with other sockets
+        # (EADDRINUSE in CI). Wrapped in the group-name prefix the engines' tcp:// rendezvous adds on their side.
+        self.master = torch.distributed.TCPStore(host, 0, world_size=world, is_master=True, wait_for_workers=False,
+                                                 timeout=timedelta(seconds=timeout_s))
+        port = self.master.port
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-group")
         joining = pool.submit(on_all_engines, clients, f"init_weights_update_group {name}",
                               lambda i, c: c.init_weights_update_group(host, port, 1 + i * tp_size, world, name,
                                                                        self.backend))
         try:
-            self.pg = init_custom_process_group(backend=self.backend, init_method=f"tcp://{host}:{port}",
+            self.pg = init_custom_process_group(backend=self.backend, store=torch.distributed.PrefixStore(name, self.master),
                                                 timeout=timedelta(seconds=timeout_s), world_size=world, rank=0,
                                                 group_name=name)
         except Exception as exc:  # noqa: BLE001 - the engines wait on a store that is gone: never wait for them
