@@ -24,9 +24,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None) -> None:
-    """Join (or create) the default process group; a no-op if it already exists."""
+def host_rendezvous(master_addr: str, world_size: int, timeout_minutes: float = 30) -> dist.TCPStore:
+    """Rank 0's rendezvous store on a port the OS assigns (port 0), to hand to the other ranks: a port picked
+    free and bound later can be taken in between (EADDRINUSE under load)."""
+    return dist.TCPStore(master_addr, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(minutes=timeout_minutes))
+
+
+def init_distributed(rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None,
+                     store: dist.Store | None = None) -> None:
+    """Join (or create) the default process group; a no-op if it already exists. `store`: rank 0's store from
+    `host_rendezvous` (the others join its port)."""
     if dist.is_initialized():
+        return
+    if store is not None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+        # the prefix torch adds to the store of an env:// or tcp:// rendezvous (the other ranks'), not to a given one
+        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
+                                timeout=timedelta(minutes=30))
         return
     os.environ.setdefault("MASTER_ADDR", master_addr or "127.0.0.1")
     if master_port is not None:

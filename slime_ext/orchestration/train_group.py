@@ -49,15 +49,26 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
 class TrainWorker:
     """One trainer rank (runs inside a Ray actor process)."""
 
-    def __init__(self, rank: int, world: int, master_addr: str, master_port: int, threads: int):
+    def __init__(self, rank: int, world: int, master_addr: str, master_port: Optional[int], threads: int):
+        """Rank 0 (`master_port` None) hosts the rendezvous store at once, on a port the OS assigns
+        (`rendezvous_port`); every rank joins the group in `join`, once all ranks exist."""
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
-        from megatron_glue.parallel import init_distributed
+        from megatron_glue.parallel import host_rendezvous
 
-        self.rank = rank
-        init_distributed(rank, world, master_addr, master_port)
+        self.rank, self.world, self.master_addr = rank, world, master_addr
+        self.store = host_rendezvous(master_addr, world) if master_port is None else None
+        self.master_port = self.store.port if self.store is not None else master_port
         self.trainer: Optional[MegatronTrainer] = None
         self.weights_version: Optional[str] = None
+
+    def rendezvous_port(self) -> int:
+        return self.master_port
+
+    def join(self) -> None:
+        from megatron_glue.parallel import init_distributed
+
+        init_distributed(self.rank, self.world, self.master_addr, self.master_port, store=self.store)
 
     def setup(self, hf_config: Any, settings: dict, sizes: dict, pad_id: int, hf_dir: Optional[str]) -> None:
         from megatron_glue.parallel import init_model_parallel
@@ -141,25 +152,27 @@ class TrainGroup:
                  bucket_mb: float = 512.0):
         """One rank actor per `actors.count`, each in its bundle of one placement group (`placement`);
         weights leave the ranks in buckets of `bucket_mb` (sglang.weight_bucket_mb)."""
-        from megatron_glue.parallel import free_port
-
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.world = world = actors.count
-        port = free_port()
         self.placement = ray.util.placement_group([dict(placement.bundle) for _ in range(placement.num_bundles)],
                                                   strategy=placement.strategy)
         ray.get(self.placement.ready())
         actor_cls = ray.remote(TrainWorker)
         env = {"env_vars": {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}}
-        self.workers = [
-            actor_cls.options(
+
+        def start(rank: int, port: Optional[int]) -> Any:
+            return actor_cls.options(
                 **ray_options(actors),
                 scheduling_strategy=ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
                     placement_group=self.placement, placement_group_bundle_index=actors.bundles[rank][0]),
                 runtime_env=env,
             ).remote(rank, world, master_addr, port, threads)
-            for rank in range(world)
-        ]
+
+        # rank 0 binds its rendezvous store first; the others are told the port it got
+        first = start(0, None)
+        port = ray.get(first.rendezvous_port.remote())
+        self.workers = [first] + [start(rank, port) for rank in range(1, world)]
+        self.call("join")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
