@@ -22,7 +22,7 @@ class RecordingRay:
     """Records placement groups and actor options the way TrainGroup calls them."""
 
     def __init__(self):
-        self.groups, self.actors = [], []
+        self.groups, self.actors, self.ports = [], [], []
         recorder = self
 
         class _PG:
@@ -38,7 +38,12 @@ class RecordingRay:
 
             def options(self, **opts):
                 recorder.actors.append(opts)
-                return types.SimpleNamespace(remote=lambda *a, **k: object())
+
+                def remote(rank, world, addr, port, threads):  # a rank actor: rank 0 reports its store's port
+                    recorder.ports.append(port)
+                    return types.SimpleNamespace(rendezvous_port=types.SimpleNamespace(remote=lambda: 29517),
+                                                 join=types.SimpleNamespace(remote=lambda: None))
+                return types.SimpleNamespace(remote=remote)
 
         def placement_group(bundles, strategy):
             pg = _PG(bundles, strategy)
@@ -65,7 +70,6 @@ def test_the_train_group_builds_what_the_plan_prints(tmp_path, monkeypatch, name
     plan = build_plan(cfg)
     fake = RecordingRay()
     monkeypatch.setattr(train_group_module, "ray", fake)
-    monkeypatch.setattr("megatron_glue.parallel.free_port", lambda: 29500)
     groups = actor_groups(cfg)
     train_group_module.TrainGroup(groups["train"], build_placement(cfg), threads=1)
 
@@ -77,6 +81,8 @@ def test_the_train_group_builds_what_the_plan_prints(tmp_path, monkeypatch, name
         assert opts["num_cpus"] == train_plan.resources.get("CPU", 0)
         assert opts["num_gpus"] == train_plan.resources.get("GPU", 0)
         assert opts["scheduling_strategy"] == ("bundle", train_plan.bundles[rank][0])
+    # rank 0 hosts the rendezvous on a port the OS gave it; the other ranks are created with that port
+    assert fake.ports == [None] + [29517] * (len(fake.actors) - 1)
     # the job's own copy of the actor groups is the plan's, the engine and the rollout manager included
     assert list(groups.values()) == plan.actors
 
