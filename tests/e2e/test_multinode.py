@@ -7,15 +7,11 @@ Layout: the head at this machine's address as Ray picks it (the driver, the rout
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.e2e.engine_killer import kill_server_after_step_0
 from tests.e2e.test_training_job import job_args, read_metrics
 
 TRAINER, ENGINE = "127.0.0.2", "127.0.0.3"
@@ -73,23 +69,7 @@ def test_an_engine_node_server_killed_mid_run_comes_back_at_the_current_version(
     with every step's rollouts from that step's version."""
     from slime_ext.orchestration.driver import main
 
-    killed: dict[str, int] = {}
-
-    def kill_after_step_0() -> None:
-        deadline = time.time() + 600
-        while time.time() < deadline and not killed:
-            metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
-            if metrics and metrics[0].read_text().count("\n") >= 1:
-                for proc in psutil.process_iter(["pid", "cmdline"]):
-                    cmd = " ".join(proc.info["cmdline"] or [])
-                    if "slime_ext.tools.serve" in cmd and f"--host {ENGINE}" in cmd:
-                        os.kill(proc.info["pid"], signal.SIGKILL)
-                        killed["pid"] = proc.info["pid"]
-                        return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_after_step_0, daemon=True)
-    killer.start()
+    killer, killed = kill_server_after_step_0(tmp_path / "runs", lambda cmd: f"--host {ENGINE}" in cmd)
     assert main(_args(tmp_path, cluster, 4, "rollout.max_response_len=48")) == 0
     killer.join(timeout=5)
     assert killed, "the engine server was never found to kill"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.engine_killer import kill_server_after_step_0
 from tests.e2e.test_training_job import job_args, read_metrics
 
 SERVERS = ["rollout.engine=sglang", "sglang.num_engines=2", "sft.steps=3", "train.steps=2",
@@ -37,33 +38,11 @@ def test_an_engine_server_killed_mid_run_shows_on_the_console_in_the_metrics_and
     restart, logs `engine/restarts` / `engine/resent_requests` for step 1 (0 for the other steps) and
     appends the event to engine_events.jsonl (issue 28, item 4)."""
     import json
-    import os
     import re
-    import signal
-    import threading
-    import time
-
-    import psutil
 
     from slime_ext.orchestration.driver import main
 
-    killed: dict[str, int] = {}
-
-    def kill_after_step_0() -> None:
-        deadline = time.time() + 600
-        while time.time() < deadline and not killed:
-            metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
-            if metrics and metrics[0].read_text().count("\n") >= 1:
-                for proc in psutil.process_iter(["pid", "cmdline"]):
-                    cmd = " ".join(proc.info["cmdline"] or [])
-                    if "slime_ext.tools.serve" in cmd and str(tmp_path) in cmd:
-                        os.kill(proc.info["pid"], signal.SIGKILL)
-                        killed["pid"] = proc.info["pid"]
-                        return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_after_step_0, daemon=True)
-    killer.start()
+    killer, killed = kill_server_after_step_0(tmp_path / "runs", lambda cmd: str(tmp_path) in cmd)
     args = ["rollout.engine=sglang", "sglang.num_engines=1", "sft.steps=3", "train.steps=3",
             "run.stages=[data,tokenizer,sft,rl]"]
     assert main(job_args(tmp_path, *args)) == 0
