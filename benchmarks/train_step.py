@@ -41,6 +41,8 @@ PRESETS = {
         vocab=151936, batch=32, min_len=1024, max_len=2048, micro_batch=2, steps=6, warmup=2, dtype="bf16",
     ),
 }
+# MiB of fp32 logits per LM-head chunk for the Megatron trainer (train.logprob_chunk_mb); set by run_kit.py
+LOGPROB_CHUNK_ENV = "BENCH_LOGPROB_CHUNK_MB"
 GPU_PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
@@ -86,12 +88,15 @@ def _time_megatron(preset: dict, hf_config, hf_state: dict, samples, device: str
 
     init_distributed()
     init_model_parallel(ParallelSizes(), seed=0)
+    chunk_mb = float(os.environ.get(LOGPROB_CHUNK_ENV, TrainerSettings.logprob_chunk_mb))
     trainer = MegatronTrainer(hf_config, TrainerSettings(lr=1e-5, micro_batch_size=preset["micro_batch"],
-                                                         precision=preset["dtype"]), ParallelSizes())
+                                                         precision=preset["dtype"], logprob_chunk_mb=chunk_mb),
+                              ParallelSizes())
     full = hf_to_megatron(canonical_hf_state_dict(hf_state, hf_config), hf_config)
     trainer.load_local_state_dict(shard_megatron_state(full, hf_config, 0, 1))
     return _time(lambda: trainer.train_step(samples, kind="sft"), preset, samples, device) | {
-        "layer_spec": "transformer_engine" if transformer_engine_available() else "local"}
+        "layer_spec": "transformer_engine" if transformer_engine_available() else "local",
+        "logprob_chunk_mb": chunk_mb}
 
 
 def time_hf(preset: dict, hf_config, hf_state: dict, samples, device: str) -> dict:

@@ -28,7 +28,7 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
 )
 
-DEFAULT_CHUNK_MB = 128.0
+DEFAULT_CHUNK_MB = 512.0
 FP32_BYTES = 4
 
 

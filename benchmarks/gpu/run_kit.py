@@ -206,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--toy", action="store_true", help="toy sizes on the GPU: a quick check of the CUDA paths")
     parser.add_argument("--sections", default="train,decode,grpo_quick")
     parser.add_argument("--train-child", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
+    parser.add_argument("--logprob-chunk-mb", type=float, default=None,
+                        help="train.logprob_chunk_mb of the Megatron trainer (default: the trainer's own)")
     args = parser.parse_args(argv)
+    if args.logprob_chunk_mb is not None:  # read by benchmarks/train_step.py, here and in the trainer children
+        from benchmarks.train_step import LOGPROB_CHUNK_ENV
+
+        os.environ[LOGPROB_CHUNK_ENV] = str(args.logprob_chunk_mb)
     device = "cpu" if args.dry or not torch.cuda.is_available() else "cuda"
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

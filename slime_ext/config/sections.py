@@ -288,7 +288,7 @@ class TrainConfig(Section):
     # Log-probs and entropy are taken from the LM head a chunk of tokens at a time, never as [tokens, vocab]
     # logits (megatron_glue/logprobs.py): MiB of fp32 logits per chunk; tokens per chunk = this / (4 x vocab / TP).
     # Peak memory beyond activations is ~4 chunks; the default suits any vocabulary.
-    logprob_chunk_mb: float = Field(128.0, gt=0)
+    logprob_chunk_mb: float = Field(512.0, gt=0)
 
 
 class SFTConfig(Section):
