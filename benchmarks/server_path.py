@@ -12,6 +12,10 @@
    (c) the same with 2 servers (on a 2-core machine they share the cores with each other and with this
        process's client threads: no speedup is expected there).
    (b') 1 server with the client's former default of 64 requests in flight (`--compare-concurrency`).
+   (b'') 1 server started with `--no-continuous-batching` (`--compare-static`): every generate call runs its
+       batch to the end, requests arriving meanwhile wait for the next call (the server before issue 28).
+   With `--load-requests N`, N requests are also sent at once to (b) and (b''): each one's completion time,
+   the latency distribution under load (median against max).
    One torch thread everywhere. Repeats are interleaved, every prefix cache is flushed before each run
    (as a weight update does every step), the best run of each is kept. Generated tokens/s and the ratios
    (b)/(a), (c)/(a); the issue's target is (b)/(a) >= 0.85. Then one traced run through a server whose
@@ -145,20 +149,24 @@ def start_servers(actors: list) -> Callable[[], None]:
     return stop
 
 
-def server_actor(index: int, model_dir: Path, log_dir: Path, threads: int, trace_log: Optional[Path] = None) -> Any:
-    """An EngineServerActor as the loop makes them; with `trace_log`, its server is `serve_traced`."""
+def server_actor(index: int, model_dir: Path, log_dir: Path, threads: int, trace_log: Optional[Path] = None,
+                 extra_args: tuple[str, ...] = ()) -> Any:
+    """An EngineServerActor as the loop makes them; with `trace_log`, its server is `serve_traced`; `extra_args`
+    are appended to the server's command line (e.g. `--no-continuous-batching`)."""
     import slime_ext.engine.engine_server as es
     from slime_ext.config.sections import SGLangConfig
 
-    class Traced(es.EngineServerActor):
+    class Custom(es.EngineServerActor):
         def start(self, weight_version: str = es.INITIAL_VERSION) -> str:
             original = es.server_command
 
             def command(*a: Any, **k: Any) -> tuple[list[str], dict[str, str]]:
                 argv, env = original(*a, **k)
-                at = argv.index("-m")
-                assert argv[at + 1] == es.STANDIN, argv
-                return [argv[0], str(Path(__file__).resolve()), TRACE_FLAG, str(trace_log), *argv[at + 2:]], env
+                if trace_log is not None:
+                    at = argv.index("-m")
+                    assert argv[at + 1] == es.STANDIN, argv
+                    argv = [argv[0], str(Path(__file__).resolve()), TRACE_FLAG, str(trace_log), *argv[at + 2:]]
+                return [*argv, *extra_args], env
 
             with _START_LOCK:  # the module function is swapped only while this start builds its command
                 es.server_command = command
@@ -169,7 +177,7 @@ def server_actor(index: int, model_dir: Path, log_dir: Path, threads: int, trace
 
     log_dir.mkdir(parents=True, exist_ok=True)
     cfg = SGLangConfig(num_engines=1, startup_timeout_s=180, request_timeout_s=600)
-    cls = es.EngineServerActor if trace_log is None else Traced
+    cls = es.EngineServerActor if trace_log is None and not extra_args else Custom
     return cls(index, cfg, str(model_dir), threads=threads, log_dir=str(log_dir), use_sglang=False)
 
 
@@ -256,6 +264,38 @@ def profile_server(pool: Any, trace_log: Path, prompt_ids: list[list[int]], n: i
 
 
 # -- measurements ------------------------------------------------------------------------------------
+def latency_under_load(pool: Any, prompt_ids: list[list[int]], n: int, count: int, max_len: int,
+                       temperature: float) -> dict[str, Any]:
+    """`count` requests (prompts cycled, `n` samples each, ragged caps) sent at once through the pool's one
+    client; each request's completion time from the start (client side), and their distribution."""
+    client = pool.clients[0]
+    done: list[float] = []
+    request = client._request
+    groups = -(-count // n)
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(groups)]
+    reqs = make_requests(prompts, n, ragged_lengths(groups * n, max_len, seed=2), temperature, "load")[:count]
+    pool.flush_cache()
+    t0 = time.perf_counter()
+
+    def traced_request(method: str, path: str, payload: Any = None, timeout: Any = None, headers: Any = None) -> Any:
+        out = request(method, path, payload, timeout, headers)
+        if path == "/generate":
+            done.append(time.perf_counter() - t0)
+        return out
+
+    client._request = traced_request
+    try:
+        out = pool.generate(reqs)
+    finally:
+        client._request = request
+    seconds = time.perf_counter() - t0
+    done.sort()
+    q = lambda f: done[min(len(done) - 1, int(f * len(done)))]  # noqa: E731
+    return {"requests": len(reqs), "client_max_concurrency": client.max_concurrency, "seconds": seconds,
+            "generated_tokens": sum(len(r.output_ids) for r in out), "p10_s": q(0.1), "p50_s": q(0.5),
+            "p90_s": q(0.9), "max_s": done[-1], "median_over_max": q(0.5) / done[-1], "completions_s": done}
+
+
 def timed(fn: Any, requests: list) -> tuple[float, list]:
     start = time.perf_counter()
     out = fn(requests)
@@ -448,6 +488,17 @@ def write_report(out: Path, data: dict[str, Any]) -> None:
                   f"(responses serialised, sent and parsed).",
                   f"- in-process, one call of all {w['requests']} took {tp['in_process']['seconds']:.2f} s "
                   f"(best run above)."]
+    load = data.get("load")
+    if load:
+        lines += ["", "## Latency under load", "",
+                  f"{next(iter(load.values()))['requests']} requests sent at once through one client to one server "
+                  f"(client max_concurrency {next(iter(load.values()))['client_max_concurrency']}); completion time "
+                  f"of each request from the start, client side:", "",
+                  "| server | s (all) | generated tokens | p10 s | median s | p90 s | max s | median / max |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for name, v in load.items():
+            lines.append(f"| {name} | {v['seconds']:.2f} | {v['generated_tokens']} | {v['p10_s']:.2f} | "
+                         f"{v['p50_s']:.2f} | {v['p90_s']:.2f} | {v['max_s']:.2f} | {v['median_over_max']:.2f} |")
     if data.get("notes"):
         lines += [""] + [f"- {n}" for n in data["notes"]]
     st, ms = data["step"], data.get("step_measured")
@@ -498,6 +549,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="also run 1 server with this client max_concurrency (64: the client's default "
                              "before this benchmark); 0: skip")
     parser.add_argument("--no-profile", action="store_true", help="skip the traced-server breakdown")
+    parser.add_argument("--compare-static", action="store_true",
+                        help="also run 1 server with --no-continuous-batching (server_1_static), side by side")
+    parser.add_argument("--load-requests", type=int, default=0,
+                        help="also send this many requests at once to 1 server (and to server_1_static with "
+                             "--compare-static): the latency distribution under load; 0: skip")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, 4x2 requests of 8 tokens, 1 repeat")
     parser.add_argument("--out", type=Path, default=None)
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == TRACE_FLAG:
@@ -547,12 +603,26 @@ def main(argv: Optional[list[str]] = None) -> int:
             stop_servers = start_servers(actors + ([traced] if traced else []))
             pools = {f"server_{c}": make_pool(actors[:c], model_dir, tmp_path / f"w{c}", tok, **client)
                      for c in counts}  # pools share servers: server 0 is in each
+            static = server_actor(len(actors) + 1, model_dir, tmp_path / "logs", threads,
+                                  extra_args=("--no-continuous-batching",)) if args.compare_static else None
+            if static is not None:
+                stop_static = start_servers([static])
+                previous_stop = stop_servers
+                stop_servers = lambda: (stop_static(), previous_stop())  # noqa: E731
+                pools["server_1_static"] = make_pool([static], model_dir, tmp_path / "ws", tok, **client)
             if args.compare_concurrency:
                 capped = {**client, "max_concurrency": args.compare_concurrency}
                 pools[f"server_1_conc{args.compare_concurrency}"] = make_pool(actors[:1], model_dir, tmp_path / "wc",
                                                                                 tok, **capped)
             concurrency = pools["server_1"].clients[0].max_concurrency
             tp, same = throughput(engine, pools, prompt_ids, n, lengths, wl["temperature"], args.repeats)
+            load = {}
+            for name in ("server_1", "server_1_static") if args.load_requests else ():
+                if name in pools:
+                    load[name] = latency_under_load(pools[name], prompt_ids, n, args.load_requests, max_len,
+                                                    wl["temperature"])
+                    print(f"[bench] load {name}: {load[name]['requests']} requests in {load[name]['seconds']:.2f} s, "
+                          f"median {load[name]['p50_s']:.2f} s, max {load[name]['max_s']:.2f} s", flush=True)
             sync = sync_times(pools["server_1"], load_named(model_dir), args.sync_repeats)
             profile = None
             if not args.no_profile:
@@ -591,7 +661,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "prompt_len_mean": sum(map(len, prompt_ids)) / len(prompt_ids), "vocab": len(tok),
                      "model": f"{model_cfg.arch} hidden {model_cfg.hidden_size} x {model_cfg.num_layers} layers, "
                               f"{model_cfg.num_experts} experts ({n_params / 1e6:.2f}M parameters)"},
-        "throughput": tp, "ratios": ratios, "same_tokens": same, "profile": profile,
+        "throughput": tp, "ratios": ratios, "same_tokens": same, "profile": profile, "load": load,
         "sync": sync, "step": step, "shares": sh,
         "step_measured": measured, "step_measured_error": measured_error,
         "shares_measured": shares(measured, sync, measured["time_sync_export_s"]) if measured else None,

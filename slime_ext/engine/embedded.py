@@ -18,7 +18,10 @@ One `generate` call decodes a static batch:
 5. when a request asks for routed experts (`return_routed_experts`, rollout routing replay), forward hooks
    on the policy's MoE routers record every fed token's top-k expert ids per MoE layer for the duration of
    the call (no hooks, no cost otherwise). Prefix-cache entries written by such a call carry their tokens'
-   routing next to their KV, and recording calls only reuse prefixes that have it (docs/routing-replay.md).
+   routing next to their KV, and recording calls only reuse prefixes that have it (docs/routing-replay.md);
+6. servers batch continuously (`admit`): requests that arrive during a call are prefilled between two decode
+   steps and their rows appended to the running batch (static-KV kernel), and each result is handed over as
+   its row finishes (`on_finish`), so a short request never waits for the longest one of its batch.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ KERNELS = ("auto", "static", "hf")
 
 
 PREFIX_CACHE_TOKENS = 1 << 20  # the prefix cache's token budget (blocks held, each token once)
+
+# continuous batching: called with a `can_join(request)` test, returns the requests that join the running batch
+Admit = Callable[[Callable[[GenerateRequest], bool]], list[GenerateRequest]]
 
 
 @dataclass
@@ -216,6 +222,8 @@ class _ModelState:
 class EmbeddedEngine:
     """In-process rollout engine over an HF causal LM (and optionally a partner model)."""
 
+    accepts_admission = True  # `generate(..., admit=, on_finish=)`: continuous batching (servers use it)
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -331,29 +339,39 @@ class EmbeddedEngine:
     # -- generation -------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest],
-                 on_token: Optional[Callable[[str, int], None]] = None) -> list[GenerateResult]:
+                 on_token: Optional[Callable[[str, int], None]] = None,
+                 admit: Optional[Admit] = None,
+                 on_finish: Optional[Callable[[GenerateResult], None]] = None) -> list[GenerateResult]:
         """Generate all requests as one batch. `on_token(rid, token_id)` is called for every emitted token
-        as it is chosen (streaming servers use it)."""
+        as it is chosen (streaming servers use it).
+
+        Continuous batching (servers): with `admit`, requests join the running batch between decode steps, so
+        a request arriving mid-call does not wait for the whole batch. `admit(can_join)` is called before
+        every step and returns the requests to add now, only ones `can_join` accepts (the batch's models and
+        routing recording are fixed when it starts; the static-KV kernel is needed to merge rows). With
+        `on_finish(result)`, each request's result is handed over as soon as it finishes. Returns every
+        result: the initial requests', then the admitted ones' in admission order."""
         self._on_token = on_token
         if not requests:
             return []
         check_unique_rids(requests)
-        rids = [r.rid for r in requests]
         rows = [self._new_row(r) for r in requests]
         if any(row.chain.needs_partner for row in rows) and self.partner is None:
             raise ValueError("a sampler needs a partner model but the engine has none")
         recorder = RoutingRecorder(self.model) if any(r.return_routed_experts for r in requests) else None
-        states = [self._state(self.model, self.prefix_cache, recorder)]
+        models = [(self.model, self.prefix_cache, recorder)]
         if self.partner is not None and any(row.chain.needs_partner for row in rows):
-            states.append(self._state(self.partner, self.partner_prefix_cache, None))
-        if recorder is None:
-            self._decode_batch(requests, rows, states)
-        else:
-            with recorder:
-                self._decode_batch(requests, rows, states)
+            models.append((self.partner, self.partner_prefix_cache, None))
+        try:
+            if recorder is None:
+                self._decode_batch(rows, models, admit, on_finish)
+            else:
+                with recorder:
+                    self._decode_batch(rows, models, admit, on_finish)
+        finally:
+            with self._lock:
+                self._aborted.difference_update(row.request.rid for row in rows)
         self.stats["requests"] += len(rows)
-        with self._lock:
-            self._aborted.difference_update(rids)
         return [self._result(row) for row in rows]
 
     def _state(self, model: torch.nn.Module, store: PrefixCache, recorder: Optional[RoutingRecorder]) -> Any:
@@ -363,13 +381,13 @@ class EmbeddedEngine:
             return static_kv.StaticKVState(model, store, record=recorder is not None)
         return _ModelState(model, store, recorder)
 
-    def _decode_batch(self, requests: list[GenerateRequest], rows: list[_Row], states: list[Any]) -> None:
-        """Prefill and decode `rows` to the end (one static batch; rows leave as they finish)."""
+    def _start_rows(self, rows: list[_Row], states: list[Any]) -> list[torch.Tensor]:
+        """Prefill the rows' inputs into fresh `states` (each unique input once) and expand them to one
+        logical row per request; returns each model's next-token logits, one row per request."""
         record = states[0].recorder is not None
-
         unique: dict[tuple[int, ...], int] = {}
-        for r in requests:
-            unique.setdefault(tuple(r.input_ids), len(unique))
+        for row in rows:
+            unique.setdefault(tuple(row.request.input_ids), len(unique))
         inputs = [list(k) for k in unique]
         logits_list, cached = [], None
         # every model reuses the same prefix length (the shortest any of their caches holds): the partner's
@@ -381,35 +399,52 @@ class EmbeddedEngine:
             logits_list.append(logits)
             if cached is None:
                 cached = used
-        expand = torch.tensor([unique[tuple(r.input_ids)] for r in requests])
+        expand = torch.tensor([unique[tuple(row.request.input_ids)] for row in rows])
         for state in states:  # one row per request (static-KV rows share their prompt's KV; HF rows copy it)
             state.select(expand)
-        logits_list = [lg[expand] for lg in logits_list]
         for row, u in zip(rows, expand.tolist()):
             row.cached_tokens = cached[u]
             if record:
                 row.routing = [states[0].prefill_routing[u]]
         self.stats["cached_tokens"] += sum(cached)
         self.stats["prefill_tokens"] += sum(len(i) - c for i, c in zip(inputs, cached))
+        return [lg[expand] for lg in logits_list]
 
+    def _decode_batch(self, rows: list[_Row], models: list[tuple], admit: Optional[Admit],
+                      on_finish: Optional[Callable[[GenerateResult], None]]) -> None:
+        """Prefill and decode `rows` to the end; rows leave as they finish and, with `admit`, new ones join
+        (`rows` grows in place)."""
+        states = [self._state(*m) for m in models]
+        record = states[0].recorder is not None
+        logits_list = self._start_rows(rows, states)
         active = list(range(len(rows)))
         start = time.perf_counter()
-        while active:
+        while True:
+            if admit is not None:
+                states, logits_list = self._admit(admit, rows, active, models, states, logits_list)
+            if not active:
+                break
             next_tokens = self._decide([rows[i] for i in active], logits_list[0],
                                        logits_list[1] if len(logits_list) > 1 else None)
             self.stats["generated_tokens"] += len(active)
             keep = []
             for b, ri in enumerate(active):
-                if rows[ri].finish_reason is None:
+                row = rows[ri]
+                if row.finish_reason is None:
                     keep.append(b)
                     continue
                 fed = states[0].fed(b)  # keep its KV for continuations (the last token was not fed)
-                ids = (rows[ri].request.input_ids + rows[ri].output_ids)[:fed]
-                routing = torch.cat(rows[ri].routing)[:fed] if record else None
+                ids = (row.request.input_ids + row.output_ids)[:fed]
+                routing = torch.cat(row.routing)[:fed] if record else None
                 for k, state in enumerate(states):
                     state.store.insert_from(ids, partial(state.row_kv, b), routing if k == 0 else None)
+                if on_finish is not None:
+                    with self._lock:  # its rid may be sent again while this call runs
+                        self._aborted.discard(row.request.rid)
+                    on_finish(self._result(row))
             if not keep:
-                break
+                active = []  # the states hold finished rows only: an admission starts fresh ones
+                continue
             tokens = torch.tensor([next_tokens[b] for b in keep], dtype=torch.long)
             if len(keep) < len(active):
                 keep_t = torch.tensor(keep)
@@ -422,6 +457,35 @@ class EmbeddedEngine:
                 for b, ri in enumerate(active):
                     rows[ri].routing.append(step[b : b + 1])
         self.stats["decode_seconds"] += time.perf_counter() - start
+
+    def _admit(self, admit: Admit, rows: list[_Row], active: list[int], models: list[tuple], states: list[Any],
+               logits_list: list[torch.Tensor]) -> tuple[list[Any], list[torch.Tensor]]:
+        """Ask `admit` for requests to join; prefill them and append their rows to the running batch."""
+        record = states[0].recorder is not None
+        mergeable = all(hasattr(st, "merge") for st in states)
+
+        def can_join(request: GenerateRequest) -> bool:
+            if not mergeable or (request.return_routed_experts and not record):
+                return False
+            needs_partner = SamplerChain.from_specs(request.sampler_specs, request.seed).needs_partner
+            return len(states) > 1 or not needs_partner
+
+        new = admit(can_join)
+        if not new:
+            return states, logits_list
+        check_unique_rids([rows[i].request for i in active] + list(new))
+        new_rows = [self._new_row(r) for r in new]
+        fresh = [self._state(*m) for m in models]
+        new_logits = self._start_rows(new_rows, fresh)
+        if active:
+            for state, joining in zip(states, fresh):
+                state.merge(joining)
+            logits_list = [torch.cat([a, b]) for a, b in zip(logits_list, new_logits)]
+        else:
+            states, logits_list = fresh, new_logits
+        active.extend(range(len(rows), len(rows) + len(new_rows)))
+        rows.extend(new_rows)
+        return states, logits_list
 
     def _new_row(self, request: GenerateRequest) -> _Row:
         if not request.input_ids:

@@ -340,6 +340,15 @@ class SharedLayout:
         return self.lengths - self.prompt_len[self.share]
 
 
+def _cat_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[rows, kv_heads, slots, dim] tensors stacked along rows, the one with fewer slots zero-padded."""
+    slots = max(a.shape[2], b.shape[2])
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], slots, a.shape[3])
+    out[:a.shape[0], :, :a.shape[2]] = a
+    out[a.shape[0]:, :, :b.shape[2]] = b
+    return out
+
+
 class StaticKVState:
     """One model's batch during a generate call on the static-KV forward (the `_ModelState` interface).
 
@@ -487,6 +496,18 @@ class StaticKVState:
             self.prompts = [(k[used, :, :longest], v[used, :, :longest]) for k, v in self.prompts]
         self.layout = SharedLayout(prompt_len, share, layout.lengths[physical])
         self.compactions += 1
+
+    def merge(self, other: "StaticKVState") -> None:
+        """Append `other`'s logical rows after this batch's (continuous batching: requests that arrived while
+        this batch ran, prefilled on their own). Prompt and own KV are concatenated, the shorter padded."""
+        rows, prompts = self.own[0][0].shape[0], self.layout.prompt_len.numel()
+        self.prompts = [(_cat_rows(k, ok), _cat_rows(v, ov)) for (k, v), (ok, ov) in zip(self.prompts, other.prompts)]
+        self.own = [(_cat_rows(k, ok), _cat_rows(v, ov)) for (k, v), (ok, ov) in zip(self.own, other.own)]
+        theirs = other.layout
+        self.layout = SharedLayout(torch.cat([self.layout.prompt_len, theirs.prompt_len]),
+                                   torch.cat([self.layout.share, theirs.share + prompts]),
+                                   torch.cat([self.layout.lengths, theirs.lengths]))
+        self.physical = torch.cat([self.physical, other.physical + rows])
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -4,15 +4,20 @@ The engine is synchronous PyTorch and not thread-safe, so exactly one thread cal
 only submits tickets and awaits their futures (`asyncio.wrap_future`). A ticket can be aborted while it
 waits (it is dropped before reaching the engine) or while it runs (`engine.abort` on its wire rid).
 
-Weight updates take `exclusive()`: it waits for the running `generate` call to end and holds the worker
-until the update is applied, so no call ever sees half-updated weights. Every ticket records the weight
-version its call ran under (`weight_version`, changed only inside `exclusive()`).
+Continuous batching: with an engine that accepts admission (`accepts_admission`, the embedded engine), tickets
+that arrive while a call runs join it between two decode steps (up to `max_batch` running), and each ticket is
+resolved as soon as its request finishes, so short requests do not wait for the batch's longest one.
+
+Weight updates take `exclusive()`: it stops admission, waits for the running `generate` call to end and holds
+the worker until the update is applied, so no call ever sees half-updated weights. Every ticket records the
+weight version its call ran under (`weight_version`, changed only inside `exclusive()`).
 """
 
 from __future__ import annotations
 
-import logging
+import collections
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -42,13 +47,16 @@ def aborted_result(request: GenerateRequest) -> GenerateResult:
 
 class Batcher:
     """Collects queued tickets (up to `max_batch`, waiting `window_s` for stragglers) into one call.
-    With `settle_s`, the wait restarts after every arrival, for at most `settle_s` in all."""
+    With `settle_s`, the wait restarts after every arrival, for at most `settle_s` in all. With `continuous`
+    (and an engine that accepts admission), later tickets join the running call."""
 
     def __init__(self, engine: Any, max_batch: int = 64, window_s: float = 0.005, weight_version: str = "default",
-                 settle_s: Optional[float] = None):
+                 settle_s: Optional[float] = None, continuous: bool = True):
         self.engine, self.max_batch, self.window_s = engine, int(max_batch), float(window_s)
         self.settle_s = None if settle_s is None else float(settle_s)
         self.weight_version = str(weight_version)
+        # tickets join running calls when the engine can take them (off: every call is a static batch)
+        self.continuous = bool(continuous) and bool(getattr(engine, "accepts_admission", False))
         self.queue: "queue.Queue[Optional[Ticket]]" = queue.Queue()
         self.calls = 0
         self._lock = threading.Lock()
@@ -56,7 +64,9 @@ class Batcher:
         self._gate = threading.Condition()  # the worker waits here while exclusive sections are pending
         self._exclusive_pending = 0
         self._pending: dict[str, list[Ticket]] = {}  # client rid -> its live tickets
-        self._running: list[Ticket] = []
+        self._running: dict[str, Ticket] = {}  # wire rid -> ticket, in the running generate call
+        self._held: "collections.deque[Ticket]" = collections.deque()  # taken from the queue, could not join
+        self.admissions = 0  # tickets that joined a running call
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="serve-batcher", daemon=True)
         self._thread.start()
@@ -88,7 +98,7 @@ class Batcher:
         """Queued: it never reaches the engine. Running: the engine stops it at its next step."""
         with self._lock:
             ticket.aborted = True
-            running = ticket in self._running
+            running = self._running.get(ticket.wire_rid) is ticket
         if running and hasattr(self.engine, "abort"):
             self.engine.abort(ticket.wire_rid)
 
@@ -116,10 +126,12 @@ class Batcher:
     # -- the worker thread --------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            first = self.queue.get()
+            first = self._held.popleft() if self._held else self.queue.get()
             if first is None:
                 return
             items = [first]
+            while self._held and len(items) < self.max_batch:
+                items.append(self._held.popleft())
             start = time.monotonic()
             deadline = start + self.window_s
             while len(items) < self.max_batch:
@@ -139,22 +151,61 @@ class Batcher:
                 self._run(items)
 
     def _start(self, items: list[Ticket]) -> list[Ticket]:
-        """Drop aborted tickets, give the rest unique wire rids and mark them running."""
-        live, seen = [], set()
+        """Drop aborted tickets, give the rest wire rids unique in the running call and mark them running."""
+        live = []
         with self._lock:
             for t in items:
                 if t.aborted:
                     self._finish(t, aborted_result(t.request))
                     continue
                 rid, k = t.request.rid, 0
-                while rid in seen:  # rids must be unique within one generate call
+                while rid in self._running:  # rids must be unique within one generate call
                     k += 1
                     rid = f"{t.request.rid}#{k}"
-                seen.add(rid)
                 t.wire_rid = rid
+                t.weight_version = self.weight_version
+                self._running[rid] = t
                 live.append(t)
-            self._running = live
         return live
+
+    @staticmethod
+    def _wire_request(ticket: Ticket) -> GenerateRequest:
+        req = ticket.request
+        return req if ticket.wire_rid == req.rid else replace(req, rid=ticket.wire_rid)
+
+    def _admit(self, can_join: Callable[[GenerateRequest], bool]) -> list[GenerateRequest]:
+        """Called by the engine between decode steps: the queued tickets that can join the running call (up to
+        `max_batch` running); none while a weight update waits. The others are held for the next call."""
+        if self._exclusive_pending or self._stop.is_set():
+            return []
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._stop.set()
+                break
+            self._held.append(item)
+        room = self.max_batch - len(self._running)
+        joining, kept = [], collections.deque()
+        while self._held:
+            t = self._held.popleft()
+            if len(joining) < room and (t.aborted or can_join(t.request)):
+                joining.append(t)
+            else:
+                kept.append(t)
+        self._held = kept
+        live = self._start(joining)
+        self.admissions += len(live)
+        return [self._wire_request(t) for t in live]
+
+    def _finish_wire(self, result: GenerateResult) -> None:
+        """The engine finished one request of the running call: resolve its ticket now."""
+        with self._lock:
+            ticket = self._running.pop(result.rid, None)
+            if ticket is not None:
+                self._finish(ticket, replace(result, rid=ticket.request.rid))
 
     def _finish(self, ticket: Ticket, result: Optional[GenerateResult] = None,
                 error: Optional[BaseException] = None) -> None:
@@ -175,30 +226,30 @@ class Batcher:
         live = self._start(items)
         if not live:
             return
-        requests = [t.request if t.wire_rid == t.request.rid else replace(t.request, rid=t.wire_rid) for t in live]
-        callbacks = {t.wire_rid: t.on_token for t in live if t.on_token is not None}
+        requests = [self._wire_request(t) for t in live]
 
         def on_token(rid: str, tok: int) -> None:
-            cb = callbacks.get(rid)
-            if cb is not None:
+            ticket = self._running.get(rid)
+            if ticket is not None and ticket.on_token is not None:
                 try:
-                    cb(tok)
+                    ticket.on_token(tok)
                 except Exception:  # noqa: BLE001 - a broken stream must not stop the batch
                     log.exception("streaming callback for %s failed", rid)
 
         self.calls += 1
-        version = self.weight_version
-        for t in live:
-            t.weight_version = version
+        streaming = self.continuous or any(t.on_token is not None for t in live)
+        kwargs = {"admit": self._admit, "on_finish": self._finish_wire} if self.continuous else {}
         try:
-            results = self.engine.generate(requests, on_token=on_token if callbacks else None)
+            results = self.engine.generate(requests, on_token=on_token if streaming else None, **kwargs)
             error = None
         except Exception as exc:  # noqa: BLE001 - every waiting client gets the error
-            log.exception("engine.generate failed for a batch of %d", len(requests))
-            results, error = [None] * len(live), exc
+            log.exception("engine.generate failed for a batch of %d", len(self._running))
+            results, error = [], exc
         with self._lock:
-            self._running = []
-            for t, res in zip(live, results):
-                if res is not None and res.rid != t.request.rid:
-                    res = replace(res, rid=t.request.rid)
-                self._finish(t, res, error)
+            running, self._running = self._running, {}
+            for res in results:  # results the engine did not hand over one by one
+                ticket = running.pop(res.rid, None)
+                if ticket is not None:
+                    self._finish(ticket, replace(res, rid=ticket.request.rid))
+            for ticket in running.values():  # no result: the call failed (or the engine lost it)
+                self._finish(ticket, None, error or RuntimeError(f"the engine returned no result for {ticket.wire_rid}"))

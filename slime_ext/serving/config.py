@@ -34,6 +34,9 @@ class ServeConfig:
     # its first few starting alone while the rest wait a whole call (engine servers use 20 ms / 2 s).
     batch_window_s: float = 0.005
     batch_settle_s: Optional[float] = None
+    # requests arriving during a generate call join it between decode steps (engines that support it), and
+    # each answer leaves as soon as its request finishes; off: a call runs its batch to the end
+    continuous_batching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_concurrency", "max_queue", "max_connections", "backlog", "max_n"):

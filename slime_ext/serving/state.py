@@ -65,7 +65,8 @@ class ServerState:
         self.max_prompt_tokens = self.config.max_prompt_tokens or self.context_length
         self.vocab_size = engine_vocab_size(engine, tokenizer)
         self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version,
-                               window_s=self.config.batch_window_s, settle_s=self.config.batch_settle_s)
+                               window_s=self.config.batch_window_s, settle_s=self.config.batch_settle_s,
+                               continuous=self.config.continuous_batching)
         self.weights = WeightUpdater(self)
         self.admission = Admission(self.config.max_concurrency, self.config.max_queue, self.config.queue_timeout_s)
         self._seeds = itertools.count(1)

@@ -85,6 +85,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                      help="how long the first request waits for others to batch with")
     lim.add_argument("--batch-settle-ms", type=float, default=None,
                      help="restart the batch window with every arrival, up to this long in all (bursts)")
+    lim.add_argument("--no-continuous-batching", dest="continuous_batching", action="store_false",
+                     help="run every generate call's batch to the end (requests arriving meanwhile wait for it)")
     lim.add_argument("--max-n", type=int, default=d.max_n, help="most choices (n) per request")
     lim.add_argument("--api-key", default=os.environ.get("SLIME_SERVE_API_KEY"),
                      help="require 'Authorization: Bearer KEY' on every route but /health "
@@ -99,7 +101,7 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
         queue_timeout_s=args.queue_timeout, body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
         keep_alive_s=args.keep_alive, batch_window_s=args.batch_window_ms / 1e3,
         batch_settle_s=None if args.batch_settle_ms is None else args.batch_settle_ms / 1e3, max_connections=args.max_connections, backlog=args.backlog, max_n=args.max_n,
-        api_key=args.api_key or None)
+        api_key=args.api_key or None, continuous_batching=args.continuous_batching)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

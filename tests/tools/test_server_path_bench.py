@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_dry_run_writes_the_reports(tmp_path):
     argv = [sys.executable, str(ROOT / "benchmarks/server_path.py"), "--dry-run", "--servers", "1", "--no-profile",
-            "--out", str(tmp_path)]
+            "--load-requests", "6", "--out", str(tmp_path)]
     proc = subprocess.run(argv, cwd=str(ROOT), capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -37,5 +37,9 @@ def test_dry_run_writes_the_reports(tmp_path):
     assert all(0 < v["share"] < 1 for v in data["shares"].values())
     assert data["step"]["time_step_s"] > 0 and "committed" in data["step"]["source"]
     assert isinstance(data["targets"]["server_1_within_15pct"], bool)
+    load = data["load"]["server_1"]  # every request's completion time, in order
+    assert load["requests"] == 6 and len(load["completions_s"]) == 6 and load["completions_s"] == sorted(load["completions_s"])
+    assert 0 < load["p10_s"] <= load["p50_s"] <= load["p90_s"] <= load["max_s"] <= load["seconds"]
     md = (tmp_path / "server_path.md").read_text()
+    assert "## Latency under load" in md
     assert "| server_1 |" in md and "| distributed |" in md
