@@ -267,7 +267,8 @@ def profile_server(pool: Any, trace_log: Path, prompt_ids: list[list[int]], n: i
 def latency_under_load(pool: Any, prompt_ids: list[list[int]], n: int, count: int, max_len: int,
                        temperature: float) -> dict[str, Any]:
     """`count` requests (prompts cycled, `n` samples each, ragged caps) sent at once through the pool's one
-    client; each request's completion time from the start (client side), and their distribution."""
+    client (its max_concurrency should be >= count: all in flight at once); each request's completion time from
+    the start (client side), and their distribution."""
     client = pool.clients[0]
     done: list[float] = []
     request = client._request
@@ -617,9 +618,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             concurrency = pools["server_1"].clients[0].max_concurrency
             tp, same = throughput(engine, pools, prompt_ids, n, lengths, wl["temperature"], args.repeats)
             load = {}
-            for name in ("server_1", "server_1_static") if args.load_requests else ():
-                if name in pools:
-                    load[name] = latency_under_load(pools[name], prompt_ids, n, args.load_requests, max_len,
+            for name, pool_actors in (("server_1", actors[:1]), ("server_1_static", [static] if static else None)):
+                if args.load_requests and pool_actors:  # a pool with every request in flight at once
+                    wide = make_pool(pool_actors, model_dir, tmp_path / f"wl_{name}", tok,
+                                     **{**client, "max_concurrency": max(args.load_requests, 1)})
+                    load[name] = latency_under_load(wide, prompt_ids, n, args.load_requests, max_len,
                                                     wl["temperature"])
                     print(f"[bench] load {name}: {load[name]['requests']} requests in {load[name]['seconds']:.2f} s, "
                           f"median {load[name]['p50_s']:.2f} s, max {load[name]['max_s']:.2f} s", flush=True)

@@ -477,7 +477,7 @@ class StaticKVState:
         """Keep logical rows `index` (in that order; repeats duplicate a row: the copy shares its prompt KV
         and gets its own copy of the row's generated KV)."""
         physical = self.physical[index]
-        rows = self.own[0][0].shape[0]
+        rows = self.rows_in_use()
         duplicated = physical.unique().numel() < physical.numel()
         if duplicated or rows - physical.numel() >= max(1, int(COMPACT_DEAD_FRACTION * rows)):
             self._compact(physical)
@@ -497,17 +497,41 @@ class StaticKVState:
         self.layout = SharedLayout(prompt_len, share, layout.lengths[physical])
         self.compactions += 1
 
+    def rows_in_use(self) -> int:
+        """Physical rows the layout covers (the own-KV tensors may hold spare rows beyond them for merges)."""
+        return self.layout.share.numel()
+
     def merge(self, other: "StaticKVState") -> None:
         """Append `other`'s logical rows after this batch's (continuous batching: requests that arrived while
-        this batch ran, prefilled on their own). Prompt and own KV are concatenated, the shorter padded."""
-        rows, prompts = self.own[0][0].shape[0], self.layout.prompt_len.numel()
+        this batch ran, prefilled on their own). Their own KV goes into spare rows, reserved by doubling, so a
+        merge copies the newcomers' KV, not the batch's; the prompts' KV (one per prompt) is concatenated."""
+        used, joining = self.rows_in_use(), other.rows_in_use()
+        slots = max(self.own[0][0].shape[2], other.own[0][0].shape[2])
+        capacity = self.own[0][0].shape[0]
+        if used + joining > capacity or slots > self.own[0][0].shape[2]:
+            self._reserve(max(used + joining, 2 * capacity if used + joining > capacity else capacity), slots)
+        for (k, v), (ok, ov) in zip(self.own, other.own):
+            k[used:used + joining, :, :ok.shape[2]] = ok[:joining]
+            v[used:used + joining, :, :ov.shape[2]] = ov[:joining]
+        prompts = self.layout.prompt_len.numel()
         self.prompts = [(_cat_rows(k, ok), _cat_rows(v, ov)) for (k, v), (ok, ov) in zip(self.prompts, other.prompts)]
-        self.own = [(_cat_rows(k, ok), _cat_rows(v, ov)) for (k, v), (ok, ov) in zip(self.own, other.own)]
         theirs = other.layout
         self.layout = SharedLayout(torch.cat([self.layout.prompt_len, theirs.prompt_len]),
                                    torch.cat([self.layout.share, theirs.share + prompts]),
                                    torch.cat([self.layout.lengths, theirs.lengths]))
-        self.physical = torch.cat([self.physical, other.physical + rows])
+        self.physical = torch.cat([self.physical, other.physical + used])
+
+    def _reserve(self, rows: int, slots: int) -> None:
+        """Own-KV tensors of `rows` x `slots`, the rows in use copied over."""
+        used, current = self.rows_in_use(), self.own[0][0].shape[2]
+        grown = []
+        for keys, values in self.own:
+            k = keys.new_zeros(rows, keys.shape[1], slots, keys.shape[3])
+            v = torch.zeros_like(k)
+            k[:used, :, :current] = keys[:used]
+            v[:used, :, :current] = values[:used]
+            grown.append((k, v))
+        self.own = grown
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -518,7 +542,9 @@ class StaticKVState:
             self._grow()
         full = torch.zeros(layout.share.numel(), dtype=torch.long)
         full[self.physical] = tokens
-        attention = SharedPromptAttention(fwd, self.prompts, self.own, layout)
+        rows = self.rows_in_use()
+        own = [(k[:rows], v[:rows]) for k, v in self.own]  # spare rows (reserved for merges) stay out
+        attention = SharedPromptAttention(fwd, self.prompts, own, layout)
         hidden, routing = fwd(attention, full.to(fwd.device), layout.lengths.to(fwd.device), self.record)
         layout.lengths[self.physical] += 1
         index = self.physical.to(fwd.device)
@@ -528,12 +554,4 @@ class StaticKVState:
 
     def _grow(self) -> None:
         """Double every row's own-KV capacity (the prompts' KV never grows)."""
-        capacity = self.own[0][0].shape[2]
-        grown = []
-        for keys, values in self.own:
-            k = keys.new_zeros(keys.shape[0], keys.shape[1], 2 * capacity, keys.shape[3])
-            v = torch.zeros_like(k)
-            k[:, :, :capacity] = keys
-            v[:, :, :capacity] = values
-            grown.append((k, v))
-        self.own = grown
+        self._reserve(self.own[0][0].shape[0], 2 * self.own[0][0].shape[2])

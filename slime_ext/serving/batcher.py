@@ -38,6 +38,7 @@ class Ticket:
     wire_rid: Optional[str] = None  # the rid the engine sees (suffixed if another ticket shares it)
     aborted: bool = False
     weight_version: Optional[str] = None  # the weight version of the generate call that ran it
+    submitted: float = field(default_factory=time.monotonic)
 
 
 def aborted_result(request: GenerateRequest) -> GenerateResult:
@@ -48,15 +49,20 @@ def aborted_result(request: GenerateRequest) -> GenerateResult:
 class Batcher:
     """Collects queued tickets (up to `max_batch`, waiting `window_s` for stragglers) into one call.
     With `settle_s`, the wait restarts after every arrival, for at most `settle_s` in all. With `continuous`
-    (and an engine that accepts admission), later tickets join the running call."""
+    (and an engine that accepts admission), later tickets join the running call, in groups: once they are
+    `admit_min_share` of the running requests or the oldest has waited `admit_max_wait_s`."""
 
     def __init__(self, engine: Any, max_batch: int = 64, window_s: float = 0.005, weight_version: str = "default",
-                 settle_s: Optional[float] = None, continuous: bool = True):
+                 settle_s: Optional[float] = None, continuous: bool = True, admit_min_share: float = 0.125,
+                 admit_max_wait_s: float = 0.25):
         self.engine, self.max_batch, self.window_s = engine, int(max_batch), float(window_s)
         self.settle_s = None if settle_s is None else float(settle_s)
         self.weight_version = str(weight_version)
         # tickets join running calls when the engine can take them (off: every call is a static batch)
         self.continuous = bool(continuous) and bool(getattr(engine, "accepts_admission", False))
+        # every admission costs a prefill forward besides the decode step: waiting tickets join once they are
+        # `admit_min_share` of the running rows, or once the oldest has waited `admit_max_wait_s`
+        self.admit_min_share, self.admit_max_wait_s = float(admit_min_share), float(admit_max_wait_s)
         self.queue: "queue.Queue[Optional[Ticket]]" = queue.Queue()
         self.calls = 0
         self._lock = threading.Lock()
@@ -187,6 +193,8 @@ class Batcher:
                 self._stop.set()
                 break
             self._held.append(item)
+        if not self._held or not self._admission_due():
+            return []
         room = self.max_batch - len(self._running)
         joining, kept = [], collections.deque()
         while self._held:
@@ -199,6 +207,11 @@ class Batcher:
         live = self._start(joining)
         self.admissions += len(live)
         return [self._wire_request(t) for t in live]
+
+    def _admission_due(self) -> bool:
+        running = len(self._running)  # finished tickets leave it at once (_finish_wire)
+        waited = time.monotonic() - self._held[0].submitted
+        return len(self._held) >= self.admit_min_share * running or waited >= self.admit_max_wait_s
 
     def _finish_wire(self, result: GenerateResult) -> None:
         """The engine finished one request of the running call: resolve its ticket now."""

@@ -37,8 +37,15 @@ class ServeConfig:
     # requests arriving during a generate call join it between decode steps (engines that support it), and
     # each answer leaves as soon as its request finishes; off: a call runs its batch to the end
     continuous_batching: bool = True
+    # waiting requests join a running call once they are this share of its running requests, or once the
+    # oldest has waited admit_max_wait_s (each admission costs a prefill forward besides the decode step)
+    admit_min_share: float = 0.125
+    admit_max_wait_s: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_concurrency", "max_queue", "max_connections", "backlog", "max_n"):
             if int(getattr(self, name)) < (0 if name == "max_queue" else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("admit_min_share", "admit_max_wait_s"):
+            if not float(getattr(self, name)) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -1,8 +1,12 @@
-"""uvicorn's h11 protocol with a deadline for a connection's first request.
+"""uvicorn's HTTP protocol with a deadline for a connection's first request.
 
 uvicorn closes idle keep-alive connections (`timeout_keep_alive`) but arms that timer only after a
 response; a client that connects and then sends nothing, or headers byte by byte, would hold its socket
 forever. Here such a connection is closed once `header_timeout_s` passes without a complete request.
+
+The parser is httptools (uvicorn's fast one, as `uvicorn[standard]` and SGLang's server use) where it is
+installed, else h11: on an engine server the event loop shares the GIL with the engine's decode thread, and
+h11's pure-Python parsing was the largest part of the loop's share (py-spy, issue 28).
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as BaseProtocol
+except ImportError:  # httptools missing: the pure-Python parser
+    from uvicorn.protocols.http.h11_impl import H11Protocol as BaseProtocol
 
 
-def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
-    class HeaderTimeoutH11Protocol(H11Protocol):
+def protocol_with_header_timeout(header_timeout_s: float) -> type[BaseProtocol]:
+    class HeaderTimeoutProtocol(BaseProtocol):
         _first_request_timer: Optional[asyncio.TimerHandle] = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -30,4 +37,4 @@ def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
                 self._first_request_timer.cancel()
             super().connection_lost(exc)
 
-    return HeaderTimeoutH11Protocol
+    return HeaderTimeoutProtocol

@@ -66,7 +66,9 @@ class ServerState:
         self.vocab_size = engine_vocab_size(engine, tokenizer)
         self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version,
                                window_s=self.config.batch_window_s, settle_s=self.config.batch_settle_s,
-                               continuous=self.config.continuous_batching)
+                               continuous=self.config.continuous_batching,
+                               admit_min_share=self.config.admit_min_share,
+                               admit_max_wait_s=self.config.admit_max_wait_s)
         self.weights = WeightUpdater(self)
         self.admission = Admission(self.config.max_concurrency, self.config.max_queue, self.config.queue_timeout_s)
         self._seeds = itertools.count(1)

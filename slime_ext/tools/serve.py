@@ -87,6 +87,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                      help="restart the batch window with every arrival, up to this long in all (bursts)")
     lim.add_argument("--no-continuous-batching", dest="continuous_batching", action="store_false",
                      help="run every generate call's batch to the end (requests arriving meanwhile wait for it)")
+    lim.add_argument("--admit-min-share", type=float, default=d.admit_min_share,
+                     help="waiting requests join a running batch once they are this share of it ...")
+    lim.add_argument("--admit-max-wait-ms", type=float, default=d.admit_max_wait_s * 1e3,
+                     help="... or once the oldest has waited this long")
     lim.add_argument("--max-n", type=int, default=d.max_n, help="most choices (n) per request")
     lim.add_argument("--api-key", default=os.environ.get("SLIME_SERVE_API_KEY"),
                      help="require 'Authorization: Bearer KEY' on every route but /health "
@@ -101,7 +105,8 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
         queue_timeout_s=args.queue_timeout, body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
         keep_alive_s=args.keep_alive, batch_window_s=args.batch_window_ms / 1e3,
         batch_settle_s=None if args.batch_settle_ms is None else args.batch_settle_ms / 1e3, max_connections=args.max_connections, backlog=args.backlog, max_n=args.max_n,
-        api_key=args.api_key or None, continuous_batching=args.continuous_batching)
+        api_key=args.api_key or None, continuous_batching=args.continuous_batching,
+        admit_min_share=args.admit_min_share, admit_max_wait_s=args.admit_max_wait_ms / 1e3)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
