@@ -15,7 +15,8 @@ from slime_ext.serving.batcher import Batcher
 from slime_ext.serving.config import ServeConfig
 from slime_ext.serving.errors import APIError, bad_request
 from slime_ext.serving.schemas import SEED_MAX, SEED_MIN
-from slime_ext.serving.token_bound import max_chars_per_token, prompt_char_limit
+from slime_ext.serving.token_bound import (DEFAULT_REQUEST_BYTES, default_request_bytes, max_chars_per_token,
+                                           prompt_char_limit)
 
 FINISH_OPENAI = {"stop": "stop", "sampler": "stop", "length": "length", "abort": "abort", "failed": "error"}
 
@@ -68,6 +69,12 @@ class ServerState:
         # a text longer than max_prompt_chars cannot fit max_prompt_tokens: refused without tokenising it
         self.chars_per_token = max_chars_per_token(tokenizer)
         self.max_prompt_chars = prompt_char_limit(self.max_prompt_tokens, self.chars_per_token)
+        # bodies of the prompt routes (OpenAI, /generate): the explicit cap, else enough for a maximal prompt
+        explicit = self.config.max_request_bytes
+        self.max_request_bytes = explicit if explicit is not None else \
+            default_request_bytes(self.max_prompt_tokens, self.chars_per_token)
+        # the other routes (weight updates, abort, flush) carry no prompt: the explicit cap, else 4 MiB
+        self.max_control_bytes = explicit if explicit is not None else DEFAULT_REQUEST_BYTES
         self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version,
                                window_s=self.config.batch_window_s, settle_s=self.config.batch_settle_s)
         self.weights = WeightUpdater(self)

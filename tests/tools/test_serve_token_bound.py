@@ -105,7 +105,8 @@ def test_pipelines_that_drop_or_fuse_characters_get_no_bound():
         assert normalizer_shrink(dropping) is None, dropping
     assert normalizer_shrink({"type": "Replace", "pattern": {"String": "  "}, "content": " "}) == 2
     split = {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated", "invert": False}
-    assert keeps_every_char(None) and keeps_every_char({"type": "Sequence", "pretokenizers": [split, {"type": "ByteLevel"}]})
+    assert keeps_every_char(None)
+    assert keeps_every_char({"type": "Sequence", "pretokenizers": [split, {"type": "ByteLevel"}]})
     for dropping in ({**split, "behavior": "Removed"}, {"type": "Whitespace"}, {"type": "WhitespaceSplit"},
                      {"type": "BertPreTokenizer"}, {"type": "CharDelimiterSplit", "delimiter": " "},
                      {"type": "Sequence", "pretokenizers": [{"type": "Metaspace"}, {"type": "WhitespaceSplit"}]}):
@@ -291,3 +292,72 @@ def test_16_maximal_bodies_at_once_answer_fast_in_bounded_memory(model_dir):
     print(f"16 x {size} B: slowest answer {slowest:.2f} s, peak RSS {before:.0f} -> {peak:.0f} MiB")
     assert peak - before < GROWTH_BOUND_MIB, (before, peak)
     assert slowest < 2.0, answers
+
+
+# -- (d) the default byte cap follows the context -------------------------------------------------------------
+def test_the_default_byte_cap_is_derived_from_the_context(tokenizer):
+    """Hand-computed: tiny tokenizer (13 characters per token), context 256: 256 x 13 characters x 12
+    bytes (an escaped surrogate pair) + 64 KiB for the rest = 39,936 + 65,536 = 105,472 bytes; the stub's
+    code-point tokenizer at 64 tokens: 64 x 1 x 12 + 65,536 = 66,304; a long context is held to the former
+    4 MiB; without a token limit (the exact solver) 4 MiB; an explicit value wins, on every route."""
+    from slime_ext.engine.solver import SolverEngine
+    from slime_ext.serving.token_bound import default_request_bytes
+
+    assert default_request_bytes(256, 13) == 105_472
+    assert default_request_bytes(40_960, 13) == default_request_bytes(None, 13) == default_request_bytes(64, None) \
+        == 4 << 20
+    engine = StubEngine()
+    for cfg, prompt_cap, other_cap in [({}, 66_304, 4 << 20), ({"context_length": 256}, 256 * 12 + 65_536, 4 << 20),
+                                       ({"max_prompt_tokens": 10}, 10 * 12 + 65_536, 4 << 20),
+                                       ({"max_request_bytes": 5000}, 5000, 5000)]:
+        state = ServerState(engine, engine.tokenizer, "stub", config=ServeConfig(**cfg))
+        assert (state.max_request_bytes, state.max_control_bytes) == (prompt_cap, other_cap), cfg
+        state.batcher.close()
+    solver = SolverEngine("synthetic_math")
+    state = ServerState(solver, solver.tokenizer, "solver")
+    assert (state.max_prompt_chars, state.max_request_bytes) == (None, 4 << 20)
+    state.batcher.close()
+    state = ServerState(engine, tokenizer, "tiny", config=ServeConfig(context_length=256))
+    assert state.max_request_bytes == 105_472
+    state.batcher.close()
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_request_bytes"):
+            ServeConfig(max_request_bytes=bad)
+
+
+@pytest.mark.timeout(60)
+def test_the_derived_cap_fits_a_maximal_prompt_and_refuses_more(tokenizer):
+    """At the derived cap a maximal prompt in the costliest JSON (non-BMP characters as escaped surrogate
+    pairs, "\\ud83d\\ude00") reaches the token check; a body one byte over is refused unread; routes that
+    carry no prompt keep 4 MiB."""
+    with spied_server(tokenizer) as (srv, state, spy):
+        cap = state.max_request_bytes
+        assert cap == 64 * 13 * 12 + 65_536
+        prompt = "\U0001f600" * state.max_prompt_chars
+        raw = json.dumps({"prompt": prompt, "max_tokens": 1}).encode()  # ensure_ascii: 12 bytes a character
+        assert len(raw) <= cap and len(raw) >= state.max_prompt_chars * 12
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            r = c.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+            assert spy.lengths == [state.max_prompt_chars]  # tokenised (it might have fit) and counted
+            over = body_of(cap + 1, chat=False)
+            for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+                r = c.post(path, content=over, headers={"Content-Type": "application/json"})
+                assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large", (path, r.text)
+                assert str(cap) in r.json()["error"]["message"]
+            # a weight-route-sized body on a route without a prompt: the 4 MiB cap
+            r = c.post("/abort_request", json={"rid": "x", "pad": "p" * (1 << 20)})
+            assert r.status_code == 200 and r.json()["success"] is True
+
+
+def test_cli_default_and_start_line(tokenizer):
+    from slime_ext.tools.serve import config_from, limits_line, parse_args
+
+    assert config_from(parse_args(["--solver", "synthetic_math"])).max_request_bytes is None
+    assert config_from(parse_args(["--solver", "synthetic_math", "--max-request-bytes", "777"])).max_request_bytes == 777
+    engine = StubEngine()
+    state = ServerState(engine, tokenizer, "tiny", config=ServeConfig(context_length=256))
+    assert limits_line(state) == ("request bodies: prompt routes 105472 bytes (derived), others 4194304 bytes; "
+                                  "prompts over 3328 characters (256 tokens x 13 characters per token) are refused "
+                                  "before tokenising")
+    state.batcher.close()
