@@ -1,9 +1,9 @@
 """How many characters one token can cover, so that a prompt that cannot fit the token limit is refused
 by its length alone, and the default request-size cap that follows from the context length.
 
-Why: tokenising costs time and memory in proportion to the text (about 1 GB and 6 s for a 3.9 MiB body
-of random words with this project's tokenizer, `tests/tools/test_serve_token_bound.py`'s module
-docstring says how it was measured). If no token can stand for more than `M` characters of the prompt,
+Why: tokenising costs time and memory in proportion to the text (+1 GB peak RSS and 5-6 s for a 3.9 MiB
+body of random words with this project's tokenizer, measured with tests/tools/serve_memory_probe.py;
+docs/serving.md has the table). If no token can stand for more than `M` characters of the prompt,
 a prompt of `n` tokens has at most `n * M` characters, so a text longer than `limit * M` has more than
 `limit` tokens and is refused without tokenising; any text that is tokenised is at most `limit * M`
 characters long.

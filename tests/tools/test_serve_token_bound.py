@@ -3,11 +3,11 @@
 The prompt token limit and the most characters one token can cover (`slime_ext.serving.token_bound`)
 bound the text worth tokenising: a longer text is refused before the tokenizer sees it.
 
-Measured on the 2-core CPU machine with a CI run beside it (`python` probe: a `slime_ext.tools.serve`
-subprocess over this module's tiny model, bodies of random lowercase words sent at once, peak RSS from
-VmHWM after resetting it through /proc/PID/clear_refs): before the bound one 3.9 MiB body
-(`--max-request-bytes` default 4 MiB) took 6.4 s to its 400 and grew the server by 989 MiB, 568 MiB of it
-still resident 2 s later; 16 bodies of 256 KiB took 1.1-2.8 s each, +465 MiB peak, +293 MiB left.
+Measured on the 2-core CPU machine with tests/tools/serve_memory_probe.py (a server process over this
+module's tiny model, 3.9 MiB bodies of random words sent at once; docs/serving.md has the table): before
+the bound one body took 5.0-6.4 s to its 400 and +989-1,018 MiB peak RSS, 16 at once 19-115 s and
++6,020-6,385 MiB, 4.5-4.8 GiB still resident after; with the bound (`--max-request-bytes 4194304`) one
+body 0.02-0.05 s and +12 MiB, 16 at once 0.11-0.57 s and +71-96 MiB, nothing left resident.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def reset_peak(pid: int) -> None:
 
 
 GROWTH_BOUND_MIB = 100  # with the state.py of before the bound this test measured +389 MiB (524 -> 913)
-LEFT_BOUND_MIB = 32  # RSS above the start 3 s after the burst (before the bound: 293 MiB in the probe)
+LEFT_BOUND_MIB = 32  # RSS above the start 3 s after the burst (before the bound: 293 MiB, 16 x 256 KiB)
 
 
 @pytest.mark.timeout(120)
@@ -373,8 +373,8 @@ def test_cli_default_and_start_line(tokenizer):
 @pytest.mark.timeout(60)
 def test_the_heap_is_trimmed_after_a_large_body_only(tokenizer, monkeypatch):
     """After a request whose body reached 1 MiB the server calls malloc_trim (glibc keeps freed arena
-    memory: in the probe of this module's docstring 16 x 3.9 MiB bodies left 9-20 MiB resident 2 s
-    later without it, 0 with it); small requests do not pay for it."""
+    memory: with serve_memory_probe.py 16 x 3.9 MiB bodies left 9-20 MiB resident 2 s later without
+    it, 0 with it); small requests do not pay for it."""
     from slime_ext.serving import memory
 
     assert memory.trim_heap() is sys.platform.startswith("linux")  # glibc here
