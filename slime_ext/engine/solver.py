@@ -32,6 +32,7 @@ class CharTokenizer:
 
     eos_token_id = 0
     vocab_size = 0x110000  # every code point; the server refuses larger ids before chr() would
+    max_chars_per_token = 1  # the server refuses a prompt longer than its token limit before tokenising it
 
     def __call__(self, text: str) -> dict[str, list[int]]:
         return {"input_ids": [ord(c) for c in text]}

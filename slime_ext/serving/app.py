@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from slime_ext.serving import native_routes, openai_routes, weight_routes
 from slime_ext.serving.body import ClientGone
 from slime_ext.serving.errors import APIError
+from slime_ext.serving.memory import TrimAfterLargeBodies
 from slime_ext.serving.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def build_app(state: ServerState, routers: Optional[Iterable[APIRouter]] = None)
     for router in routers or (openai_routes.router, native_routes.router, weight_routes.router):
         app.include_router(router)
     app.add_middleware(APIKeyMiddleware, state=state)
+    app.add_middleware(TrimAfterLargeBodies)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> Response:

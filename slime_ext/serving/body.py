@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 
 from slime_ext.serving.errors import APIError, bad_request
+from slime_ext.serving.memory import STATE_KEY as BODY_BYTES_KEY
 
 
 class ClientGone(Exception):
@@ -57,12 +58,14 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         return b"".join(chunks)
 
     try:
-        return await asyncio.wait_for(collect(), timeout_s)
+        body = await asyncio.wait_for(collect(), timeout_s)
     except asyncio.TimeoutError:
         raise APIError(408, f"request body not received within {timeout_s:g}s", code="request_timeout",
                        headers={"Connection": "close"}) from None
     except ClientDisconnect:
         raise ClientGone() from None
+    setattr(request.state, BODY_BYTES_KEY, len(body))  # large bodies: the heap is trimmed after the answer
+    return body
 
 
 def _no_constants(name: str) -> Any:

@@ -14,7 +14,10 @@ class ServeConfig:
     config); an engine without one (the exact solver) has no token limit beyond `max_prompt_tokens`.
     """
 
-    max_request_bytes: int = 4 << 20  # request bodies larger than this are refused before being read
+    # request bodies larger than this are refused before being read; None: on the prompt routes, enough for
+    # a maximal prompt (context x max characters per token as JSON, see serving/token_bound.py), 4 MiB on
+    # the others and where no token bound is known
+    max_request_bytes: Optional[int] = None
     max_prompt_tokens: Optional[int] = None  # None: the context length
     context_length: Optional[int] = None  # prompt + max tokens must fit; None: from the engine
     max_concurrency: int = 128  # requests admitted to tokenisation + generation at once
@@ -44,6 +47,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_concurrency", "max_queue", "max_connections", "backlog", "max_n"):
+            if name == "max_request_bytes" and self.max_request_bytes is None:
+                continue
             if int(getattr(self, name)) < (0 if name == "max_queue" else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("admit_min_share", "admit_max_wait_s"):

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from slime_ext.data.generation import GenerateResult
 from slime_ext.data.generation import encode_routed_experts_b64
 from slime_ext.serving.errors import bad_request
-from slime_ext.serving.openai_routes import _sampling, get_state, read_json
+from slime_ext.serving.openai_routes import _sampling, get_state, read_json, read_prompt_json
 from slime_ext.serving.native_schemas import (AbortReq, GenerateReqInput, SamplingParamsBody, check_generate,
                                                check_sampling)
 from slime_ext.serving.schemas import parse
@@ -75,7 +75,7 @@ def _finish_reason(res: GenerateResult) -> dict[str, Any]:
 async def generate(request: Request) -> Response:
     state = get_state(request)
     async with state.admission.slot():
-        body = parse(GenerateReqInput, await read_json(state, request))
+        body = parse(GenerateReqInput, await read_prompt_json(state, request))
         check_generate(body)
         ids = state.check_ids(body.input_ids, "input_ids")
         sp = parse(SamplingParamsBody, body.sampling_params or {}, prefix="sampling_params")

@@ -35,7 +35,13 @@ def get_state(request: Request) -> ServerState:
 
 
 async def read_json(state: ServerState, request: Request) -> dict[str, Any]:
-    return parse_json_object(await read_body(request, state.config.max_request_bytes, state.config.body_timeout_s))
+    """The body of a route that carries no prompt (weight updates, abort, flush): the control cap."""
+    return parse_json_object(await read_body(request, state.max_control_bytes, state.config.body_timeout_s))
+
+
+async def read_prompt_json(state: ServerState, request: Request) -> dict[str, Any]:
+    """The body of a prompt route: capped by what a maximal prompt needs (or --max-request-bytes)."""
+    return parse_json_object(await read_body(request, state.max_request_bytes, state.config.body_timeout_s))
 
 
 @router.get("/v1/models")
@@ -104,7 +110,7 @@ async def _openai(request: Request, chat: bool) -> Response:
     state = get_state(request)
     release = await state.admission.acquire()
     try:
-        req = parse(ChatRequest if chat else CompletionRequest, await read_json(state, request))
+        req = parse(ChatRequest if chat else CompletionRequest, await read_prompt_json(state, request))
         state.check_model(req.model)
         _refuse_unsupported(state, req, chat)
         ids = await _prompt_ids(state, req, chat)

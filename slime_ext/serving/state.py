@@ -15,6 +15,8 @@ from slime_ext.serving.batcher import Batcher
 from slime_ext.serving.config import ServeConfig
 from slime_ext.serving.errors import APIError, bad_request
 from slime_ext.serving.schemas import SEED_MAX, SEED_MIN
+from slime_ext.serving.token_bound import (DEFAULT_REQUEST_BYTES, default_request_bytes, max_chars_per_token,
+                                           prompt_char_limit)
 
 FINISH_OPENAI = {"stop": "stop", "sampler": "stop", "length": "length", "abort": "abort", "failed": "error"}
 
@@ -64,6 +66,15 @@ class ServerState:
         self.context_length = self.config.context_length or engine_context_length(engine)
         self.max_prompt_tokens = self.config.max_prompt_tokens or self.context_length
         self.vocab_size = engine_vocab_size(engine, tokenizer)
+        # a text longer than max_prompt_chars cannot fit max_prompt_tokens: refused without tokenising it
+        self.chars_per_token = max_chars_per_token(tokenizer)
+        self.max_prompt_chars = prompt_char_limit(self.max_prompt_tokens, self.chars_per_token)
+        # bodies of the prompt routes (OpenAI, /generate): the explicit cap, else enough for a maximal prompt
+        explicit = self.config.max_request_bytes
+        self.max_request_bytes = explicit if explicit is not None else \
+            default_request_bytes(self.max_prompt_tokens, self.chars_per_token)
+        # the other routes (weight updates, abort, flush) carry no prompt: the explicit cap, else 4 MiB
+        self.max_control_bytes = explicit if explicit is not None else DEFAULT_REQUEST_BYTES
         self.batcher = Batcher(engine, max_batch=max_batch, weight_version=weight_version,
                                window_s=self.config.batch_window_s, settle_s=self.config.batch_settle_s,
                                continuous=self.config.continuous_batching,
@@ -95,6 +106,8 @@ class ServerState:
                        param="model", code="model_not_found")
 
     def check_ids(self, ids: Any, param: str) -> list[int]:
+        if isinstance(ids, list):
+            self.check_prompt_tokens(len(ids))  # by its length, before its ids are looked at
         if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
             raise bad_request(f"'{param}' must be a non-empty list of token ids", param=param)
         bad = [t for t in ids if t < 0 or (self.vocab_size is not None and t >= self.vocab_size)]
@@ -103,12 +116,16 @@ class ServerState:
                               param=param)
         return ids
 
-    def token_budget(self, prompt_len: int, requested: Optional[int], param: str) -> int:
-        """The max new tokens for a prompt: the request's, checked against the context, or the default
-        clipped to what the context leaves. Refuses prompts over --max-prompt-tokens."""
+    def check_prompt_tokens(self, prompt_len: int) -> None:
+        """Refuses prompts over --max-prompt-tokens (the context length by default)."""
         if self.max_prompt_tokens is not None and prompt_len > self.max_prompt_tokens:
             raise bad_request(f"the prompt has {prompt_len} tokens, more than the limit of {self.max_prompt_tokens} "
                               f"prompt tokens (--max-prompt-tokens)", code="context_length_exceeded")
+
+    def token_budget(self, prompt_len: int, requested: Optional[int], param: str) -> int:
+        """The max new tokens for a prompt: the request's, checked against the context, or the default
+        clipped to what the context leaves. Refuses prompts over --max-prompt-tokens."""
+        self.check_prompt_tokens(prompt_len)
         ctx = self.context_length
         if requested is None:
             budget = self.max_tokens if ctx is None else min(self.max_tokens, ctx - prompt_len)
@@ -140,7 +157,17 @@ class ServerState:
         system = "\n".join(m["content"] for m in messages if m["role"] == "system")
         return self.template.format((system + "\n" if system else "") + users[-1])
 
+    def check_prompt_chars(self, text: str) -> None:
+        """Refuse a text too long to fit the prompt token limit by its length alone: tokenising it first
+        cost time and memory in proportion to the body (see `token_bound`)."""
+        if self.max_prompt_chars is not None and len(text) > self.max_prompt_chars:
+            raise bad_request(f"the prompt has {len(text)} characters, more than {self.max_prompt_tokens} tokens "
+                              f"can hold (at most {self.chars_per_token} characters per token with this "
+                              f"tokenizer; --max-prompt-tokens / --context-length)", code="context_length_exceeded")
+
     def encode(self, text: str) -> list[int]:
+        """The prompt's token ids; a text over the character bound is refused before it is tokenised."""
+        self.check_prompt_chars(text)
         ids = self.tokenizer(text)["input_ids"]
         if not ids:
             raise BadRequest("the prompt is empty after tokenisation")

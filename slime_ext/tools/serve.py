@@ -66,7 +66,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--weight-version", default="default",
                     help="the version of the weights served at start (SGLang's flag; updates move it)")
     lim = ap.add_argument_group("limits")
-    lim.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="largest request body")
+    lim.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
+                     help="largest request body (default: on the prompt routes, enough for a maximal prompt as "
+                          "JSON, from the prompt token limit and the tokenizer's longest token, at most 4 MiB; "
+                          "4 MiB elsewhere)")
     lim.add_argument("--context-length", type=int, default=None,
                      help="prompt + max tokens limit (default: the model's max_position_embeddings)")
     lim.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt token limit (default: the context)")
@@ -109,6 +112,17 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
         admit_min_share=args.admit_min_share, admit_max_wait_s=args.admit_max_wait_ms / 1e3)
 
 
+def limits_line(state: ServerState) -> str:
+    """The effective body caps and prompt bound, logged at start (the byte cap may be derived)."""
+    how = "--max-request-bytes" if state.config.max_request_bytes is not None else "derived"
+    line = (f"request bodies: prompt routes {state.max_request_bytes} bytes ({how}), "
+            f"others {state.max_control_bytes} bytes")
+    if state.max_prompt_chars is None:
+        return line + "; no character bound for this tokenizer or no prompt token limit: prompts are tokenised whole"
+    return (line + f"; prompts over {state.max_prompt_chars} characters ({state.max_prompt_tokens} tokens x "
+            f"{state.chars_per_token} characters per token) are refused before tokenising")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
@@ -148,6 +162,7 @@ def main(argv: Optional[list[str]] = None) -> int:
              f" with partner {args.partner}" if args.partner else "", args.host, args.port, args.weight_version,
              state.context_length, config.max_concurrency, config.max_queue,
              ", API key required" if config.api_key else "")
+    log.info(limits_line(state))
     try:
         serve_forever(state, args.host, args.port)
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled after its graceful shutdown
