@@ -1,9 +1,9 @@
 """A small client for OpenAI-compatible endpoints (our `slime_ext.tools.serve`, SGLang's `/v1`, hosted APIs).
 
-Chat completions with timeouts, retries with exponential backoff (connection errors, timeouts, 429 and
-5xx; a 4xx is final), a concurrency cap for batches, an optional circuit breaker, and per-call
-accounting. A failed call raises `CallFailed` naming the endpoint and the last error; batch helpers
-return the exception in its slot instead, so one failure never sinks a batch. The SxS judge and
+Chat completions with timeouts, retries with exponential backoff (`slime_ext.clients.retry`: connection
+errors, timeouts, 429 and 5xx; a 4xx is final), a concurrency cap for batches, an optional circuit breaker,
+and per-call accounting. A failed call raises `CallFailed` naming the endpoint and the last error; batch
+helpers return the exception in its slot instead, so one failure never sinks a batch. The SxS judge and
 DA-GRPO's cloud model use it.
 
 Worst case of one call to a dead endpoint: (max_retries + 1) x timeout_s plus the backoff sleeps. With a
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
 from slime_ext.clients.circuit_breaker import CircuitBreaker
+from slime_ext.clients.retry import attempts, is_retryable
 
 
 class CallFailed(RuntimeError):
@@ -45,9 +46,7 @@ class ChatResult:
 
 
 def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code == 429 or exc.code >= 500
-    return isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError, OSError))
+    return is_retryable(exc, exc.code if isinstance(exc, urllib.error.HTTPError) else None)
 
 
 class OpenAIClient:
@@ -91,9 +90,8 @@ class OpenAIClient:
         payload = {"model": self.model, "messages": list(messages), **params}
         start, last, made = time.perf_counter(), "not sent", 0
         self._count(calls=1)
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s))
+        # retries are counted below, once the breaker has let the attempt through
+        for attempt in attempts(self.max_retries, self.backoff_s, self.backoff_max_s):
             if self.breaker is not None and not self.breaker.allow():
                 if not made:
                     self._count(skipped=1)

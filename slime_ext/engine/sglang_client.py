@@ -1,4 +1,5 @@
-"""HTTP client for SGLang servers, with the same interface as the embedded engine.
+"""The client of one SGLang server (or a router in front of several) as a RolloutEngine: `generate` and the
+control routes (abort, flush, weight updates, memory), with the same interface as the embedded engine.
 
 SGLang surfaces used (sglang 0.5.21, `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`):
     POST /generate                          GenerateReqInput: {"rid", "input_ids", "sampling_params",
@@ -28,147 +29,36 @@ engine: the project's server (`slime_ext.tools.serve`) adds `"sampler": true` to
 SGLang reports that EOS as a matched stop token, so the client recomputes it (`replay_with_finish`: would
 the chain have finished at the last position?).
 
-Every payload is validated before it is sent: `sampling_params` is built into sglang's own
-`SamplingParams` (unknown keys raise, `verify` checks ranges, and a msgpack round trip checks that
-`custom_params` survives SGLang's typed IPC) and the top-level keys are checked against the fields of
-the io_struct request class (by `ast` when `io_struct` cannot be imported, e.g. on CPU).
+Every payload is validated against sglang's own definitions before it is sent when sglang is installed
+(`slime_ext.engine.sglang_payload`); requests go over `slime_ext.engine.sglang_http`, retried by the
+project's rule (`slime_ext.clients.retry`).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import dataclasses
 import importlib.util
-import json
 import logging
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from sglang_patches.request_sampler import FINISH_SAMPLER, replay_with_finish
+from slime_ext.clients.retry import attempts, call_with_retries
 from slime_ext.data.generation import (FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids,
                                        decode_routed_experts_b64)
+from slime_ext.engine.sglang_http import HTTPStatusError, is_retryable, is_timeout, request_json
+# PayloadError and io_struct_fields are re-exported for tests/engine/test_sglang_client.py (unchanged by the
+# split); new code imports them from slime_ext.engine.sglang_payload
+from slime_ext.engine.sglang_payload import (PayloadError, io_struct_fields, validate_generate_payload,
+                                             validate_payload)
 
 logger = logging.getLogger(__name__)
-# importing sglang's request definitions registers its model configs, each with an INFO line
-logging.getLogger("sglang.srt.configs").setLevel(logging.WARNING)
 
 _FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-# -- payload validation against sglang's own definitions -----------------------------------------
-def _sglang_file(relative: str) -> Path:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("sglang is not installed; cannot read its request definitions")
-    return Path(list(spec.submodule_search_locations)[0]) / relative
-
-
-@lru_cache(maxsize=None)
-def _io_struct_ast_fields() -> dict[str, tuple[list[str], list[str]]]:
-    """class name -> (annotated field names, base class names) for every class in io_struct.py."""
-    tree = ast.parse(_sglang_file("srt/managers/io_struct.py").read_text())
-    out: dict[str, tuple[list[str], list[str]]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            names = [s.target.id for s in node.body
-                     if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-                     and "ClassVar" not in ast.unparse(s.annotation)]
-            bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
-            out[node.name] = (names, bases)
-    return out
-
-
-@lru_cache(maxsize=1)
-def _io_struct_module() -> Any:
-    """The real io_struct module when it imports (GPU installs); None otherwise (CPU: needs torchvision)."""
-    try:
-        import sglang.srt.managers.io_struct as io_struct  # noqa: PLC0415
-    except Exception as exc:  # noqa: BLE001 - any import failure means: fall back to ast
-        logger.debug("sglang io_struct does not import (%s); reading its fields with ast", exc)
-        return None
-    return io_struct
-
-
-@lru_cache(maxsize=None)
-def io_struct_fields(class_name: str) -> frozenset[str]:
-    """Field names of an sglang io_struct request class (dataclass or msgspec Struct, bases included)."""
-    module = _io_struct_module()
-    if module is not None and hasattr(module, class_name):
-        cls = getattr(module, class_name)
-        if dataclasses.is_dataclass(cls):
-            return frozenset(f.name for f in dataclasses.fields(cls))
-        import msgspec
-
-        return frozenset(f.name for f in msgspec.structs.fields(cls))
-    classes = _io_struct_ast_fields()
-    if class_name not in classes:
-        raise KeyError(f"sglang io_struct has no class {class_name!r}")
-    names: set[str] = set()
-    todo = [class_name]
-    while todo:
-        fields, bases = classes[todo.pop()]
-        names.update(fields)
-        todo.extend(b for b in bases if b in classes)
-    return frozenset(names)
-
-
-class PayloadError(ValueError):
-    """A payload that sglang would reject (or silently misread)."""
-
-
-def validate_payload(payload: dict[str, Any], class_name: str) -> None:
-    unknown = sorted(set(payload) - io_struct_fields(class_name))
-    if unknown:
-        raise PayloadError(f"keys {unknown} are not fields of sglang's {class_name}")
-
-
-def validate_sampling_params(params: dict[str, Any], vocab_size: Optional[int] = None) -> None:
-    """Build `params` into sglang's SamplingParams and verify it, as the tokenizer manager does."""
-    import msgspec
-    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
-
-    try:
-        sp = SGLangSamplingParams(**params)
-        sp.verify(vocab_size if vocab_size is not None else 1 << 31)
-        # the scheduler IPC may be msgpack with typed decoding: custom_params must survive it
-        msgspec.msgpack.decode(msgspec.msgpack.encode(sp), type=SGLangSamplingParams)
-    except (TypeError, ValueError, msgspec.ValidationError) as exc:
-        raise PayloadError(f"sampling_params rejected by sglang's SamplingParams: {exc}") from exc
-
-
-def validate_generate_payload(payload: dict[str, Any], vocab_size: Optional[int] = None) -> None:
-    validate_payload(payload, "GenerateReqInput")
-    validate_sampling_params(payload.get("sampling_params") or {}, vocab_size)
-
-
-# -- HTTP ------------------------------------------------------------------------------------------
-class HTTPStatusError(RuntimeError):
-    def __init__(self, status: int, body: str, url: str):
-        super().__init__(f"HTTP {status} from {url}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, HTTPStatusError):
-        return exc.status >= 500 or exc.status == 429  # 429: the server's queue is full, back off and retry
-    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout, OSError))
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    if isinstance(exc, (TimeoutError, socket.timeout)):
-        return True
-    return isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, (TimeoutError, socket.timeout))
 
 
 class SGLangEngineClient:
@@ -243,42 +133,12 @@ class SGLangEngineClient:
 
     def _request(self, method: str, path: str, payload: Any = None, timeout: Optional[float] = None,
                  headers: Optional[dict[str, str]] = None) -> Any:
-        data = None if payload is None else json.dumps(payload).encode()
-        headers = dict(headers or {})
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self._url(path), data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
-                body = resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            raise HTTPStatusError(exc.code, exc.read().decode(errors="replace"), self._url(path)) from None
-        if not body:
-            return None
-        try:
-            return json.loads(body)
-        except json.JSONDecodeError:
-            return body
+        return request_json(method, self._url(path), payload, timeout=timeout or self.timeout_s, headers=headers,
+                            api_key=self.api_key)
 
     def _post_with_retries(self, path: str, payload: Any = None, method: str = "POST") -> Any:
-        last: Optional[BaseException] = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self._count("retries")
-                time.sleep(self._backoff(attempt))
-            try:
-                return self._request(method, path, payload)
-            except Exception as exc:  # noqa: BLE001
-                last = exc
-                if not _retryable(exc):
-                    raise
-        assert last is not None
-        raise last
-
-    def _backoff(self, attempt: int) -> float:
-        return min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s)
+        return call_with_retries(lambda: self._request(method, path, payload), self.max_retries, self.backoff_s,
+                                 self.backoff_max_s, is_retryable, on_retry=lambda: self._count("retries"))
 
     def _count(self, key: str, value: float = 1) -> None:
         with self._lock:
@@ -351,10 +211,8 @@ class SGLangEngineClient:
         last_error = "not sent"
         key = self.routing_key(request) if self.routing_key is not None else None
         headers = {"X-SMG-Routing-Key": key} if key else None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self._count("retries")
-                time.sleep(self._backoff(attempt))
+        for attempt in attempts(self.max_retries, self.backoff_s, self.backoff_max_s,
+                                on_retry=lambda: self._count("retries")):
             with self._lock:
                 aborted = request.rid in self._aborted
                 wire_rid = request.rid if attempt == 0 else f"{request.rid}#retry{attempt}"
@@ -371,10 +229,10 @@ class SGLangEngineClient:
                 body = self._request("POST", "/generate", payload, headers=headers)
             except Exception as exc:  # noqa: BLE001
                 last_error = f"{type(exc).__name__}: {exc}"
-                if _is_timeout(exc):
+                if is_timeout(exc):
                     last_error = f"timed out after {self.timeout_s}s ({exc})"
                     self._abort_wire(wire_rid)
-                if not _retryable(exc):
+                if not is_retryable(exc):
                     break
                 continue
             try:
@@ -582,7 +440,4 @@ class SGLangEngineClient:
         return out
 
 
-__all__ = [
-    "SGLangEngineClient", "PayloadError", "HTTPStatusError", "io_struct_fields", "validate_payload",
-    "validate_sampling_params", "validate_generate_payload",
-]
+__all__ = ["SGLangEngineClient", "PayloadError", "io_struct_fields", "validate_payload", "validate_generate_payload"]

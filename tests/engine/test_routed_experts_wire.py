@@ -10,7 +10,8 @@ import torch
 
 from sglang_patches.decoding import SamplingParams
 from slime_ext.data.generation import GenerateRequest
-from slime_ext.engine.sglang_client import SGLangEngineClient, validate_generate_payload
+from slime_ext.engine.sglang_client import SGLangEngineClient
+from slime_ext.engine.sglang_payload import validate_generate_payload
 
 
 def test_payload_asks_for_routed_experts_and_validates_against_io_struct():

@@ -377,7 +377,7 @@ def test_mirrored_field_names_match_sglang_source():
     import msgspec
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from slime_ext.engine.sglang_client import io_struct_fields
+    from slime_ext.engine.sglang_payload import io_struct_fields
 
     mirrors = {
         "GenerateReqInput": native_schemas.GenerateReqInput, "AbortReq": native_schemas.AbortReq,

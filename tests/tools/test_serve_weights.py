@@ -24,7 +24,8 @@ import torch
 
 from sglang_patches.decoding import SamplingParams
 from slime_ext.data.generation import GenerateRequest
-from slime_ext.engine.sglang_client import HTTPStatusError, SGLangEngineClient
+from slime_ext.engine.sglang_client import SGLangEngineClient
+from slime_ext.engine.sglang_http import HTTPStatusError
 from slime_ext.serving import ServerState, serve
 
 REPO = Path(__file__).resolve().parents[2]
