@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", metavar="CONFIG", required=True, help="YAML config to validate")
     parser.add_argument("overrides", nargs="*", help="a.b.c=value overrides")
     args = parser.parse_args(argv)
-    from slime_ext.orchestration.plan import PlanError, build_plan
+    from slime_ext.orchestration.plan import build_plan
+    from slime_ext.orchestration.plan_layout import PlanError
 
     try:
         resolved = load_config(args.check, args.overrides)

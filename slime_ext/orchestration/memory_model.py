@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from megatron_glue.logprobs import tokens_per_chunk
 
 if TYPE_CHECKING:  # the plan's dataclasses; imported for types only (the plan imports this module)
-    from slime_ext.orchestration.plan import ModelShape, RolloutLayout, TrainerLayout
+    from slime_ext.orchestration.plan_layout import RolloutLayout, TrainerLayout
+    from slime_ext.orchestration.plan_shape import ModelShape
 
 GIB = 1024**3
 RUNTIME_OVERHEAD_GIB = 4.0

@@ -1,0 +1,107 @@
+"""The plan as readable text: the multi-line summary `python -m slime_ext.orchestration.plan` and the
+launchers' dry run print."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from slime_ext.orchestration.memory_model import NOT_COVERED
+from slime_ext.orchestration.plan_layout import RolloutLayout
+
+if TYPE_CHECKING:  # the plan imports this module
+    from slime_ext.orchestration.plan import Plan
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _fit(flag: Optional[bool]) -> str:
+    return "n/a (CPU run)" if flag is None else ("fits" if flag else "OVER")
+
+
+def _ranges(indices: list[int]) -> str:
+    return f"{indices[0]}-{indices[-1]}" if len(indices) > 1 else str(indices[0]) if indices else "-"
+
+
+def _format_layout(p: Plan) -> list[str]:
+    L, m = p.layout, p.model
+    gpus = f"{L.num_nodes} node(s) x {L.gpus_per_node} GPUs = {L.total_gpus} GPUs" if L.gpus_per_node else \
+        f"{L.num_nodes} node(s), 0 GPUs (CPU run, {L.world} trainer process(es))"
+    return [
+        f"plan: method={p.method} run={p.run_name}",
+        f"model: {m.name} ({m.source}): {_fmt_params(m.params_total)} params, {_fmt_params(m.params_active)} "
+        f"active; {m.num_layers} layers, hidden {m.hidden}, {m.num_heads}/{m.num_kv_heads} heads, "
+        f"{m.num_experts} experts top-{m.top_k}, vocab {m.vocab}",
+        f"cluster: {gpus}, backend {L.backend}",
+        f"trainer: world={L.world} TP={L.tp} PP={L.pp} EP={L.ep} ETP={L.etp} DP={L.dp} expert-DP={L.expert_dp} "
+        f"sequence_parallel={L.sequence_parallel} recompute={L.recompute}",
+        f"  tokens/GPU={L.max_tokens_per_gpu} precision={L.precision} distributed_optimizer="
+        f"{L.distributed_optimizer} optimizer_cpu_offload={L.optimizer_cpu_offload}",
+    ]
+
+
+def _format_schedule(r: RolloutLayout) -> str:
+    """How rollout and training interleave (rollout.off_policy_steps, rollout.partial_rollouts)."""
+    if not r.off_policy_steps:
+        return ("schedule: on-policy: rollout t (weights version t), then train t, then sync version t+1; "
+                "rollout and training take turns")
+    sync = ("a sync aborts the requests in flight and continues them with the new weights (partial rollouts; "
+            f"older tokens: {r.stale_tokens})" if r.partial_rollouts else "the sync waits for rollout t+1 to finish")
+    return (f"schedule: one-step off-policy: rollout t+1 runs while step t trains (weights version t, trained at "
+            f"step t+1: staleness <= 1); {sync}; the engines need their own GPUs (not colocated)")
+
+
+def _format_rollout(p: Plan) -> list[str]:
+    r = p.rollout
+    if r.engine != "sglang":
+        return ["rollout: embedded engine (in the rollout manager's process)", "  " + _format_schedule(r)]
+    mode = "colocated with the trainer" if r.colocate else "on their own GPUs"
+    kind = "SGLang-protocol server(s) (CPU: slime_ext.tools.serve)" if r.engine_gpus == 0 else "SGLang engine(s)"
+    lines = [f"rollout: {r.num_engines} {kind} x TP {r.tp_size} = {r.engine_gpus} GPUs, {mode}, "
+             f"router {'on' if r.router else 'off'}, {r.models_per_engine} model(s) per engine"]
+    lines.append("  " + _format_schedule(r))
+    if r.server_command:
+        lines.append("  engine 0: " + " ".join(r.server_command))
+    return lines
+
+
+def _format_actors(p: Plan) -> list[str]:
+    pl = p.placement
+    lines = [f"ray: one placement group, {pl.num_bundles} bundles of {pl.bundle}, {pl.bundles_per_node} per node, "
+             f"strategy {pl.strategy}"]
+    for a in p.actors:
+        flat = [i for b in a.bundles for i in b]
+        where = f"bundles {_ranges(flat)}" if flat else "no bundle"
+        res = f"{a.resources} each" if a.resources else "no Ray resources"
+        lines.append(f"  {a.name} x{a.count}: {res}, {where} ({a.node})")
+    return lines
+
+
+def _format_memory(p: Plan) -> list[str]:
+    t, e = p.trainer_memory, p.engine_memory
+    unit = f"/ {p.gpu_memory_gib:.0f} GiB" if p.layout.gpus_per_node else "(host RAM per process)"
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in t.components_gib.items())
+    per = "GPU" if p.layout.gpus_per_node else "process"
+    lines = [f"memory trainer per {per}: {t.total_gib:.2f} GiB {unit} -> {_fit(t.fits)}  [{parts}]",
+             f"  local params {_fmt_params(t.local_params)} (experts {_fmt_params(t.local_expert_params)}), "
+             f"micro-batches of {t.tokens_per_micro_batch} tokens (train.parallel.max_tokens_per_gpu)",
+             "  not estimated: " + ", ".join(NOT_COVERED)]
+    if t.host_offload_gib_per_node:
+        lines.append(f"  optimizer offloaded to host: {t.host_offload_gib_per_node:.1f} GiB per node")
+    if p.embedded_engine_memory is not None:
+        m = p.embedded_engine_memory
+        lines.append(f"memory engine per process (one rollout step, {m.rows} rows): {m.total_mib:.1f} MiB  ["
+                     + ", ".join(f"{k} {v:.1f}" for k, v in m.components_mib.items()) + "]")
+    if e is not None:
+        lines.append(f"memory engine per GPU: weights {e.weights_gib:.2f} GiB, static pool {e.static_gib:.2f} GiB, "
+                     f"KV cache {e.kv_cache_gib:.2f} GiB = {e.kv_tokens} tokens -> {_fit(e.fits)}")
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """The readable multi-line plan the launcher's dry run prints."""
+    lines = _format_layout(plan) + _format_rollout(plan) + _format_actors(plan) + _format_memory(plan)
+    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"does not fit: {p}" for p in plan.memory_problems]
+    return "\n".join(lines)
