@@ -9,7 +9,7 @@ validated as SGLang 0.5.21 validates them, so a body is accepted or refused here
   verify fails on a string where a number belongs).
 - What this server cannot honour (batches, text prompts, parallel sampling, multimodal inputs, grammars,
   penalties, top logprobs, streaming, ...) is refused with a 400 naming the field rather than ignored;
-  `tests/tools/test_serve_contract.py` lists each such difference from SGLang with its reason.
+  `tests/serving/test_serve_contract.py` lists each such difference from SGLang with its reason.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 by its length alone, and the default request-size cap that follows from the context length.
 
 Why: tokenising costs time and memory in proportion to the text (+1 GB peak RSS and 5-6 s for a 3.9 MiB
-body of random words with this project's tokenizer, measured with tests/tools/serve_memory_probe.py;
+body of random words with this project's tokenizer, measured with tests/serving/serve_memory_probe.py;
 docs/serving.md has the table). If no token can stand for more than `M` characters of the prompt,
 a prompt of `n` tokens has at most `n * M` characters, so a text longer than `limit * M` has more than
 `limit` tokens and is refused without tokenising; any text that is tokenised is at most `limit * M`
@@ -33,7 +33,7 @@ DEFAULT_REQUEST_BYTES = 4 << 20  # the cap without a token bound or a context le
 JSON_BYTES_PER_CHAR = 12
 REST_OF_BODY_BYTES = 64 << 10  # the other fields (sampling parameters, stop strings, message keys)
 # NFC/NFKC compose at most 4 code points into one (U+1F82 = U+03B1 U+0313 U+0300 U+0345, the longest
-# canonical decomposition in Unicode 14; tests/tools/test_serve_token_bound.py checks it).
+# canonical decomposition in Unicode 14; tests/serving/test_serve_token_bound.py checks it).
 MAX_COMPOSED = 4
 _KEEPS_EVERY_CHAR = {"ByteLevel", "Metaspace", "Digits", "Split", "Punctuation", "Sequence"}
 _SHRINK_FREE_NORMALIZERS = {"NFD", "NFKD", "Lowercase", "Prepend", "ByteLevel"}

@@ -22,7 +22,7 @@ from slime_ext.engine.engine_server import EngineServerActor
 from slime_ext.engine.failures import EngineUnavailable, StaleRollout, WeightSyncError
 from slime_ext.engine.server_pool import ServerEnginePool, group_key
 from slime_ext.orchestration.rollout_manager import check_weight_versions
-from tests.tools.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
+from tests.serving.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
 
 
 def _requests(n_prompts: int = 4, n: int = 3, max_new: int = 16, tag: str = "r") -> list[GenerateRequest]:

@@ -9,7 +9,7 @@ import torch
 from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
 from slime_ext.engine.weight_sync import EmbeddedTarget, LocalWeightSource, forget_sender_state, merge_stats
-from tests.tools.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
+from tests.serving.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
 
 
 def test_checksum_changes_with_any_element_and_with_order():

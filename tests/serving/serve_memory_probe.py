@@ -1,6 +1,6 @@
 """Time to answer and memory of a server process under K concurrent maximal prompts (issue 28, item 3).
 
-    python tests/tools/serve_memory_probe.py --body-bytes 4089446 --k 16 --cap 4194304 [--repo OLD_CHECKOUT]
+    python tests/serving/serve_memory_probe.py --body-bytes 4089446 --k 16 --cap 4194304 [--repo OLD_CHECKOUT]
 
 Starts `python -m slime_ext.tools.serve --model DIR` (the tiny model of test_serve_token_bound, built
 into --model once) from --repo (default: this checkout; pass an extracted older commit to measure it),
@@ -25,7 +25,7 @@ import httpx
 HERE = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(HERE))
 
-from tests.tools.test_serve_token_bound import CORPUS, body_of, memory_mib, reset_peak  # noqa: E402
+from tests.serving.test_serve_token_bound import CORPUS, body_of, memory_mib, reset_peak  # noqa: E402
 
 
 def build_model(d: Path) -> None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from slime_ext.serving import ServeConfig, ServerState, serve
-from tests.tools.serve_stub import StubEngine
+from tests.serving.serve_stub import StubEngine
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -236,7 +236,7 @@ def test_tensor_payload_forms_and_refusals(model_dir, file_system_sharing):
 def test_updates_wait_for_the_running_generate_call_and_version_its_results():
     """The update starts only after the running batch ends; that batch reports the old version, the next
     one the new version; generation resumes after the update."""
-    from tests.tools.serve_stub import StubEngine
+    from tests.serving.serve_stub import StubEngine
 
     class Engine(StubEngine):
         def __init__(self):

@@ -3,7 +3,7 @@
 The prompt token limit and the most characters one token can cover (`slime_ext.serving.token_bound`)
 bound the text worth tokenising: a longer text is refused before the tokenizer sees it.
 
-Measured on the 2-core CPU machine with tests/tools/serve_memory_probe.py (a server process over this
+Measured on the 2-core CPU machine with tests/serving/serve_memory_probe.py (a server process over this
 module's tiny model, 3.9 MiB bodies of random words sent at once; docs/serving.md has the table): before
 the bound one body took 5.0-6.4 s to its 400 and +989-1,018 MiB peak RSS, 16 at once 19-115 s and
 +6,020-6,385 MiB, 4.5-4.8 GiB still resident after; with the bound (`--max-request-bytes 4194304`) one
@@ -29,7 +29,7 @@ import pytest
 from slime_ext.serving import ServeConfig, ServerState, serve
 from slime_ext.serving.token_bound import (MAX_COMPOSED, keeps_every_char, max_chars_per_token,
                                            model_never_fuses, normalizer_shrink)
-from tests.tools.serve_stub import StubEngine
+from tests.serving.serve_stub import StubEngine
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = ["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40

@@ -25,7 +25,7 @@ import pytest
 
 from slime_ext.serving import ServerState, serve
 from slime_ext.serving import native_schemas, weight_routes
-from tests.tools.serve_stub import StubEngine
+from tests.serving.serve_stub import StubEngine
 
 OK, BAD = "accept", "reject"
 CONTEXT = 4096

@@ -233,7 +233,7 @@ def test_1000_concurrent_requests_against_the_real_model(model_dir):
     from slime_ext.engine.embedded import EmbeddedEngine
     from slime_ext.serving import ServeConfig
     from slime_ext.tokenizer import load_tokenizer
-    from tests.tools.test_serve_limits import _blast
+    from tests.serving.test_serve_limits import _blast
 
     import asyncio
     import resource
