@@ -345,17 +345,6 @@ def test_client_disconnect_mid_stream_aborts_and_frees_the_slot():
         assert len(engine.aborts) == 2 and state.admission.active == 0
 
 
-def test_cli_flags_become_the_config():
-    from slime_ext.tools.serve import config_from, parse_args
-
-    cfg = config_from(parse_args(["--solver", "synthetic_math", "--max-request-bytes", "1234", "--max-concurrency", "3",
-                                  "--max-queue", "0", "--api-key", "k", "--context-length", "99"]))
-    assert (cfg.max_request_bytes, cfg.max_concurrency, cfg.max_queue, cfg.api_key, cfg.context_length) == \
-        (1234, 3, 0, "k", 99)
-    with pytest.raises(ValueError):
-        ServeConfig(max_concurrency=0)
-
-
 @pytest.mark.parametrize("settle_s", [None, 1.0])
 def test_a_burst_is_batched_whole_when_the_window_settles(settle_s):
     """A burst trickling in (one request every 10 ms): a fixed 20 ms window starts the first few alone and
@@ -376,13 +365,3 @@ def test_a_burst_is_batched_whole_when_the_window_settles(settle_s):
         batcher.close()
     assert [r.rid for r in results] == [f"b{i}" for i in range(8)]
     assert engine.calls == 1 if settle_s else engine.calls >= 2
-
-
-def test_engine_servers_batch_bursts():
-    from slime_ext.config.sections import SGLangConfig
-    from slime_ext.engine.engine_server import server_command
-    from slime_ext.tools.serve import config_from, parse_args
-
-    argv, _ = server_command(SGLangConfig(), "/m", 1234, use_sglang=False)
-    cfg = config_from(parse_args(argv[3:]))
-    assert (cfg.batch_window_s, cfg.batch_settle_s) == (0.02, 2.0)

@@ -355,20 +355,6 @@ def test_the_derived_cap_fits_a_maximal_prompt_and_refuses_more(tokenizer):
             assert r.status_code == 200 and r.json()["success"] is True
 
 
-def test_cli_default_and_start_line(tokenizer):
-    from slime_ext.tools.serve import config_from, limits_line, parse_args
-
-    assert config_from(parse_args(["--solver", "synthetic_math"])).max_request_bytes is None
-    explicit = config_from(parse_args(["--solver", "synthetic_math", "--max-request-bytes", "777"]))
-    assert explicit.max_request_bytes == 777
-    engine = StubEngine()
-    state = ServerState(engine, tokenizer, "tiny", config=ServeConfig(context_length=256))
-    assert limits_line(state) == ("request bodies: prompt routes 105472 bytes (derived), others 4194304 bytes; "
-                                  "prompts over 3328 characters (256 tokens x 13 characters per token) are refused "
-                                  "before tokenising")
-    state.batcher.close()
-
-
 # -- memory given back --------------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_the_heap_is_trimmed_after_a_large_body_only(tokenizer, monkeypatch):
