@@ -84,7 +84,7 @@ def server_actor(index: int, model_dir: Path, log_dir: Path, threads: int, trace
 
 
 def make_pool(actors: list, model_dir: Path, weights_dir: Path, tokenizer: Any, **client: Any) -> Any:
-    """A pool over `actors` with the client settings `slime_ext.orchestration.engines` gives the loop."""
+    """A pool over `actors` with the client settings `slime_ext.orchestration.run_engine` gives the loop."""
     from slime_ext.engine.server_pool import ServerEnginePool
 
     kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),

@@ -40,12 +40,12 @@ from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.engine_server import INITIAL_VERSION
 from slime_ext.engine.failures import EngineFailure
-from slime_ext.orchestration.engines import start_engine
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.off_policy import OffPolicyRollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, RemoteRolloutManager, RolloutManager
+from slime_ext.orchestration.run_engine import start_engine
 from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, append_engine_events, engine_event_line,
                                              peak_rss_from_metrics, resume_command, truncate_metrics)
