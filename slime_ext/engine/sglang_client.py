@@ -1,4 +1,4 @@
-"""The client of one SGLang server (or a router in front of several) as a RolloutEngine: `generate` and the
+"""The client of one SGLang server (or a router in front of several) as an engine: `generate` and the
 control routes (abort, flush, weight updates, memory), with the same interface as the embedded engine.
 
 SGLang surfaces used (sglang 0.5.21, `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`):
