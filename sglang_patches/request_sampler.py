@@ -29,6 +29,7 @@ batching or on how often the host called the sampler. Hosts that cannot report p
 from __future__ import annotations
 
 import hashlib
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
@@ -131,20 +132,35 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
-BUILTIN_SAMPLER_MODULES = ("sglang_patches.tandem", "sglang_patches.duet", "sglang_patches.sxs", "sglang_patches.dagrpo")
+def registered_sampler_modules() -> list[str]:
+    """The sampler modules of every registered method (their registry entries' `samplers`): the only modules
+    an engine or server imports to build samplers from specs."""
+    from slime_ext.methods.registry import sampler_modules  # the registry names code; it imports none
+
+    return sampler_modules()
 
 
-def _import_builtin_samplers() -> None:
-    """Register the methods' samplers in this process (engine actors and SGLang workers build
-    samplers from specs without having imported the method code)."""
-    import importlib
+def import_sampler_modules(names: Sequence[str]) -> None:
+    """Import sampler modules a request names (so their kinds register in this process); a module that no
+    registered method declares is refused: a request must not make a server import arbitrary code."""
+    allowed = set(registered_sampler_modules())
+    for name in names:
+        if name not in allowed:
+            raise ValueError(f"sampler module {name!r} is not declared by any registered method "
+                             f"(registered: {sorted(allowed)})")
+        importlib.import_module(name)
 
-    for module in BUILTIN_SAMPLER_MODULES:
+
+def _import_registered_samplers() -> None:
+    """Register every method's samplers in this process (engine actors and SGLang workers build samplers from
+    specs without having imported the method code)."""
+    for module in registered_sampler_modules():
         importlib.import_module(module)
 
 
 def build_sampler(spec: dict[str, Any], seed: int) -> Sampler:
-    _import_builtin_samplers()
+    if spec.get("kind") not in SAMPLER_REGISTRY:
+        _import_registered_samplers()
     params = dict(spec)
     kind = params.pop("kind", None)
     if kind not in SAMPLER_REGISTRY:
