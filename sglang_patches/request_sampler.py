@@ -132,12 +132,22 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
+# Sampler modules the process that started this one declares (comma-separated): the run's driver puts its method's
+# registry entry's `samplers` here for the engines it starts, so a method registered at run time (a plugin, a
+# test) is known to engine processes whose own registry lacks it.
+SAMPLER_MODULES_ENV = "SLIME_SAMPLER_MODULES"
+
+
 def registered_sampler_modules() -> list[str]:
-    """The sampler modules of every registered method (their registry entries' `samplers`): the only modules
-    an engine or server imports to build samplers from specs."""
+    """The sampler modules of every registered method (their registry entries' `samplers`) and those the
+    starting process declared (`SLIME_SAMPLER_MODULES`): the only modules an engine or server imports to build
+    samplers from specs."""
+    import os
+
     from slime_ext.methods.registry import sampler_modules  # the registry names code; it imports none
 
-    return sampler_modules()
+    declared = [m.strip() for m in os.environ.get(SAMPLER_MODULES_ENV, "").split(",") if m.strip()]
+    return sorted(set(sampler_modules()) | set(declared))
 
 
 def import_sampler_modules(names: Sequence[str]) -> None:

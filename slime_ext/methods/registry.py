@@ -84,6 +84,11 @@ def sampler_modules() -> list[str]:
     return sorted({module for entry in METHODS.values() for module in entry.samplers})
 
 
+def run_sampler_modules(config: Any) -> list[str]:
+    """The configured method's sampler modules (what the driver declares to the engines it starts)."""
+    return list(_entry(config).samplers)
+
+
 def evaluations(name: str) -> list[Any]:
     """The registered method `name`'s evaluation functions after training (imported now)."""
     return [load_object(path) for path in METHODS[name].evaluations] if name in METHODS else []
