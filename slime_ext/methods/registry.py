@@ -30,6 +30,12 @@ class MethodEntry:
     evaluations: tuple[str, ...] = ()
     # per-response metrics of the evaluation: "module:function", function(tokenizer, output_ids) -> {name: value}
     response_metrics: Optional[str] = None
+    # request extensions the engine server offers on its OpenAI routes: body field -> "module:Class", built as
+    # Class(tokenizer) (SxS's `speak_only` stream); the server knows them only from here
+    serving: dict[str, str] = field(default_factory=dict)
+    # extra evaluations of `tools/eval_checkpoint.py`: flag name -> "module:function", each a `--NAME ARG` option
+    # called as function(checkpoint, ARG, tokenizer, rows, config, out_path, load_engine) (Tandem's axes)
+    checkpoint_evaluations: dict[str, str] = field(default_factory=dict)
 
 
 _TANDEM = {"tandem": "slime_ext.methods.tandem.config:TandemConfig"}
@@ -39,6 +45,8 @@ _SXS = {"sxs": "slime_ext.methods.sxs.config:SxSConfig"}
 # handoff robustness, drift and legibility against the junior, when `tandem.eval_axes` is on (the Tandem study
 # turns it on for its GRPO arm too, so every GRPO-family method offers it)
 _AXES = ("slime_ext.methods.tandem.eval_axes:final_evaluation",)
+_JUNIOR = {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
+_SPEAK = {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
 
 METHODS: dict[str, MethodEntry] = {
     # plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)
@@ -46,13 +54,15 @@ METHODS: dict[str, MethodEntry] = {
                         response_metrics="slime_ext.methods.sxs.metrics:cot_response_metrics"),
     "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO", {"dapo": "slime_ext.methods.dapo.config:DapoConfig"},
                         evaluations=_AXES),
-    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM, ("sglang_patches.tandem",), _AXES),
-    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM, evaluations=_AXES),
+    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM, ("sglang_patches.tandem",), _AXES,
+                          checkpoint_evaluations=_JUNIOR),
+    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM, evaluations=_AXES,
+                                checkpoint_evaluations=_JUNIOR),
     "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET, ("sglang_patches.duet",), _AXES),
     "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM,
                                ("sglang_patches.duet", "sglang_patches.tandem"), _AXES),
-    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES),
-    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES),
+    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
+    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
     "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO, ("sglang_patches.dagrpo",), _AXES),
     "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO, ("sglang_patches.dagrpo",),
                                _AXES),
@@ -82,6 +92,26 @@ def all_sections() -> dict[str, type]:
 def sampler_modules() -> list[str]:
     """Every registered method's sampler modules (the only modules engines and servers import for samplers)."""
     return sorted({module for entry in METHODS.values() for module in entry.samplers})
+
+
+def _named_extensions(field_name: str) -> dict[str, str]:
+    """Every registered entry's `field_name` extensions, name -> path (one path per name)."""
+    out: dict[str, str] = {}
+    for method, entry in METHODS.items():
+        for name, path in getattr(entry, field_name).items():
+            if out.setdefault(name, path) != path:
+                raise ValueError(f"{field_name} {name!r}: method {method!r} registers {path}, another {out[name]}")
+    return out
+
+
+def serving_extensions() -> dict[str, str]:
+    """Request extensions of the engine server's OpenAI routes, body field -> "module:Class"."""
+    return _named_extensions("serving")
+
+
+def checkpoint_evaluations() -> dict[str, str]:
+    """Extra evaluations of `eval_checkpoint`, flag name -> "module:function"."""
+    return _named_extensions("checkpoint_evaluations")
 
 
 def run_sampler_modules(config: Any) -> list[str]:

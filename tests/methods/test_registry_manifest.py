@@ -92,3 +92,24 @@ def test_evaluation_and_metrics_come_from_the_entry(monkeypatch):
     assert method.eval_options() == {}
     assert registry.response_metrics("grpo").__name__ == "cot_response_metrics"
     assert [f.__name__ for f in registry.evaluations("tandem")] == ["final_evaluation"]
+
+
+def test_tools_learn_method_extensions_from_the_registry(monkeypatch):
+    """eval_checkpoint's --tandem-junior and the server's speak_only come from the Tandem and SxS entries."""
+    from slime_ext.serving.state import BadRequest, ServerState
+    from slime_ext.tools.eval_checkpoint import build_parser
+    from tests.tools.serve_stub import StubEngine
+
+    assert registry.checkpoint_evaluations() == {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
+    assert registry.serving_extensions() == {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
+    assert build_parser().parse_args(["ckpt", "--tandem-junior", "J"]).extra_tandem_junior == "J"
+    monkeypatch.setitem(registry.METHODS, "plugin", MethodEntry("slime_ext.methods.grpo.method:GRPO",
+                                                                checkpoint_evaluations={"my-eval": f"{__name__}:f"}))
+    assert build_parser().parse_args(["ckpt", "--my-eval", "x"]).extra_my_eval == "x"
+    engine = StubEngine()
+    state = ServerState(engine, engine.tokenizer, "stub", max_tokens=8)
+    try:
+        with pytest.raises(BadRequest, match="no_such_field: no registered method offers this extension"):
+            state.extension("no_such_field")
+    finally:
+        state.batcher.close()

@@ -288,3 +288,16 @@ def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Pat
     (run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
     (run_dir / "plots").mkdir(exist_ok=True)
     survival_plot({method.name: axes["drift"]}, run_dir / "plots" / "drift_survival.png")
+
+
+def checkpoint_evaluation(checkpoint: Path, junior_dir: str, tokenizer: Any, rows: Sequence[dict], cfg: Any,
+                          out: Path, load_engine: Callable[[str], Any]) -> None:
+    """`eval_checkpoint --tandem-junior HF_DIR`: Tandem's axes (handoff, drift, legibility) of the checkpoint
+    against that junior, into `<out stem>_tandem_axes.json` beside the evaluation, and printed."""
+    log = logging.getLogger(__name__)
+    axes = tandem_axes(str(checkpoint), junior_dir, tokenizer, rows, cfg, n_prompts=cfg.tandem.eval_prompts,
+                       load_engine=load_engine, progress=lambda m: log.info("tandem axes: %s", m))
+    axes_out = out.with_name(out.stem + "_tandem_axes.json")
+    axes_out.write_text(json.dumps(axes, indent=2) + "\n")
+    print("\n".join(f"{k}: {v:.4f}" for k, v in axes_row(axes).items()))
+    print(f"wrote {axes_out}")
