@@ -76,7 +76,7 @@ def _measure(label: str, fn: Any) -> dict:
     return {f"{label}_peak_bytes": meter.peak_bytes, f"{label}_seconds": seconds, f"{label}_start_bytes": meter.start_bytes}
 
 
-def run_megatron(config: Any, tokens: int) -> dict:
+def run_megatron(config: Any, tokens: int, chunk_mb: Optional[float] = None) -> dict:
     import torch
 
     from megatron_glue.model_provider import ParallelSizes
@@ -88,7 +88,8 @@ def run_megatron(config: Any, tokens: int) -> dict:
     init_distributed()
     init_model_parallel(ParallelSizes(), seed=0)
     torch.manual_seed(0)
-    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-5, micro_batch_size=1), ParallelSizes())
+    chunk = {"logprob_chunk_mb": chunk_mb} if chunk_mb else {}  # None: the trainer's default
+    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-5, micro_batch_size=1, **chunk), ParallelSizes())
 
     def sample(n: int, seed: int) -> list:
         half = n // 2
@@ -140,7 +141,10 @@ def child(args: argparse.Namespace) -> int:
     else:
         sys.path.insert(0, str(ROOT))
     config = hf_config(TOY_WIDTHS if args.toy else WIDTHS, args.layers, args.experts)
-    result = (run_hf if args.child == "hf" else run_megatron)(config, args.tokens)
+    if args.child == "hf":
+        result = run_hf(config, args.tokens)
+    else:
+        result = run_megatron(config, args.tokens, args.logprob_chunk_mb if args.child == "ours" else None)
     print(CHILD_RESULT + json.dumps(result), flush=True)
     return 0
 
@@ -166,6 +170,8 @@ def run_case(impl: str, tokens: int, args: argparse.Namespace, log: Any) -> dict
            "--layers", str(args.layers), "--experts", str(args.experts), "--out", "/tmp"]
     if args.toy:
         cmd.append("--toy")
+    if args.logprob_chunk_mb:
+        cmd += ["--logprob-chunk-mb", str(args.logprob_chunk_mb)]
     if impl == "before":
         cmd += ["--src", str(args.src)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -247,6 +253,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--experts", type=int, default=4)
     parser.add_argument("--case-timeout", type=float, default=1800)
+    parser.add_argument("--logprob-chunk-mb", type=float, default=None,
+                        help="our trainer's train.logprob_chunk_mb (default: the trainer's default)")
     parser.add_argument("--child", choices=("ours", "before", "hf"), help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -261,7 +269,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "before_commit": _commit(Path(args.src)) if args.src else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch_threads": os.environ.get("OMP_NUM_THREADS", "2"),
         "model": {**(TOY_WIDTHS if args.toy else WIDTHS), "layers": args.layers, "experts": args.experts, "top_k": 2},
-        "rows": [], "skipped": []}
+        "logprob_chunk_mb": args.logprob_chunk_mb, "rows": [], "skipped": []}
     rows, skipped = result["rows"], result["skipped"]
     log_file = (out / "memory_scaling.log").open("a")
 

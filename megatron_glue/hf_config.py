@@ -6,7 +6,21 @@ from typing import Any, Optional
 
 from transformers import AutoConfig, Qwen3Config, Qwen3MoeConfig
 
-
+# model.* keys and the HF config attributes they stand for: the one map the builder below writes a config
+# from and the driver (`slime_ext.orchestration.driver.checkpoint_model_fields`) reads a checkpoint back with.
+HF_MODEL_KEYS = {
+    "arch": "model_type", "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size", "num_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok",
+    "moe_intermediate_size": "moe_intermediate_size", "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps",
+    "max_position_embeddings": "max_position_embeddings", "tie_word_embeddings": "tie_word_embeddings",
+    "router_aux_loss_coef": "router_aux_loss_coef",
+}
+# Keys the builder does not copy attribute for attribute: `arch` picks the config class (model_type), the
+# vocabulary may come from the tokenizer, and transformers 5 keeps rope_theta in `rope_parameters`.
+DERIVED_KEYS = ("arch", "vocab_size", "rope_theta")
+# Keys only a Qwen3-MoE config has.
+MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef")
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -22,31 +36,13 @@ def hf_config_from_model_config(model: Any, tokenizer_vocab: Optional[int] = Non
     vocab = model.vocab_size or (round_up(tokenizer_vocab, 64) if tokenizer_vocab else None)
     if vocab is None:
         raise ValueError("model.vocab_size is not set and no tokenizer size was given")
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=model.hidden_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_key_value_heads=model.num_key_value_heads,
-        head_dim=model.head_dim,
-        intermediate_size=model.intermediate_size,
-        rms_norm_eps=model.rms_norm_eps,
-        max_position_embeddings=model.max_position_embeddings,
-        tie_word_embeddings=model.tie_word_embeddings,
-        rope_parameters={"rope_theta": model.rope_theta, "rope_type": "default"},
-    )
+    common = {attr: getattr(model, key) for key, attr in HF_MODEL_KEYS.items()
+              if key not in DERIVED_KEYS and key not in MOE_KEYS}
+    common.update(vocab_size=vocab, rope_parameters={"rope_theta": model.rope_theta, "rope_type": "default"})
     if model.arch == "qwen3":
         return Qwen3Config(**common)
-    return Qwen3MoeConfig(
-        **common,
-        num_experts=model.num_experts,
-        num_experts_per_tok=model.num_experts_per_tok,
-        moe_intermediate_size=model.moe_intermediate_size,
-        norm_topk_prob=True,
-        router_aux_loss_coef=model.router_aux_loss_coef,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-    )
+    moe = {HF_MODEL_KEYS[key]: getattr(model, key) for key in MOE_KEYS}
+    return Qwen3MoeConfig(**common, **moe, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
 
 
 def parameter_counts(hf_config: Any) -> dict[str, int]:

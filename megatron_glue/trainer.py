@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Iterator, Literal, Optional, Sequence
 
@@ -42,7 +42,7 @@ PER_TOKEN_INPUTS = ("tokens", "position_ids", "loss_mask", "old_logprobs")
 @dataclass
 class TrainerSettings:
     """What the trainer needs: optimizer and schedule (from the run config, built by
-    `slime_ext.orchestration.trainer_settings`) and the loss (a method's `LossSpec`); flat so tests build it directly."""
+    `slime_ext.orchestration.trainer_settings`) and the loss (a method's `LossSpec`, held whole)."""
 
     lr: float = 3e-5
     min_lr: float = 0.0
@@ -63,13 +63,8 @@ class TrainerSettings:
     seed: int = 0
     routing_replay: bool = False  # R3: replay the engine's routed experts (samples' routed_experts) in MoE layers
     logprob_chunk_mb: float = DEFAULT_CHUNK_MB  # fp32 logits per chunk of the LM head's log-probs (logprobs.py)
-    # GRPO core
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.2
-    kl_coef: float = 0.0
-    kl_estimator: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    loss_agg: str = "token_mean"
+    # the policy loss: the method's specification (clip, KL, entropy, aggregation), held as it is given
+    loss: LossSpec = field(default_factory=LossSpec)
     # Mini-batch PPO: samples per optimizer step (None: the whole rollout batch, one step)
     global_batch_size: Optional[int] = None
     # Old-policy logprobs of the PPO ratio: the engine's, or the trainer's recomputed before the first update
@@ -88,7 +83,7 @@ class TrainerSettings:
 
     def with_loss(self, loss: LossSpec) -> "TrainerSettings":
         """These settings with a method's loss specification."""
-        return replace(self, **asdict(loss))
+        return replace(self, loss=loss)
 
 
 def optimizer_config(settings: "TrainerSettings", dtype: torch.dtype, cuda: bool) -> OptimizerConfig:
@@ -406,7 +401,7 @@ class MegatronTrainer:
         lacking_lp = [x.sample_id for x in samples if x.logprobs is None]
         if lacking_lp:
             raise ValueError(f"GRPO step needs the engine's logprobs on every sample; missing on {lacking_lp[:5]}")
-        if self.settings.kl_coef > 0 and ref_logprobs is None:
+        if self.settings.loss.kl_coef > 0 and ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
 
     @torch.no_grad()
@@ -438,7 +433,7 @@ class MegatronTrainer:
         # matter, so no full token batch is built for it.
         masks = torch.nn.utils.rnn.pad_sequence(
             [torch.tensor(x.loss_mask, dtype=torch.float32) for x in samples], batch_first=True)
-        _, denominator = loss_coefficients(masks, s.loss_agg if kind == "grpo" else "token_mean")
+        _, denominator = loss_coefficients(masks, s.loss.loss_agg if kind == "grpo" else "token_mean")
         denominator = float(denominator)
         mine = self._my_samples(samples)
         extra = {}
@@ -471,7 +466,7 @@ class MegatronTrainer:
         s = self.settings
         lp, ent = self.head.logprobs(hidden, mb["targets"], with_entropy=kind == "grpo")
         seq_mask = mb["loss_mask"].to(lp.device)
-        coef, _ = loss_coefficients(seq_mask, s.loss_agg if kind == "grpo" else "token_mean")
+        coef, _ = loss_coefficients(seq_mask, s.loss.loss_agg if kind == "grpo" else "token_mean")
         extra: dict[str, Any] = {}
         if kind == "sft":
             per_token = -lp
@@ -484,9 +479,9 @@ class MegatronTrainer:
                 lp, old_lp, mb["advantages"].to(lp.device),
                 weights=mb["weights"].to(lp.device),
                 ref_logprobs=mb["ref_logprobs"].to(lp.device) if "ref_logprobs" in mb else None,
-                entropy=ent if s.entropy_coef > 0 else (ent.detach() if ent is not None else None),
-                eps_low=s.eps_clip_low, eps_high=s.eps_clip_high, kl_coef=s.kl_coef,
-                kl_estimator=s.kl_estimator, entropy_coef=s.entropy_coef,
+                entropy=ent if s.loss.entropy_coef > 0 else (ent.detach() if ent is not None else None),
+                eps_low=s.loss.eps_clip_low, eps_high=s.loss.eps_clip_high, kl_coef=s.loss.kl_coef,
+                kl_estimator=s.loss.kl_estimator, entropy_coef=s.loss.entropy_coef,
                 mismatch_weights=correction.weights if correction is not None else None,
             )
             if correction is not None:

@@ -29,6 +29,7 @@ batching or on how often the host called the sampler. Hosts that cannot report p
 from __future__ import annotations
 
 import hashlib
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
@@ -131,20 +132,45 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
-BUILTIN_SAMPLER_MODULES = ("sglang_patches.tandem", "sglang_patches.duet", "sglang_patches.sxs", "sglang_patches.dagrpo")
+# Sampler modules the process that started this one declares (comma-separated): the run's driver puts its method's
+# registry entry's `samplers` here for the engines it starts, so a method registered at run time (a plugin, a
+# test) is known to engine processes whose own registry lacks it.
+SAMPLER_MODULES_ENV = "SLIME_SAMPLER_MODULES"
 
 
-def _import_builtin_samplers() -> None:
-    """Register the methods' samplers in this process (engine actors and SGLang workers build
-    samplers from specs without having imported the method code)."""
-    import importlib
+def registered_sampler_modules() -> list[str]:
+    """The sampler modules of every registered method (their registry entries' `samplers`) and those the
+    starting process declared (`SLIME_SAMPLER_MODULES`): the only modules an engine or server imports to build
+    samplers from specs."""
+    import os
 
-    for module in BUILTIN_SAMPLER_MODULES:
+    from slime_ext.methods.registry import sampler_modules  # the registry names code; it imports none
+
+    declared = [m.strip() for m in os.environ.get(SAMPLER_MODULES_ENV, "").split(",") if m.strip()]
+    return sorted(set(sampler_modules()) | set(declared))
+
+
+def import_sampler_modules(names: Sequence[str]) -> None:
+    """Import sampler modules a request names (so their kinds register in this process); a module that no
+    registered method declares is refused: a request must not make a server import arbitrary code."""
+    allowed = set(registered_sampler_modules())
+    for name in names:
+        if name not in allowed:
+            raise ValueError(f"sampler module {name!r} is not declared by any registered method "
+                             f"(registered: {sorted(allowed)})")
+        importlib.import_module(name)
+
+
+def _import_registered_samplers() -> None:
+    """Register every method's samplers in this process (engine actors and SGLang workers build samplers from
+    specs without having imported the method code)."""
+    for module in registered_sampler_modules():
         importlib.import_module(module)
 
 
 def build_sampler(spec: dict[str, Any], seed: int) -> Sampler:
-    _import_builtin_samplers()
+    if spec.get("kind") not in SAMPLER_REGISTRY:
+        _import_registered_samplers()
     params = dict(spec)
     kind = params.pop("kind", None)
     if kind not in SAMPLER_REGISTRY:

@@ -46,7 +46,6 @@ Host requirements and limits:
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import threading
@@ -67,7 +66,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without sglang
         "on CPU machines run scripts/install_sglang_cpu.sh."
     ) from exc
 
-from sglang_patches.request_sampler import SAMPLER_REGISTRY, RequestView, SamplerChain
+from sglang_patches.request_sampler import SAMPLER_REGISTRY, RequestView, SamplerChain, import_sampler_modules
 from sglang_patches.tandem_model import split_logits
 
 # custom_params keys
@@ -226,10 +225,14 @@ def _sweep_locked() -> None:
 
 
 def _ensure_registered(specs: Sequence[dict[str, Any]], modules: Any) -> None:
+    """Import the sampler modules the request names when a kind is not registered yet (only modules a
+    registered method declares: `import_sampler_modules`)."""
     missing = [s.get("kind") for s in specs if s.get("kind") not in SAMPLER_REGISTRY]
     if missing and modules:
-        for name in modules if isinstance(modules, list) else [modules]:
-            importlib.import_module(str(name))
+        try:
+            import_sampler_modules([str(m) for m in (modules if isinstance(modules, list) else [modules])])
+        except (ValueError, ImportError) as exc:
+            raise SamplerHostError(f"custom param {MODULES_KEY!r}: {exc}") from None
 
 
 def _state_for(params: dict[str, Any], req: Any) -> _RequestState:

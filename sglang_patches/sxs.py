@@ -14,8 +14,11 @@ from typing import Any, Optional
 import torch
 
 from sglang_patches.request_sampler import RequestView, Sampler, StepAction, register_sampler
+from slime_ext.data.sample import Channel
 
-THINK, SPEAK = 0, 1
+# The channel values this sampler annotates, as plain ints (annotations cross process boundaries);
+# `slime_ext.data.sample.Channel` defines them.
+THINK, SPEAK = int(Channel.THINK), int(Channel.SPEAK)
 
 
 @register_sampler

@@ -2,10 +2,10 @@
 
 A trained senior (the host's main model) and a frozen junior (the partner model) run in lockstep on
 the same context; each step the token is sampled from `author_next`'s distribution and annotated with
-its author (1 = senior, 0 = junior). After the emitted token, `since += 1`; if the token is in the
-boundary set (word-initial tokens) or `since >= kappa`, `author_next ~ Bernoulli(p)` is redrawn and
-`since` reset. So a word-initial token is emitted by the current author and the coin governs the
-token after it: the reference code's semantics.
+its author (SENIOR = `Author.POLICY` = 1, JUNIOR = `Author.PARTNER` = 0). After the emitted token,
+`since += 1`; if the token is in the boundary set (word-initial tokens) or `since >= kappa`,
+`author_next ~ Bernoulli(p)` is redrawn and `since` reset. So a word-initial token is emitted by the
+current author and the coin governs the token after it: the reference code's semantics.
 
 Pitfalls of the reference code this avoids: the state lives in the per-request object (a request that
 is not scheduled in a step keeps it), it advances only in `on_token` (emitted response tokens, never
@@ -21,9 +21,11 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from sglang_patches.request_sampler import CoinStream, RequestView, Sampler, StepAction, register_sampler
+from slime_ext.data.sample import Author
 
-SENIOR = 1
-JUNIOR = 0
+# The author values this sampler annotates, as plain ints (sampler state and annotations cross process
+# boundaries); `slime_ext.data.sample.Author` defines them.
+SENIOR, JUNIOR = int(Author.POLICY), int(Author.PARTNER)
 WORD_MARKERS = ("\u0120", "\u2581")  # byte-level BPE ("Ġ", GPT-2 / Qwen) and SentencePiece ("▁")
 
 

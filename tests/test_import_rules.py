@@ -18,7 +18,8 @@ BASE = DATA_AND_MATH + ("sglang_patches", "slime_ext.config", "slime_ext.rewards
 # except `sglang` for the samplers (below).
 ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext": (),  # the package roots hold no code
-    "sglang_patches": ("sglang_patches",) + DATA_AND_MATH,
+    # the samplers' allow-list of modules comes from the method registry (which imports no method code)
+    "sglang_patches": ("sglang_patches", "slime_ext.methods.registry") + DATA_AND_MATH,
     "megatron_glue": ("megatron_glue",) + DATA_AND_MATH,
     "slime_ext.data": DATA_AND_MATH + ("sglang_patches",),
     "slime_ext.algo": DATA_AND_MATH,
@@ -34,7 +35,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext.methods": BASE + ("slime_ext.methods", "slime_ext.evaluation", "megatron_glue"),
     "slime_ext.evaluation": BASE + ("slime_ext.evaluation",),
     # the server: HTTP over any engine object it is given, so it needs no engine module
-    "slime_ext.serving": BASE + ("slime_ext.serving",),
+    "slime_ext.serving": BASE + ("slime_ext.serving", "slime_ext.methods.registry"),
     # the top: orchestration and the user tools may use everything
     "slime_ext.orchestration": PACKAGES,
     "slime_ext.tools": PACKAGES,
@@ -42,6 +43,26 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 # Engine-side adapters that install our samplers into SGLang may import sglang; the samplers themselves
 # are plain torch so the embedded engine and SGLang run the same objects.
 SGLANG_ADAPTERS = ("sglang_patches.sglang_adapter", "sglang_patches.tandem_model")
+
+
+# Method code: each method's package and its registered sampler modules. Generic layers learn about a method only
+# from the registry, so none of them may import these (issue 29).
+GENERIC = ("slime_ext.orchestration", "slime_ext.engine", "slime_ext.serving", "slime_ext.tools", "slime_ext.config",
+           "slime_ext.data", "slime_ext.tasks", "slime_ext.evaluation", "slime_ext.clients", "megatron_glue")
+# Leaks still open: none. Listed here (module, method module) so that a new one is a visible decision.
+KNOWN_LEAKS: set[tuple[str, str]] = set()
+
+
+def method_modules() -> set[str]:
+    """`slime_ext.methods.<package>` of every registered method and every registered sampler module."""
+    from slime_ext.methods.registry import METHODS
+
+    out = set()
+    for entry in METHODS.values():
+        out.add(".".join(entry.method.partition(":")[0].split(".")[:3]))
+        out.update(entry.samplers)
+        out.update(".".join(p.partition(":")[0].split(".")[:3]) for p in entry.sections.values())
+    return out
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -82,6 +103,7 @@ def violations(sources: dict[str, tuple[str, str]]) -> list[str]:
     """`sources`: module name -> (file path shown in messages, source text)."""
     problems = []
     modules = set(sources)
+    methods = method_modules()
     for module, (shown, text) in sorted(sources.items()):
         allowed = _rule(module)
         is_package = shown.endswith("__init__.py")
@@ -89,6 +111,12 @@ def violations(sources: dict[str, tuple[str, str]]) -> list[str]:
             if name.split(".")[0] == "sglang" and module.startswith("sglang_patches") and module not in SGLANG_ADAPTERS:
                 problems.append(f"{shown}:{line}: {module} imports {name} (samplers stay plain torch: no sglang)")
             if not _ours(name) or name == module or name.startswith(module + "."):
+                continue
+            generic = any(module == g or module.startswith(g + ".") for g in GENERIC)
+            owner = next((m for m in methods if name == m or name.startswith(m + ".")), None)
+            if generic and owner is not None and (module, name) not in KNOWN_LEAKS:
+                problems.append(f"{shown}:{line}: {module} imports {name}, method code ({owner}): generic layers "
+                                f"learn about methods from slime_ext.methods.registry only")
                 continue
             if not any(name == a or name.startswith(a + ".") for a in allowed):
                 problems.append(f"{shown}:{line}: {module} imports {name} (allowed: {', '.join(allowed) or 'nothing of ours'})")
@@ -117,6 +145,11 @@ def test_the_code_follows_the_import_rules():
      "slime_ext/methods/planted/method.py:1: slime_ext.methods.planted.method imports slime_ext.engine.embedded"),
     ("megatron_glue.planted", "from slime_ext.config.schema import ModelConfig\n",
      "megatron_glue/planted.py:1: megatron_glue.planted imports slime_ext.config.schema"),
+    ("slime_ext.engine.planted", "def f():\n    from sglang_patches.duet import DuetGateSampler\n",
+     "slime_ext/engine/planted.py:2: slime_ext.engine.planted imports sglang_patches.duet, method code"),
+    ("slime_ext.orchestration.planted", "from slime_ext.methods.dapo.method import DAPO\n",
+     "slime_ext/orchestration/planted.py:1: slime_ext.orchestration.planted imports slime_ext.methods.dapo.method, "
+     "method code"),
 ])
 def test_a_planted_violation_fails_with_file_and_line(module, text, expected):
     shown = module.replace(".", "/") + ".py"

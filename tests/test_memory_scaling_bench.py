@@ -1,6 +1,7 @@
 """`benchmarks/memory_scaling.py --quick` at toy widths: both trainers run in their own processes, the quick file has
 the issue's shape, and at 4k tokens our trainer's peak is below plain HF's (HF holds [tokens, vocab] fp32 logits,
-their log-softmax and its gradient; ours one chunk)."""
+their log-softmax and its gradient; ours one chunk: 32 MiB here, 512 tokens at the toy's vocabulary of 16,384; the
+trainer's 512 MiB default would hold all 4k tokens' logits in one chunk at this vocabulary)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def test_quick_toy_run_writes_rows_and_ours_is_below_hf_at_4k(tmp_path):
         taken.listen()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(taken.getsockname()[1])}
-        proc = subprocess.run([sys.executable, str(REPO / "benchmarks/memory_scaling.py"), "--quick", "--toy", "--out",
-                               str(tmp_path)], capture_output=True, text=True, timeout=380, cwd=str(REPO), env=env)
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks/memory_scaling.py"), "--quick", "--toy",
+                               "--logprob-chunk-mb", "32", "--out", str(tmp_path)], capture_output=True, text=True, timeout=380, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "memory_quick.json").read_text())["rows"]
     assert [r["tokens"] for r in rows] == [1024, 4096]

@@ -296,6 +296,8 @@ class SFTConfig(Section):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(64, ge=1)
     warmup_steps: int = Field(20, ge=0)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "cosine"  # after the warm-up, down to min_lr
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # min_lr = lr x this
     # Seed of the warm start (init and data order); None = run.seed. Studies vary run.seed (RL sampling)
     # over one shared warm start by fixing this.
     seed: Optional[int] = Field(None, ge=0)

@@ -20,7 +20,10 @@ class SampleStatus(str, Enum):
 
 
 class Author(IntEnum):
-    """Who produced a response token. Tandem: POLICY is the senior, PARTNER the frozen junior."""
+    """Who produced a response token. Tandem: POLICY is the senior, PARTNER the frozen junior.
+
+    The one definition of these values: the tandem sampler (`sglang_patches.tandem`, SENIOR / JUNIOR)
+    annotates them as plain ints."""
 
     PARTNER = 0
     POLICY = 1
@@ -34,10 +37,15 @@ def author_weights(junior_weight: float) -> dict[int, float]:
 
 
 class Channel(IntEnum):
-    """SxS stream channel of a token."""
+    """SxS stream channel of a token. The one definition of these values: the SxS channel sampler
+    (`sglang_patches.sxs`, THINK / SPEAK) annotates them as plain ints."""
 
     THINK = 0
     SPEAK = 1
+
+
+_AUTHOR_VALUES = frozenset(int(a) for a in Author)
+_CHANNEL_VALUES = frozenset(int(c) for c in Channel)
 
 
 PER_TOKEN_FIELDS = ("loss_mask", "author", "channel", "logprobs", "token_versions")
@@ -115,9 +123,9 @@ class Sample:
                 )
         if any(not (0.0 <= m <= 1.0) for m in self.loss_mask):
             raise SampleValidationError(f"sample {sid!r}: loss_mask values must lie in [0, 1]")
-        if self.author is not None and any(a not in (0, 1, 2) for a in self.author):
+        if self.author is not None and any(a not in _AUTHOR_VALUES for a in self.author):
             raise SampleValidationError(f"sample {sid!r}: author values must be 0, 1 or 2 ({list(Author)})")
-        if self.channel is not None and any(c not in (0, 1) for c in self.channel):
+        if self.channel is not None and any(c not in _CHANNEL_VALUES for c in self.channel):
             raise SampleValidationError(f"sample {sid!r}: channel values must be 0 (think) or 1 (speak)")
         if self.token_versions is not None and any(not isinstance(v, int) or v < 0 for v in self.token_versions):
             raise SampleValidationError(f"sample {sid!r}: token_versions must be weight versions (ints >= 0)")

@@ -1,5 +1,3 @@
-"""Rollout engines behind one interface: the embedded PyTorch engine and the SGLang client."""
-
-from slime_ext.engine.base import RolloutEngine
-
-__all__ = ["RolloutEngine"]
+"""Rollout engines: the embedded PyTorch engine, the SGLang client and launcher, engine servers and their
+pool, weight sync. They share no base class: the loop calls `generate`, `abort`, `flush_cache` and the
+weight updates by name on whatever it holds, an engine object or a Ray actor handle."""

@@ -99,8 +99,15 @@ class Method:
 
     def eval_options(self) -> dict[str, Any]:
         """Extra keyword arguments of `slime_ext.evaluation.evaluate` (sampler specs, a projection of the
-        response before scoring, per-response metrics)."""
-        return {}
+        response before scoring, per-response metrics). By default: the per-response metrics the method's
+        registry entry names (`response_metrics`)."""
+        from slime_ext.methods import registry
+
+        metrics = registry.response_metrics(self.name)
+        if metrics is None:
+            return {}
+        tokenizer = self.tokenizer
+        return {"response_metrics": lambda result: metrics(tokenizer, result.output_ids)}
 
     def evaluate_after_step(self, row: dict[str, float], engine: Any, run_dir: Path) -> None:
         """Evaluation the method runs between steps (DA-GRPO: after each continual phase)."""
@@ -108,4 +115,9 @@ class Method:
     def final_evaluations(self, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
                           load_engine: Callable[[str], Any]) -> None:
         """Evaluation the method adds after training (written into the run directory); `load_engine(dir)`
-        gives an in-process engine over an HF checkpoint."""
+        gives an in-process engine over an HF checkpoint. By default: the evaluations the method's registry
+        entry names, in order."""
+        from slime_ext.methods import registry
+
+        for evaluation in registry.evaluations(self.name):
+            evaluation(self, final_dir, start_dir, run_dir, eval_rows, load_engine)

@@ -1,8 +1,11 @@
-"""The method registry: one line per method, name -> (method class, the config sections it reads).
+"""The method registry: one line per method, its manifest: the method class, the config sections it reads,
+the modules that register its engine-side samplers, and the extra evaluations and metrics it reports.
 
 Entries are import paths, so reading the registry (the config loader does, to compose the full config
-schema) imports no method code. A method package holds `method.py` (its hooks) and, if it has settings of
-its own, `config.py` (its section). Composition stays composition: DUET on Tandem reads both sections.
+schema; servers do, to know which sampler modules they may import) imports no method code. A method package
+holds `method.py` (its hooks) and, if it has settings of its own, `config.py` (its section); an engine-side
+sampler is a module of `sglang_patches` named in `samplers`. The server, the engines and evaluation learn about
+a method only from here. Composition stays composition: DUET on Tandem reads both sections and both samplers.
 """
 
 from __future__ import annotations
@@ -19,24 +22,50 @@ if TYPE_CHECKING:
 class MethodEntry:
     method: str  # "package.module:Class"
     sections: dict[str, str] = field(default_factory=dict)  # config key -> "package.module:SectionModel"
+    # modules whose import registers the method's engine-side samplers (`@register_sampler`): engines and
+    # servers import them by these names, and a server imports no module a request names unless it is here
+    samplers: tuple[str, ...] = ()
+    # evaluations after training: "module:function", called as function(method, final_dir, start_dir, run_dir,
+    # eval_rows, load_engine); each decides from the run's config whether it applies
+    evaluations: tuple[str, ...] = ()
+    # per-response metrics of the evaluation: "module:function", function(tokenizer, output_ids) -> {name: value}
+    response_metrics: Optional[str] = None
+    # request extensions the engine server offers on its OpenAI routes: body field -> "module:Class", built as
+    # Class(tokenizer) (SxS's `speak_only` stream); the server knows them only from here
+    serving: dict[str, str] = field(default_factory=dict)
+    # extra evaluations of `tools/eval_checkpoint.py`: flag name -> "module:function", each a `--NAME ARG` option
+    # called as function(checkpoint, ARG, tokenizer, rows, config, out_path, load_engine) (Tandem's axes)
+    checkpoint_evaluations: dict[str, str] = field(default_factory=dict)
 
 
 _TANDEM = {"tandem": "slime_ext.methods.tandem.config:TandemConfig"}
 _DUET = {"duet": "slime_ext.methods.duet.config:DuetConfig"}
 _DAGRPO = {"dagrpo": "slime_ext.methods.dagrpo.config:DAGRPOConfig"}
 _SXS = {"sxs": "slime_ext.methods.sxs.config:SxSConfig"}
+# handoff robustness, drift and legibility against the junior, when `tandem.eval_axes` is on (the Tandem study
+# turns it on for its GRPO arm too, so every GRPO-family method offers it)
+_AXES = ("slime_ext.methods.tandem.eval_axes:final_evaluation",)
+_JUNIOR = {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
+_SPEAK = {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
 
 METHODS: dict[str, MethodEntry] = {
-    "grpo": MethodEntry("slime_ext.methods.grpo.method:GRPO"),
-    "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO", {"dapo": "slime_ext.methods.dapo.config:DapoConfig"}),
-    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM),
-    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM),
-    "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET),
-    "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM),
-    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS),
-    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS),
-    "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO),
-    "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO),
+    # plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)
+    "grpo": MethodEntry("slime_ext.methods.grpo.method:GRPO", evaluations=_AXES,
+                        response_metrics="slime_ext.methods.sxs.metrics:cot_response_metrics"),
+    "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO", {"dapo": "slime_ext.methods.dapo.config:DapoConfig"},
+                        evaluations=_AXES),
+    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM, ("sglang_patches.tandem",), _AXES,
+                          checkpoint_evaluations=_JUNIOR),
+    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM, evaluations=_AXES,
+                                checkpoint_evaluations=_JUNIOR),
+    "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET, ("sglang_patches.duet",), _AXES),
+    "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM,
+                               ("sglang_patches.duet", "sglang_patches.tandem"), _AXES),
+    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
+    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
+    "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO, ("sglang_patches.dagrpo",), _AXES),
+    "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO, ("sglang_patches.dagrpo",),
+                               _AXES),
 }
 
 
@@ -58,6 +87,47 @@ def all_sections() -> dict[str, type]:
             if paths.setdefault(key, path) != path:
                 raise ValueError(f"config section {key!r}: method {name!r} registers {path}, another {paths[key]}")
     return {key: load_object(path) for key, path in paths.items()}
+
+
+def sampler_modules() -> list[str]:
+    """Every registered method's sampler modules (the only modules engines and servers import for samplers)."""
+    return sorted({module for entry in METHODS.values() for module in entry.samplers})
+
+
+def _named_extensions(field_name: str) -> dict[str, str]:
+    """Every registered entry's `field_name` extensions, name -> path (one path per name)."""
+    out: dict[str, str] = {}
+    for method, entry in METHODS.items():
+        for name, path in getattr(entry, field_name).items():
+            if out.setdefault(name, path) != path:
+                raise ValueError(f"{field_name} {name!r}: method {method!r} registers {path}, another {out[name]}")
+    return out
+
+
+def serving_extensions() -> dict[str, str]:
+    """Request extensions of the engine server's OpenAI routes, body field -> "module:Class"."""
+    return _named_extensions("serving")
+
+
+def checkpoint_evaluations() -> dict[str, str]:
+    """Extra evaluations of `eval_checkpoint`, flag name -> "module:function"."""
+    return _named_extensions("checkpoint_evaluations")
+
+
+def run_sampler_modules(config: Any) -> list[str]:
+    """The configured method's sampler modules (what the driver declares to the engines it starts)."""
+    return list(_entry(config).samplers)
+
+
+def evaluations(name: str) -> list[Any]:
+    """The registered method `name`'s evaluation functions after training (imported now)."""
+    return [load_object(path) for path in METHODS[name].evaluations] if name in METHODS else []
+
+
+def response_metrics(name: str) -> Optional[Any]:
+    """The registered method `name`'s per-response metric function, or None."""
+    entry = METHODS.get(name)
+    return load_object(entry.response_metrics) if entry is not None and entry.response_metrics else None
 
 
 def method_name(config: Any) -> str:

@@ -31,17 +31,6 @@ from slime_ext.tasks.prepare import PreparedData, prepare_data
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
 log = logging.getLogger("slime_ext")
 
-# model.* keys and the HF config attributes they mirror (`rope_theta` and `num_experts`: see checkpoint_model_fields).
-HF_MODEL_KEYS = {
-    "arch": "model_type", "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads", "head_dim": "head_dim",
-    "intermediate_size": "intermediate_size", "num_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok",
-    "moe_intermediate_size": "moe_intermediate_size", "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps",
-    "max_position_embeddings": "max_position_embeddings", "tie_word_embeddings": "tie_word_embeddings",
-    "router_aux_loss_coef": "router_aux_loss_coef",
-}
-
-
 class CheckpointMismatch(ValueError):
     """The checkpoint at `model.hf_path` cannot serve this run as configured (the message names the key)."""
 
@@ -49,6 +38,8 @@ class CheckpointMismatch(ValueError):
 def checkpoint_model_fields(hf_dir: str | Path) -> dict[str, Any]:
     """The `model.*` values an HF checkpoint's config.json stands for (keys it does not define are left out)."""
     from transformers import AutoConfig
+
+    from megatron_glue.hf_config import HF_MODEL_KEYS  # in the function: importing the driver stays light
 
     hf = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
     out: dict[str, Any] = {}

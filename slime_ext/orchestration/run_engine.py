@@ -22,6 +22,7 @@ from slime_ext.config.schema import Config
 from slime_ext.engine.engine_server import engine_dtype
 from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
 from slime_ext.engine.weight_sync import EmbeddedTarget, merge_stats, sync_metrics
+from slime_ext.methods import registry
 from slime_ext.orchestration.placement import ActorGroup, ray_options
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,22 @@ class RunEngine:
     shutdown: Callable[[], None]
 
 
+def sampler_env(cfg: Config) -> dict[str, str]:
+    """The run's method's sampler modules, declared to the engine processes (and the servers they start)."""
+    from sglang_patches.request_sampler import SAMPLER_MODULES_ENV
+
+    modules = registry.run_sampler_modules(cfg)
+    return {SAMPLER_MODULES_ENV: ",".join(modules)} if modules else {}
+
+
 def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: Optional[Path], run_dir: Path,
                  tokenizer: Any) -> RunEngine:
     if cfg.rollout.engine == "sglang":
         return _start_servers(cfg, group, model_dir, partner_dir, run_dir, tokenizer)
     handle = ray.remote(EmbeddedEngineActor).options(
         **ray_options(group), max_concurrency=2,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE"}}
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.rollout.threads), "OMP_WAIT_POLICY": "PASSIVE",
+                                  **sampler_env(cfg)}}
     ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None,
              engine_dtype(cfg.rollout.precision) or "float32", cfg.rollout.engine_kernel)
     engine = VersionedRemoteEngine(handle, engine_dtype(cfg.rollout.precision) or "float32", cfg.sglang.weight_sync_delta)
@@ -82,7 +92,7 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
     s = cfg.sglang
     log_dir = run_dir / "engine_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **sampler_env(cfg)}}
     actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
         i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
         log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel)

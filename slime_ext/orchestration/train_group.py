@@ -70,12 +70,12 @@ class TrainWorker:
 
         init_distributed(self.rank, self.world, self.master_addr, self.master_port, store=self.store)
 
-    def setup(self, hf_config: Any, settings: dict, sizes: dict, pad_id: int, hf_dir: Optional[str]) -> None:
+    def setup(self, hf_config: Any, settings: TrainerSettings, sizes: dict, pad_id: int, hf_dir: Optional[str]) -> None:
         from megatron_glue.parallel import init_model_parallel
 
         parallel = ParallelSizes(**sizes)
-        init_model_parallel(parallel, seed=settings["seed"])
-        self.trainer = MegatronTrainer(hf_config, TrainerSettings(**settings), parallel, pad_id=pad_id)
+        init_model_parallel(parallel, seed=settings.seed)
+        self.trainer = MegatronTrainer(hf_config, settings, parallel, pad_id=pad_id)
         if hf_dir is not None:
             self.load_hf(hf_dir)
 
@@ -183,7 +183,7 @@ class TrainGroup:
 
     def setup(self, hf_config: Any, settings: TrainerSettings, sizes: ParallelSizes, pad_id: int,
               hf_dir: Optional[str | Path]) -> None:
-        self.call("setup", hf_config, asdict(settings), asdict(sizes), pad_id, str(hf_dir) if hf_dir else None)
+        self.call("setup", hf_config, settings, asdict(sizes), pad_id, str(hf_dir) if hf_dir else None)
 
     def push_weights(self, target: Any, version: Optional[str] = None, expect_version: Optional[str] = None) -> list[dict]:
         """The ranks push their buckets to `target` (never through this process); returns each sender's

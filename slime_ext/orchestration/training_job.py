@@ -269,8 +269,8 @@ class TrainingJob:
         settings = trainer_settings(self.cfg, self.method.loss_spec(), total_steps=s.steps, lr=s.lr)
         settings.lr_warmup_steps = s.warmup_steps
         settings.seed = self.sft_seed
-        settings.lr_decay_style = "cosine"
-        settings.min_lr = s.lr * 0.1
+        settings.lr_decay_style = s.lr_decay_style
+        settings.min_lr = s.lr * s.min_lr_ratio
         try:
             with stop_on_actor_failure("the SFT warm start", self.run_dir, out / "trainer_ckpt"):
                 self._sft_steps(group, settings, base, out)
@@ -372,7 +372,7 @@ class TrainingJob:
 
     def _setup_trainer(self, group: TrainGroup, warm_dir: Path) -> None:
         settings = trainer_settings(self.cfg, self.method.loss_spec())
-        self.kl_active = settings.kl_coef > 0
+        self.kl_active = settings.loss.kl_coef > 0
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, warm_dir)
         if self.kl_active:
             # The KL reference is the starting checkpoint unless the method names another (Tandem's KL-Reg: the junior).

@@ -5,7 +5,6 @@ OpenAI routes. `meta_info.weight_version` is the version of the weights that gen
 
 from __future__ import annotations
 
-import importlib
 import json
 from typing import Any
 
@@ -42,23 +41,17 @@ def _decode_specs(value: Any) -> list[dict[str, Any]]:
     return specs
 
 
-SAMPLER_MODULE_PREFIX = "sglang_patches."  # the only modules a request may ask this server to import
-
-
 def _register_samplers(specs: list[dict[str, Any]], modules: Any) -> None:
     """Import the modules defining the specs' kinds (custom_params.sampler_modules, as SGLangEngineClient
-    sends it; the SGLang adapter does the same), restricted to this project's sampler package."""
-    from sglang_patches.request_sampler import SAMPLER_REGISTRY
+    sends it; the SGLang adapter does the same): only modules a registered method declares."""
+    from sglang_patches.request_sampler import SAMPLER_REGISTRY, import_sampler_modules
 
     if all(s.get("kind") in SAMPLER_REGISTRY for s in specs) or not modules:
         return
-    for name in modules if isinstance(modules, list) else [modules]:
-        if isinstance(name, str) and name.startswith(SAMPLER_MODULE_PREFIX):
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                raise bad_request(f"custom_params.sampler_modules: no module {name!r}",
-                                  param="sampling_params.custom_params") from None
+    try:
+        import_sampler_modules([str(m) for m in (modules if isinstance(modules, list) else [modules])])
+    except (ValueError, ImportError) as exc:
+        raise bad_request(f"custom_params.sampler_modules: {exc}", param="sampling_params.custom_params") from None
 
 
 def _finish_reason(res: GenerateResult) -> dict[str, Any]:

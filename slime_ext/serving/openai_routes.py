@@ -119,7 +119,7 @@ async def _openai(request: Request, chat: bool) -> Response:
         with state.lock:
             state.openai_requests += 1
         speak_only = bool(req.speak_only)
-        specs = [state.sxs_spec(req.enforce_tags is not False)] if speak_only else None
+        specs = [state.extension("speak_only").sampler_spec(req.enforce_tags is not False)] if speak_only else None
         reqs = [] if max_new == 0 else [
             state.request(ids, _sampling(req, max_new), state.seed(req.seed, i), specs) for i in range(req.n or 1)]
         out = _Reply(state, req, chat, len(ids))
@@ -160,7 +160,7 @@ class _Reply:
             if res is None:  # max_tokens: 0
                 text, finish, logprobs = "", "length", self._logprobs([], [])
             else:
-                text = self.state.visible_text(res) if speak_only else self.state.completion_text(res)
+                text = self.state.extension("speak_only").visible_text(res) if speak_only else self.state.completion_text(res)
                 finish = FINISH_OPENAI.get(res.finish_reason, "stop")
                 logprobs = self._logprobs(res.output_ids, res.logprobs or [])
                 completion_tokens += len(res.output_ids)
@@ -208,7 +208,7 @@ class _Reply:
             return
         tok = self.state.tokenizer
         emitted, ids = "", []
-        channel = self.state.channel_tracker() if speak_only else None
+        channel = self.state.extension("speak_only").tracker() if speak_only else None
         async for t in stream:
             if t == tok.eos_token_id or (channel is not None and not channel(t)):
                 continue  # eos, or a private (think) token or tag: not streamed

@@ -66,6 +66,7 @@ class ServerState:
         self.context_length = self.config.context_length or engine_context_length(engine)
         self.max_prompt_tokens = self.config.max_prompt_tokens or self.context_length
         self.vocab_size = engine_vocab_size(engine, tokenizer)
+        self._extensions: dict[str, Any] = {}  # request extensions built so far (see `extension`)
         # a text longer than max_prompt_chars cannot fit max_prompt_tokens: refused without tokenising it
         self.chars_per_token = max_chars_per_token(tokenizer)
         self.max_prompt_chars = prompt_char_limit(self.max_prompt_tokens, self.chars_per_token)
@@ -198,37 +199,21 @@ class ServerState:
         if chain.needs_decode and getattr(self.engine, "decode", None) is None:
             raise bad_request("a sampler decodes text but this engine has no tokenizer", param="custom_params")
 
-    # -- SxS speak channel --------------------------------------------------------------------------
-    def sxs_spec(self, enforce: bool = True) -> dict:
-        from sglang_patches.sxs import tag_ids
+    # -- request extensions (the method registry's `serving` entries) --------------------------------------
+    def extension(self, field: str) -> Any:
+        """The registered request extension `field` (e.g. `speak_only`), built once with this tokenizer."""
+        if field not in self._extensions:
+            from slime_ext.methods.registry import load_object, serving_extensions
 
-        try:
-            return {"kind": "sxs_channel", **tag_ids(self.tokenizer), "enforce": enforce}
-        except ValueError as exc:
-            raise BadRequest(f"speak_only: {exc}", param="speak_only") from None
-
-    def visible_text(self, res: GenerateResult) -> str:
-        from sglang_patches.sxs import tag_ids, visible_token_ids
-
-        channels = [int(a.get("channel", 0)) for a in res.annotations]
-        return self.tokenizer.decode(visible_token_ids(res.output_ids, channels, tag_ids(self.tokenizer)),
-                                     skip_special_tokens=True)
+            path = serving_extensions().get(field)
+            if path is None:
+                raise BadRequest(f"{field}: no registered method offers this extension", param=field)
+            try:
+                self._extensions[field] = load_object(path)(self.tokenizer)
+            except ValueError as exc:
+                raise BadRequest(f"{field}: {exc}", param=field) from None
+        return self._extensions[field]
 
     def completion_text(self, res: GenerateResult) -> str:
         ids = [t for t in res.output_ids if t != self.tokenizer.eos_token_id]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def channel_tracker(self) -> Callable[[int], bool]:
-        """A per-stream function: feed each emitted token, get whether the user may see it."""
-        from sglang_patches.request_sampler import RequestView
-        from sglang_patches.sxs import SPEAK, SxSChannelSampler, tag_ids
-
-        tags = tag_ids(self.tokenizer)
-        tracker = SxSChannelSampler(0, **tags, enforce=False)
-        view = RequestView("stream", 0, [], [], self.tokenizer.eos_token_id)
-        tag_set = set(tags.values())
-
-        def visible(tok: int) -> bool:
-            return tracker.on_token(tok, view)["channel"] == SPEAK and tok not in tag_set
-
-        return visible

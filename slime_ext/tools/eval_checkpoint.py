@@ -23,7 +23,6 @@ Exit status: 0 on success, 2 when PATH, the config or the data cannot be used (t
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Optional, Sequence
 
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
 from slime_ext.evaluation import compare_table, evaluate, load_report, make_verifier, save_report
+from slime_ext.methods import registry
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -119,9 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--baseline", help="an earlier eval.json to compare with (printed first, delta = this - it)")
     ap.add_argument("--batch-prompts", type=int, default=64, help="prompts per generate call (default 64)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--tandem-junior", metavar="HF_DIR",
-                    help="also run Tandem's axes (handoff, drift, legibility) against this junior checkpoint")
+    for name, path in registry.checkpoint_evaluations().items():  # the methods' extra evaluations
+        ap.add_argument(f"--{name}", metavar="ARG", dest=_dest(name),
+                        help=f"also run the evaluation a registered method adds ({path}) with this argument")
     return ap
+
+
+def _dest(flag: str) -> str:
+    return "extra_" + flag.replace("-", "_")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -171,15 +176,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = _out_path(args.out, ckpt)
     save_report(report, out)
     print(f"wrote {out}")
-    if args.tandem_junior:
-        from slime_ext.methods.tandem.eval_axes import axes_row, tandem_axes
-
-        axes = tandem_axes(str(ckpt), args.tandem_junior, tokenizer, rows, cfg, n_prompts=cfg.tandem.eval_prompts,
-                           load_engine=EmbeddedEngine.from_pretrained, progress=lambda m: log.info("tandem axes: %s", m))
-        axes_out = out.with_name(out.stem + "_tandem_axes.json")
-        axes_out.write_text(json.dumps(axes, indent=2) + "\n")
-        print("\n".join(f"{k}: {v:.4f}" for k, v in axes_row(axes).items()))
-        print(f"wrote {axes_out}")
+    for name, path in registry.checkpoint_evaluations().items():
+        argument = getattr(args, _dest(name))
+        if argument is not None:
+            registry.load_object(path)(ckpt, argument, tokenizer, rows, cfg, out, EmbeddedEngine.from_pretrained)
     return 0
 
 

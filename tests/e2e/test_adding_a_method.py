@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,9 +22,13 @@ TINY = [
 ]
 
 
-def doc_blocks() -> dict[str, str]:
-    """The fenced blocks of the page, keyed by the file named in the paragraph before each (or 'registry')."""
-    text = DOC.read_text()
+SECOND = "\n# A second example"
+
+
+def doc_blocks(part: int = 0) -> dict[str, str]:
+    """The fenced blocks of the page's first example (part 0) or second (part 1), keyed by the file named in the
+    line before each (or 'registry')."""
+    text = DOC.read_text().split(SECOND)[part]
     out = {}
     for match in re.finditer(r"(?P<before>[^\n]*)\n\n```(?P<lang>\w+)\n(?P<body>.*?)```", text, re.S):
         before, body = match["before"], match["body"]
@@ -38,6 +43,9 @@ def doc_blocks() -> dict[str, str]:
 def test_the_page_has_the_three_parts():
     blocks = doc_blocks()
     assert {"config.py", "method.py", "registry"} <= set(blocks) and "extends:" in blocks.get("length_penalty.yaml", "")
+    second = doc_blocks(1)
+    assert {"sentence_cap.py", "config.py", "method.py", "registry", "sentence_cap.yaml"} <= set(second)
+    assert "samplers=(" in second["registry"]
 
 
 @pytest.mark.timeout(900)
@@ -72,3 +80,64 @@ def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch
         correct = (r["reward/mean"] + r["length_penalty/mean"]) * n
         assert correct == pytest.approx(round(correct), abs=1e-6) and 0 <= round(correct) <= n
     assert "coef: 0.2" in (run_dir / "config.yaml").read_text()
+
+
+def install_second_example(tmp_path: Path, monkeypatch) -> Path:
+    """The page's second example as a user adds it: the sampler file, the package, the registry line, the YAML;
+    here in a directory on sys.path and PYTHONPATH (the engine processes import the sampler by its name)."""
+    blocks = doc_blocks(1)
+    plugins = tmp_path / "plugins"
+    (plugins / "sentence_cap").mkdir(parents=True)
+    (plugins / "sentence_cap" / "__init__.py").write_text('"""GRPO with a sentence cap (docs/adding-a-method.md)."""\n')
+    (plugins / "sentence_cap" / "config.py").write_text(blocks["config.py"])
+    (plugins / "sentence_cap" / "method.py").write_text(blocks["method.py"])
+    (plugins / "sentence_cap_sampler.py").write_text(blocks["sentence_cap.py"])
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]))
+    name, entry = re.match(r'\s*"(\w+)":\s*(MethodEntry\(.*\)),\s*$', blocks["registry"].strip("\n")).groups()
+    entry = entry.replace("slime_ext.methods.sentence_cap", "sentence_cap")
+    entry = entry.replace("sglang_patches.sentence_cap", "sentence_cap_sampler")
+    monkeypatch.setitem(registry.METHODS, name, eval(entry, {"MethodEntry": registry.MethodEntry}))  # noqa: S307
+    config = tmp_path / "sentence_cap.yaml"
+    config.write_text(blocks["sentence_cap.yaml"].replace("extends: grpo.yaml", f"extends: {CONFIGS / 'grpo.yaml'}"))
+    return config
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("engine", [pytest.param("embedded", marks=pytest.mark.slow), "sglang"])
+def test_a_method_with_a_sampler_runs_on_each_engine(tmp_path, monkeypatch, engine):
+    """Two RL steps of the second example; every response holds at most max_sentences sentence ends, one the
+    cap ended holds exactly that many, and the cap ended some: the sampler ran where the tokens were chosen."""
+    from slime_ext.orchestration.driver import main
+    from slime_ext.tokenizer import load_tokenizer
+
+    config = install_second_example(tmp_path, monkeypatch)
+    from sentence_cap.method import SENTENCE_ENDS, SentenceCapGRPO
+
+    seen: list[tuple[list[int], str]] = []  # every rollout the method finished: response ids, finish reason
+    finish = SentenceCapGRPO.finish
+
+    def recording_finish(self, groups, step):
+        seen.extend((list(s.response_ids), s.metadata.get("finish_reason")) for g in groups for s in g)
+        return finish(self, groups, step)
+
+    monkeypatch.setattr(SentenceCapGRPO, "finish", recording_finish)
+    extra = ["rollout.engine=sglang", "sglang.num_engines=1"] if engine == "sglang" else []
+    rc = main([str(config), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+               "rollout.manager=driver", *TINY, *extra])
+    assert rc == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    (tok_dir,) = (tmp_path / "cache" / "tokenizers").iterdir()
+    tok = load_tokenizer(tok_dir)
+    ends = {i for i in range(len(tok)) if tok.decode([i]).strip().endswith(SENTENCE_ENDS)}
+    assert len(seen) == 2 * 4 * 8 and ends
+    capped = 0
+    for ids, reason in seen:
+        n_ends = sum(t in ends for t in ids)
+        assert n_ends <= 1, (ids, reason)
+        if reason == "sampler":
+            capped += 1
+            assert n_ends == 1, ids
+    assert capped > 0 and capped == round(sum(r["sentence_cap/capped"] for r in rows) * 4 * 8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForCausalLM
 
-from megatron_glue.hf_config import hf_config_from_model_config, parameter_counts
+from megatron_glue.hf_config import HF_MODEL_KEYS, hf_config_from_model_config, parameter_counts
 from slime_ext.config import load_config
 from tests.conftest import CONFIGS
 
@@ -37,3 +37,45 @@ def test_missing_vocab_is_an_error():
     cfg = load_config(CONFIGS / "grpo.yaml").config
     with pytest.raises(ValueError, match="vocab_size is not set"):
         hf_config_from_model_config(cfg.model)
+
+
+# The HF config fields each shipped model section stands for, written out by hand from configs/models/*.yaml
+# (the schema's defaults where the YAML is silent: rope_theta 1e6, rms_norm_eps 1e-6, router_aux_loss_coef
+# 0.001; the vocabulary from `tokenizer.vocab_size` 512, already a multiple of 64, where no model.vocab_size).
+ROPE = {"rope_theta": 1_000_000.0, "rope_type": "default"}
+COMMON_TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, intermediate_size=512, rms_norm_eps=1e-6, max_position_embeddings=1024,
+                   rope_parameters=ROPE)
+MOE_CONSTANTS = dict(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+EXPECTED_HF = {
+    "tiny-qwen3-moe": dict(COMMON_TINY, model_type="qwen3_moe", tie_word_embeddings=False, num_local_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=256, router_aux_loss_coef=0.001,
+                           **MOE_CONSTANTS),
+    "tiny-qwen3": dict(COMMON_TINY, model_type="qwen3", tie_word_embeddings=True),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                          num_local_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                          rope_parameters=ROPE, rms_norm_eps=1e-6, max_position_embeddings=40960,
+                          tie_word_embeddings=False, router_aux_loss_coef=0.001, **MOE_CONSTANTS),
+}
+MOE_ONLY = ("num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "router_aux_loss_coef",
+            *MOE_CONSTANTS)
+SHIPPED = sorted(CONFIGS.glob("*.yaml")) + sorted((CONFIGS / "models").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_shipped_model_section_builds_the_hand_listed_hf_config(path):
+    """The builder writes its fields from HF_MODEL_KEYS; this pins what it writes for every shipped config."""
+    cfg = load_config(path).config
+    built = hf_config_from_model_config(cfg.model, tokenizer_vocab=cfg.tokenizer.vocab_size).to_dict()
+    expected = EXPECTED_HF[cfg.model.name]
+    assert {k: built.get(k) for k in expected} == expected
+    if expected["model_type"] == "qwen3":
+        assert not set(MOE_ONLY) & set(built)
+
+
+def test_hf_model_keys_cover_the_model_section():
+    """Every architecture field of the model section has its HF attribute (name and hf_path are not architecture)."""
+    from slime_ext.config.sections import ModelConfig
+
+    assert set(HF_MODEL_KEYS) == set(ModelConfig.model_fields) - {"name", "hf_path"}

@@ -88,7 +88,7 @@ def test_bf16_inputs_give_fp32_logprobs_close_to_the_fp32_reference():
 
 def test_default_chunk_bounds_fp32_logits_at_qwen3_vocabulary():
     assert tokens_per_chunk(151936, DEFAULT_CHUNK_MB) == 883  # 512 MiB / (4 B x 151,936)
-    assert tokens_per_chunk(151936 // 4, DEFAULT_CHUNK_MB) == 883  # TP 4 holds a quarter of the vocabulary
+    assert tokens_per_chunk(151936 // 4, DEFAULT_CHUNK_MB) == 3533  # TP 4 holds a quarter of the vocabulary
     assert tokens_per_chunk(10**9, 1.0) == 1
 
 

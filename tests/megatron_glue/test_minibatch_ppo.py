@@ -9,6 +9,7 @@ import torch
 
 from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+from slime_ext.algo import LossSpec
 from slime_ext.data import Sample
 from tests.megatron_fixtures import single_process_parallel_state, tiny_moe_config
 from tests.megatron_glue.test_trainer import make_samples as trainer_samples
@@ -74,7 +75,7 @@ def test_clip_higher_changes_the_clip_fractions():
     """DAPO's eps_high 0.28 against GRPO's 0.2 on the same batches: fewer tokens clipped on the high side."""
     fractions = {}
     for eps_high in (0.2, 0.28):
-        trainer = make_trainer(lr=0.05, old_logprobs="trainer", global_batch_size=4, eps_clip_high=eps_high)
+        trainer = make_trainer(lr=0.05, old_logprobs="trainer", global_batch_size=4, loss=LossSpec(eps_clip_high=eps_high))
         fractions[eps_high] = trainer.train_step(make_samples(16))
     assert fractions[0.2]["clip_frac_high"] > fractions[0.28]["clip_frac_high"] > 0
     assert fractions[0.2]["clip_frac_low"] == pytest.approx(fractions[0.28]["clip_frac_low"], abs=0.1)

@@ -42,13 +42,14 @@ def _hf_weights(config):
 
 def _worker(rank, config, hf_sd, sizes, steps, extra_settings=None):
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+    from slime_ext.algo import LossSpec
     from megatron_glue.sharding import shard_megatron_state
     from megatron_glue.weight_names import hf_to_megatron
     from megatron_glue.parallel import init_model_parallel
     from megatron.core import parallel_state as mpu
 
     init_model_parallel(sizes, seed=11)
-    trainer = MegatronTrainer(config, TrainerSettings(**({"lr": 1e-3, "micro_batch_size": 2, "entropy_coef": 0.01}
+    trainer = MegatronTrainer(config, TrainerSettings(**({"lr": 1e-3, "micro_batch_size": 2, "loss": LossSpec(entropy_coef=0.01)}
                                                          | (extra_settings or {}))), sizes)
     shard = shard_megatron_state(
         hf_to_megatron(hf_sd, config), config,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+from slime_ext.algo import LossSpec
 from megatron_glue.trainer_checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from megatron_glue.model_provider import ParallelSizes
 from slime_ext.data import Sample
@@ -130,7 +131,7 @@ def test_compute_logprobs_matches_a_manual_forward():
 
 
 def test_reference_snapshot_and_kl_term():
-    trainer = make_trainer(lr=1e-2, kl_coef=0.5, kl_estimator="k3")
+    trainer = make_trainer(lr=1e-2, loss=LossSpec(kl_coef=0.5, kl_estimator="k3"))
     samples = make_samples(4)
     trainer.snapshot_reference()
     ref = trainer.compute_logprobs(samples, reference=True)["logprobs"]

@@ -215,8 +215,8 @@ def test_dapo_uses_its_own_clip_range():
 
     dapo, grpo = _cfg("dapo.yaml"), _cfg("grpo.yaml")
     st = trainer_settings(dapo, build_method(dapo).loss_spec())
-    assert (st.eps_clip_low, st.eps_clip_high) == (0.20, 0.28)
-    assert trainer_settings(grpo, build_method(grpo).loss_spec()).eps_clip_high == 0.2
+    assert (st.loss.eps_clip_low, st.loss.eps_clip_high) == (0.20, 0.28)
+    assert trainer_settings(grpo, build_method(grpo).loss_spec()).loss.eps_clip_high == 0.2
 
 
 def test_prompt_pool_limits_rl_to_the_first_prompts_so_they_recur():

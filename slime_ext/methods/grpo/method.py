@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import logging
-from pathlib import Path
 from statistics import mean
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from sglang_patches.decoding import SamplingParams
 from slime_ext.algo import grouped_advantages
@@ -68,28 +65,3 @@ class GRPO(Method):
 
     def state_dict(self) -> dict[str, Any]:
         return {}
-
-    def eval_options(self) -> dict[str, Any]:
-        """Plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)."""
-        if self.name != "grpo":
-            return {}
-        from slime_ext.methods.sxs.metrics import cot_response_metrics
-
-        tokenizer = self.tokenizer
-        return {"response_metrics": lambda result: cot_response_metrics(tokenizer, result.output_ids)}
-
-    def final_evaluations(self, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
-                          load_engine: Callable[[str], Any]) -> None:
-        """With `tandem.eval_axes` (any GRPO-family method; the Tandem study turns it on for its GRPO arm):
-        handoff robustness, drift and legibility of the trained model against the junior."""
-        if not self.config.tandem.eval_axes:
-            return
-        from slime_ext.methods.tandem.eval_axes import survival_plot, tandem_axes
-
-        junior = self.partner_dir(start_dir) or self.kl_reference_dir(start_dir) or start_dir
-        log = logging.getLogger(__name__)
-        axes = tandem_axes(str(final_dir), str(junior), self.tokenizer, eval_rows, self.config,
-                           n_prompts=self.config.tandem.eval_prompts, load_engine=load_engine, progress=lambda m: log.info("tandem axes: %s", m))
-        (run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
-        (run_dir / "plots").mkdir(exist_ok=True)
-        survival_plot({self.name: axes["drift"]}, run_dir / "plots" / "drift_survival.png")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any, Optional, Sequence
 
-THINK, SPEAK = 0, 1
+from sglang_patches.sxs import SPEAK, THINK
 ACKNOWLEDGEMENTS = frozenset({"sure", "okay", "ok", "alright", "all right", "right", "well", "so", "yes", "hmm",
                               "let me see", "let me think", "let me work through it", "let me work through this",
                               "good question", "great question", "of course"})

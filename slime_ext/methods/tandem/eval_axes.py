@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -268,3 +271,33 @@ def axes_row(axes: dict[str, Any]) -> dict[str, float]:
         "junior_ce_on_senior": axes["legibility"]["junior_ce_on_senior"],
         "overlap": axes["legibility"]["overlap"],
     }
+
+
+def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
+                     load_engine: Callable[[str], Any]) -> None:
+    """The registry's after-training evaluation (any GRPO-family method, with `tandem.eval_axes`): handoff
+    robustness, drift and legibility of the trained model against the junior, into `tandem_axes.json` and
+    `plots/drift_survival.png`."""
+    if not method.config.tandem.eval_axes:
+        return
+    junior = method.partner_dir(start_dir) or method.kl_reference_dir(start_dir) or start_dir
+    log = logging.getLogger(__name__)
+    axes = tandem_axes(str(final_dir), str(junior), method.tokenizer, eval_rows, method.config,
+                       n_prompts=method.config.tandem.eval_prompts, load_engine=load_engine,
+                       progress=lambda m: log.info("tandem axes: %s", m))
+    (run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
+    (run_dir / "plots").mkdir(exist_ok=True)
+    survival_plot({method.name: axes["drift"]}, run_dir / "plots" / "drift_survival.png")
+
+
+def checkpoint_evaluation(checkpoint: Path, junior_dir: str, tokenizer: Any, rows: Sequence[dict], cfg: Any,
+                          out: Path, load_engine: Callable[[str], Any]) -> None:
+    """`eval_checkpoint --tandem-junior HF_DIR`: Tandem's axes (handoff, drift, legibility) of the checkpoint
+    against that junior, into `<out stem>_tandem_axes.json` beside the evaluation, and printed."""
+    log = logging.getLogger(__name__)
+    axes = tandem_axes(str(checkpoint), junior_dir, tokenizer, rows, cfg, n_prompts=cfg.tandem.eval_prompts,
+                       load_engine=load_engine, progress=lambda m: log.info("tandem axes: %s", m))
+    axes_out = out.with_name(out.stem + "_tandem_axes.json")
+    axes_out.write_text(json.dumps(axes, indent=2) + "\n")
+    print("\n".join(f"{k}: {v:.4f}" for k, v in axes_row(axes).items()))
+    print(f"wrote {axes_out}")
