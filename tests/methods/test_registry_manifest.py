@@ -98,7 +98,7 @@ def test_tools_learn_method_extensions_from_the_registry(monkeypatch):
     """eval_checkpoint's --tandem-junior and the server's speak_only come from the Tandem and SxS entries."""
     from slime_ext.serving.state import BadRequest, ServerState
     from slime_ext.tools.eval_checkpoint import build_parser
-    from tests.tools.serve_stub import StubEngine
+    from tests.serving.serve_stub import StubEngine
 
     assert registry.checkpoint_evaluations() == {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
     assert registry.serving_extensions() == {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
