@@ -15,10 +15,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import json
-import os
 import random
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +27,7 @@ from slime_ext.serving import ServeConfig, ServerState, serve
 from slime_ext.serving.token_bound import (MAX_COMPOSED, keeps_every_char, max_chars_per_token,
                                            model_never_fuses, normalizer_shrink)
 from tests.serving.serve_stub import StubEngine
+from tests.serving.server_process import server_process
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = ["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40
@@ -206,42 +204,6 @@ def model_dir(tmp_path_factory):
     return d
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def server_process(model_dir: Path, *flags: str):
-    """`python -m slime_ext.tools.serve --model DIR` on a free port; yields (url, pid)."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "slime_ext.tools.serve", "--model", str(model_dir), "--port",
-                             str(port), "--max-tokens", "2", *flags],
-                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start within 120 s")
-            time.sleep(0.1)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def memory_mib(pid: int) -> dict[str, float]:
     """VmRSS (now) and VmHWM (peak since start or the last reset) of a process, in MiB."""
     out = {}
@@ -271,7 +233,8 @@ def test_16_maximal_bodies_at_once_answer_fast_in_bounded_memory(model_dir):
     size = 256 << 10
     bodies = [(("/v1/chat/completions" if i % 2 else "/v1/completions"), body_of(size, bool(i % 2), seed=i))
               for i in range(16)]
-    with server_process(model_dir, "--max-request-bytes", str(size)) as (url, pid):
+    with server_process("--model", str(model_dir), "--max-tokens", "2", "--max-request-bytes", str(size)) as (url, proc):
+        pid = proc.pid
         with httpx.Client(base_url=url, timeout=60) as c:  # warm: the first request's imports and buffers
             assert c.post("/v1/completions", json={"prompt": "the cat", "max_tokens": 1}).status_code == 200
             path, raw = bodies[0]

@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -27,6 +24,7 @@ from slime_ext.data.generation import GenerateRequest
 from slime_ext.engine.sglang_client import SGLangEngineClient
 from slime_ext.engine.sglang_http import HTTPStatusError
 from slime_ext.serving import ServerState, serve
+from tests.serving.server_process import free_port, server_process
 
 REPO = Path(__file__).resolve().parents[2]
 TANDEM = {"kind": "tandem", "p_senior": 0.5, "kappa": 2, "boundary_ids": [0]}
@@ -288,40 +286,11 @@ def test_updates_wait_for_the_running_generate_call_and_version_its_results():
 
 
 # -- a server process: tensors, a distributed group, the partner -------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def process_server(model_dir, partner_dir):
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slime_ext.tools.serve", "--model", str(model_dir), "--partner", str(partner_dir),
-         "--port", str(port), "--weight-version", "1", "--max-tokens", "4"],
-        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
-            with contextlib.suppress(OSError):
-                if call(url, "/health", method="GET")[0] == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start within 120 s")
-            time.sleep(0.1)
+    with server_process("--model", str(model_dir), "--partner", str(partner_dir), "--weight-version", "1",
+                        "--max-tokens", "4") as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_partner_samplers_run_in_a_partner_server(process_server, model_dir, partner_dir):
@@ -368,7 +337,7 @@ def test_distributed_update_from_a_trainer_at_rank_0(process_server):
     from sglang.srt.utils.common import init_custom_process_group
 
     client = SGLangEngineClient(process_server, max_retries=0)
-    port, group = _free_port(), "weight_update_group"
+    port, group = free_port(), "weight_update_group"
     joined: dict = {}
     join = threading.Thread(target=lambda: joined.setdefault("r", client.init_weights_update_group(
         "127.0.0.1", port, rank_offset=1, world_size=2, group_name=group, backend="gloo")))
