@@ -3,9 +3,10 @@ slow, abortable ones without a model."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.engine.solver import CharTokenizer
@@ -57,3 +58,19 @@ class StubEngine:
             self._aborted.difference_update(outs)
         return [GenerateResult(r.rid, outs[r.rid], [-1.0] * len(outs[r.rid]), finish[r.rid], [{} for _ in outs[r.rid]],
                                0, len(r.input_ids)) for r in requests]
+
+
+@contextlib.contextmanager
+def running(engine: Any = None, tokenizer: Any = None, max_tokens: int = 8, **cfg: Any) -> Iterator[tuple]:
+    """An in-process server over `engine` (a stub by default; its tokenizer unless `tokenizer`) with
+    ServeConfig(**cfg); yields (server, state, engine) and shuts both down on exit."""
+    from slime_ext.serving import ServeConfig, ServerState, serve
+
+    engine = engine or StubEngine()
+    state = ServerState(engine, tokenizer or engine.tokenizer, "stub", max_tokens=max_tokens, config=ServeConfig(**cfg))
+    srv = serve(state)
+    try:
+        yield srv, state, engine
+    finally:
+        srv.shutdown()
+        state.batcher.close()

@@ -7,7 +7,6 @@ context-length and seed checks also run against the tiny real model of test_serv
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import threading
@@ -16,23 +15,9 @@ import time
 import httpx
 import pytest
 
-from slime_ext.serving import ServeConfig, ServerState, serve
-from tests.serving.serve_stub import StubEngine
+from tests.serving.serve_stub import StubEngine, running
 
 MSG = [{"role": "user", "content": "hi"}]
-
-
-@contextlib.contextmanager
-def running(engine=None, **cfg):
-    """A server over `engine` (a stub by default) with ServeConfig(**cfg), shut down on exit."""
-    engine = engine or StubEngine()
-    state = ServerState(engine, engine.tokenizer, "stub", max_tokens=8, config=ServeConfig(**cfg))
-    srv = serve(state)
-    try:
-        yield srv, state, engine
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 @pytest.fixture

@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from slime_ext.serving import ServeConfig, ServerState, serve
+from slime_ext.serving import ServeConfig, ServerState
 from slime_ext.serving.token_bound import (MAX_COMPOSED, keeps_every_char, max_chars_per_token,
                                            model_never_fuses, normalizer_shrink)
-from tests.serving.serve_stub import StubEngine
+from tests.serving.serve_stub import StubEngine, running
 from tests.serving.server_process import server_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,14 +153,8 @@ class SpyTokenizer:
 @contextlib.contextmanager
 def spied_server(tokenizer, **cfg):
     spy = SpyTokenizer(tokenizer)
-    engine = StubEngine()  # context 64 tokens
-    state = ServerState(engine, spy, "stub", max_tokens=4, config=ServeConfig(**cfg))
-    srv = serve(state)
-    try:
+    with running(StubEngine(), tokenizer=spy, max_tokens=4, **cfg) as (srv, state, _):  # the stub's context: 64
         yield srv, state, spy
-    finally:
-        srv.shutdown()
-        state.batcher.close()
 
 
 @pytest.mark.timeout(60)
