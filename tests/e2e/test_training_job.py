@@ -6,6 +6,8 @@ docs/results.md.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -228,8 +230,9 @@ def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, a
     run_dir = _wait_for_steps(tmp_path / "runs", 2, proc)
     victims = [p for p in psutil.Process(proc.pid).children(recursive=True) if actor in " ".join(p.cmdline())]
     assert victims, f"no {actor} process found"
-    for p in victims:
-        p.kill()
+    for p in victims:  # killing one rank can take the other down before its turn (CI: NoSuchProcess)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     assert proc.wait(timeout=300) == 1
     err = proc.stderr.read()
     assert "run stopped: a Ray actor died during " in err and f"Resume with: bash scripts/run.sh resume={run_dir}" in err, \
