@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
@@ -142,23 +143,25 @@ def registered_sampler_modules() -> list[str]:
     """The sampler modules of every registered method (their registry entries' `samplers`) and those the
     starting process declared (`SLIME_SAMPLER_MODULES`): the only modules an engine or server imports to build
     samplers from specs."""
-    import os
-
     from slime_ext.methods.registry import sampler_modules  # the registry names code; it imports none
 
     declared = [m.strip() for m in os.environ.get(SAMPLER_MODULES_ENV, "").split(",") if m.strip()]
     return sorted(set(sampler_modules()) | set(declared))
 
 
-def import_sampler_modules(names: Sequence[str]) -> None:
-    """Import sampler modules a request names (so their kinds register in this process); a module that no
-    registered method declares is refused: a request must not make a server import arbitrary code."""
+def import_sampler_modules(names: Any) -> None:
+    """Import sampler modules a request names, one name or a list (so their kinds register in this process); a
+    module that no registered method declares is refused: a request must not make a server import arbitrary
+    code. Raises ValueError naming the module (undeclared, or declared but not importable)."""
     allowed = set(registered_sampler_modules())
-    for name in names:
+    for name in map(str, names if isinstance(names, list) else [names]):
         if name not in allowed:
             raise ValueError(f"sampler module {name!r} is not declared by any registered method "
                              f"(registered: {sorted(allowed)})")
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"sampler module {name!r} cannot be imported: {exc}") from None
 
 
 def _import_registered_samplers() -> None:

@@ -230,8 +230,8 @@ def _ensure_registered(specs: Sequence[dict[str, Any]], modules: Any) -> None:
     missing = [s.get("kind") for s in specs if s.get("kind") not in SAMPLER_REGISTRY]
     if missing and modules:
         try:
-            import_sampler_modules([str(m) for m in (modules if isinstance(modules, list) else [modules])])
-        except (ValueError, ImportError) as exc:
+            import_sampler_modules(modules)
+        except ValueError as exc:
             raise SamplerHostError(f"custom param {MODULES_KEY!r}: {exc}") from None
 
 

@@ -506,10 +506,10 @@ class StaticKVState:
         this batch ran, prefilled on their own). Their own KV goes into spare rows, reserved by doubling, so a
         merge copies the newcomers' KV, not the batch's; the prompts' KV (one per prompt) is concatenated."""
         used, joining = self.rows_in_use(), other.rows_in_use()
-        slots = max(self.own[0][0].shape[2], other.own[0][0].shape[2])
-        capacity = self.own[0][0].shape[0]
-        if used + joining > capacity or slots > self.own[0][0].shape[2]:
-            self._reserve(max(used + joining, 2 * capacity if used + joining > capacity else capacity), slots)
+        capacity, slots = self.own[0][0].shape[0], self.own[0][0].shape[2]
+        rows = capacity if used + joining <= capacity else max(used + joining, 2 * capacity)
+        if rows > capacity or other.own[0][0].shape[2] > slots:
+            self._reserve(rows, max(slots, other.own[0][0].shape[2]))
         for (k, v), (ok, ov) in zip(self.own, other.own):
             k[used:used + joining, :, :ok.shape[2]] = ok[:joining]
             v[used:used + joining, :, :ov.shape[2]] = ov[:joining]

@@ -49,8 +49,8 @@ def _register_samplers(specs: list[dict[str, Any]], modules: Any) -> None:
     if all(s.get("kind") in SAMPLER_REGISTRY for s in specs) or not modules:
         return
     try:
-        import_sampler_modules([str(m) for m in (modules if isinstance(modules, list) else [modules])])
-    except (ValueError, ImportError) as exc:
+        import_sampler_modules(modules)
+    except ValueError as exc:
         raise bad_request(f"custom_params.sampler_modules: {exc}", param="sampling_params.custom_params") from None
 
 
