@@ -83,6 +83,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--load-requests", type=int, default=0,
                         help="also send this many requests at once to 1 server (and to server_1_static with "
                              "--compare-static): the latency distribution under load; 0: skip")
+    parser.add_argument("--compare-batching", default="",
+                        help="also run 1 server with these client batchings (comma list of request, group, call; "
+                             "server_1 uses sglang.generate_batching's default), side by side")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, 4x2 requests of 8 tokens, 1 repeat")
     parser.add_argument("--out", type=Path, default=None)
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == TRACE_FLAG:
@@ -139,11 +142,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                 previous_stop = stop_servers
                 stop_servers = lambda: (stop_static(), previous_stop())  # noqa: E731
                 pools["server_1_static"] = make_pool([static], model_dir, tmp_path / "ws", tok, **client)
+            for mode in filter(None, args.compare_batching.split(",")):
+                pools[f"server_1_{mode}"] = make_pool(actors[:1], model_dir, tmp_path / f"wb_{mode}", tok,
+                                                      **{**client, "batching": mode})
             if args.compare_concurrency:
                 capped = {**client, "max_concurrency": args.compare_concurrency}
                 pools[f"server_1_conc{args.compare_concurrency}"] = make_pool(actors[:1], model_dir, tmp_path / "wc",
                                                                                 tok, **capped)
             concurrency = pools["server_1"].clients[0].max_concurrency
+            pools_batching = {k: p.clients[0].batching for k, p in pools.items()}
             tp, same = throughput(engine, pools, prompt_ids, n, lengths, wl["temperature"], args.repeats)
             load = {}
             for name, pool_actors in (("server_1", actors[:1]), ("server_1_static", [static] if static else None)):
@@ -186,6 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "host": platform.node(), "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": threads,
                  "torch": torch.__version__, "repeats": args.repeats, "sync_repeats": args.sync_repeats,
                  "dry_run": args.dry_run, "client_max_concurrency": concurrency,
+                 "client_batching": pools_batching,
                  "load_before": load_before, "load_after": os.getloadavg()[0]},
         "workload": {"prompts": prompts, "n": n, "requests": prompts * n, "max_len": max_len,
                      "temperature": wl["temperature"], "length_cap_mean": sum(lengths) / len(lengths),

@@ -238,6 +238,10 @@ class SGLangConfig(Section):
     max_restarts: int = Field(2, ge=0)  # per engine and run: a dead server is restarted this often, then the run stops
     startup_timeout_s: float = Field(600.0, gt=0)  # to health after a (re)start
     request_timeout_s: float = Field(600.0, gt=0)  # one /generate; past it the request is aborted and retried
+    # How a step's requests share /generate calls (SGLang's batch form): "request" one per call, "group" one
+    # call per prompt group (its samples share the prompt, the engine and the prefix cache), "call" all of a
+    # step's requests for one engine in calls of at most 64 (per prompt group behind a router)
+    generate_batching: Literal["request", "group", "call"] = "group"
     host: str = "127.0.0.1"  # where engine servers listen; "node": the address Ray gives the engine's node
     base_port: int = Field(0, ge=0, le=65535)  # engine i listens on base_port + i; 0 = free ports
 

@@ -87,12 +87,14 @@ class ServerEnginePool:
 
     # -- per-process state (not pickled) -------------------------------------------------------------
     def _client(self, url: str, **extra: Any) -> SGLangEngineClient:
-        return SGLangEngineClient(url, timeout_s=self.cfg.request_timeout_s, max_retries=2, backoff_s=0.2,
-                                  **self.client_kwargs, **extra)
+        kwargs = {"batching": self.cfg.generate_batching, **self.client_kwargs, **extra}
+        return SGLangEngineClient(url, timeout_s=self.cfg.request_timeout_s, max_retries=2, backoff_s=0.2, **kwargs)
 
     def _init_local(self) -> None:
         self.clients = [self._client(u) for u in self.urls]
-        self.router = self._client(self.router_url, routing_key=group_key) if self.router_url else None
+        # sglang-router reads single-request bodies only (a batch is a 422): one request per call through it
+        self.router = self._client(self.router_url, routing_key=group_key, batching="request") \
+            if self.router_url else None
         self._lock = threading.Lock()
         self._outstanding = [0] * len(self.urls)
         self._owner: dict[str, int] = {}

@@ -59,6 +59,27 @@ from slime_ext.engine.sglang_payload import (PayloadError, io_struct_fields, val
 logger = logging.getLogger(__name__)
 
 _FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
+BATCHING = ("request", "group", "call")
+
+
+def batch_payload(payloads: list[dict[str, Any]], wire_rids: list[str]) -> dict[str, Any]:
+    """One /generate body for several single-request payloads (GenerateReqInput's batch form: per-row lists;
+    `return_routed_experts` is one flag per body, so the payloads must agree on it)."""
+    body: dict[str, Any] = {
+        "rid": list(wire_rids),
+        "input_ids": [p["input_ids"] for p in payloads],
+        "sampling_params": [p["sampling_params"] for p in payloads],
+        "return_logprob": [p["return_logprob"] for p in payloads],
+    }
+    processors = [p.get("custom_logit_processor") for p in payloads]
+    if any(processors):
+        body["custom_logit_processor"] = processors
+    routed = {bool(p.get("return_routed_experts")) for p in payloads}
+    if len(routed) != 1:
+        raise ValueError("a batch mixes requests with and without return_routed_experts")
+    if routed.pop():
+        body["return_routed_experts"] = True
+    return body
 
 
 class SGLangEngineClient:
@@ -90,8 +111,18 @@ class SGLangEngineClient:
         native_partner: bool = False,
         routing_key: Optional[Callable[[GenerateRequest], Optional[str]]] = None,
         moe_top_k: Optional[int] = None,
+        batching: str = "request",
+        max_batch: int = 64,
     ):
         self.base_url = base_url.rstrip("/")
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
+        # How requests share /generate calls (SGLang's batch form: a list of prompts, one rid each):
+        # "request" one per call (slime's way), "group" the requests of one prompt group per call (they go
+        # to one engine anyway, and the loop needs all of a group before its advantages), "call" every
+        # request of a generate() call (per routing key behind a router) in calls of at most `max_batch`.
+        self.batching = batching
+        self.max_batch = int(max_batch)
         self.moe_top_k = moe_top_k  # experts per token: splits meta_info.routed_experts (the wire has no shape)
         self.api_key = api_key  # sent as `Authorization: Bearer`, for servers started with --api-key
         self.timeout_s = float(timeout_s)
@@ -184,14 +215,33 @@ class SGLangEngineClient:
             return []
         check_unique_rids(requests)
         rids = [r.rid for r in requests]
-        workers = max(1, min(self.max_concurrency, len(requests)))
+        calls = self._calls(requests)
+        workers = max(1, min(self.max_concurrency, len(calls)))
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sglang-client") as pool:
-            results = list(pool.map(self._generate_one, requests))
+            answered = {res.rid: res for part in pool.map(self._generate_call, calls) for res in part}
         self._count("generate_seconds", time.perf_counter() - start)
         with self._lock:
             self._aborted.difference_update(rids)
-        return results
+        return [answered[rid] for rid in rids]
+
+    def _calls(self, requests: list[GenerateRequest]) -> list[list[GenerateRequest]]:
+        """The requests of each /generate call, by `batching`: a call never mixes routing keys (a router
+        sends a whole body to one worker) nor requests with and without routed experts (one flag per body)."""
+        if self.batching == "request":
+            return [[r] for r in requests]
+        keyed: dict[Any, list[GenerateRequest]] = {}
+        for r in requests:
+            route = self.routing_key(r) if self.routing_key is not None else None
+            prompt = tuple(r.input_ids) if self.batching == "group" else None
+            keyed.setdefault((route, prompt, r.return_routed_experts), []).append(r)
+        return [members[i:i + self.max_batch] for members in keyed.values()
+                for i in range(0, len(members), self.max_batch)]
+
+    def _generate_call(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        if len(requests) == 1:
+            return [self._generate_one(requests[0])]
+        return self._generate_batch(requests)
 
     def _failed(self, request: GenerateRequest, error: str) -> GenerateResult:
         logger.warning("sglang request %s failed: %s", request.rid, error)
@@ -200,8 +250,9 @@ class SGLangEngineClient:
                               finish_reason=FINISH_FAILED, annotations=[], cached_tokens=0,
                               prompt_len=len(request.input_ids), error=error)
 
-    def _generate_one(self, request: GenerateRequest) -> GenerateResult:
-        self._count("requests")
+    def _generate_one(self, request: GenerateRequest, counted: bool = False) -> GenerateResult:
+        if not counted:
+            self._count("requests")
         try:
             payload = self.build_payload(request)
             if self.validate:
@@ -246,6 +297,92 @@ class SGLangEngineClient:
         with self._lock:
             self._wire_rids.pop(request.rid, None)
         return self._failed(request, last_error)
+
+    def _batch_refused(self, exc: HTTPStatusError, size: int) -> None:
+        """A 422 means the server cannot read SGLang's batch form at all (sglang-router: "rid: invalid type:
+        sequence"): stop batching for good. Other refusals concern this batch's contents."""
+        if exc.status == 422 and self.batching != "request":
+            logger.warning("%s does not take batched /generate bodies (%s): sending one request per call from "
+                           "now on", self.base_url, str(exc)[:200])
+            self.batching = "request"
+        else:
+            logger.info("a batch of %d requests was refused (%s): sending them one by one", size, str(exc)[:200])
+
+    def _resend_one(self, request: GenerateRequest) -> GenerateResult:
+        return self._generate_one(request, counted=True)
+
+    def _aborted_result(self, request: GenerateRequest) -> GenerateResult:
+        self._count("aborted")
+        return GenerateResult(rid=request.rid, output_ids=[], logprobs=[] if request.return_logprob else None,
+                              finish_reason="abort", annotations=[], cached_tokens=0, prompt_len=len(request.input_ids))
+
+    def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Several requests in one /generate call (SGLang's batch form), with the single path's guarantees:
+        an invalid request fails alone; retries (fresh wire rids) and aborts work per request; a batch the
+        server refuses as a whole (4xx: a row it rejects, a body over its size cap) is sent again one
+        request per call, so each request gets its own verdict."""
+        out: dict[str, GenerateResult] = {}
+        payloads: dict[str, dict[str, Any]] = {}
+        for request in requests:
+            self._count("requests")
+            try:
+                payload = self.build_payload(request)
+                if self.validate:
+                    validate_generate_payload(payload, self.vocab_size)
+                payloads[request.rid] = payload
+            except Exception as exc:  # noqa: BLE001 - one bad request must not sink the batch
+                out[request.rid] = self._failed(request, f"invalid request: {exc}")
+        key = self.routing_key(requests[0]) if self.routing_key is not None else None
+        headers = {"X-SMG-Routing-Key": key} if key else None
+        last_error = "not sent"
+        live: list[GenerateRequest] = []
+        try:
+            for attempt in attempts(self.max_retries, self.backoff_s, self.backoff_max_s,
+                                    on_retry=lambda: self._count("retries")):
+                with self._lock:
+                    live = [r for r in requests if r.rid in payloads and r.rid not in out]
+                    gone = [r for r in live if r.rid in self._aborted]
+                    live = [r for r in live if r.rid not in self._aborted]
+                    wire = {r.rid: r.rid if attempt == 0 else f"{r.rid}#retry{attempt}" for r in live}
+                    self._wire_rids.update(wire)
+                for r in gone:  # aborted before it was sent, or between attempts
+                    out[r.rid] = self._aborted_result(r)
+                if not live:
+                    break
+                body = batch_payload([payloads[r.rid] for r in live], [wire[r.rid] for r in live])
+                try:
+                    answer = self._request("POST", "/generate", body, headers=headers)
+                except Exception as exc:  # noqa: BLE001
+                    last_error = f"{type(exc).__name__}: {exc}"
+                    if isinstance(exc, HTTPStatusError) and not is_retryable(exc):
+                        self._batch_refused(exc, len(live))
+                        with ThreadPoolExecutor(max_workers=min(len(live), self.max_concurrency)) as pool:
+                            out.update((res.rid, res) for res in pool.map(self._resend_one, live))
+                        break
+                    if is_timeout(exc):
+                        last_error = f"timed out after {self.timeout_s}s ({exc})"
+                        for r in live:
+                            self._abort_wire(wire[r.rid])
+                    if not is_retryable(exc):
+                        break
+                    continue
+                if not isinstance(answer, list) or len(answer) != len(live):
+                    last_error = f"unexpected /generate response to a batch of {len(live)}: {str(answer)[:300]}"
+                    break
+                for r, item in zip(live, answer):
+                    try:
+                        out[r.rid] = self._parse(r, item)
+                    except Exception as exc:  # noqa: BLE001
+                        out[r.rid] = self._failed(r, f"unexpected /generate response: {exc}")
+                break
+        finally:
+            with self._lock:
+                for r in requests:
+                    self._wire_rids.pop(r.rid, None)
+        for r in requests:
+            if r.rid not in out:
+                out[r.rid] = self._failed(r, last_error)
+        return [out[r.rid] for r in requests]
 
     def _parse(self, request: GenerateRequest, body: Any) -> GenerateResult:
         if not isinstance(body, dict) or "meta_info" not in body or "output_ids" not in body:

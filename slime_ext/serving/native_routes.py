@@ -6,17 +6,17 @@ OpenAI routes. `meta_info.weight_version` is the version of the weights that gen
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from slime_ext.data.generation import GenerateResult
+from slime_ext.data.generation import GenerateRequest, GenerateResult
 from slime_ext.data.generation import encode_routed_experts_b64
-from slime_ext.serving.errors import bad_request
+from slime_ext.serving.errors import APIError, bad_request
 from slime_ext.serving.openai_routes import _sampling, get_state, read_json, read_prompt_json
-from slime_ext.serving.native_schemas import (AbortReq, GenerateReqInput, SamplingParamsBody, check_generate,
-                                               check_sampling)
+from slime_ext.serving.native_schemas import (AbortReq, GenerateItem, GenerateReqInput, SamplingParamsBody,
+                                               check_sampling, generate_items)
 from slime_ext.serving.schemas import parse
 from slime_ext.serving.streaming import generate_all
 
@@ -66,45 +66,91 @@ def _finish_reason(res: GenerateResult) -> dict[str, Any]:
 
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request) -> Response:
+    """One request, or a batch (SGLang's form: `input_ids` a list of prompts) answered with a list in the
+    same order. A batch is validated whole (one bad row refuses it, naming the row, as SGLang does), then
+    takes one admission slot per row, all at once, and its rows join the engine together."""
     state = get_state(request)
-    async with state.admission.slot():
+    release = await state.admission.acquire()
+    try:
         body = parse(GenerateReqInput, await read_prompt_json(state, request))
-        check_generate(body)
-        ids = state.check_ids(body.input_ids, "input_ids")
-        sp = parse(SamplingParamsBody, body.sampling_params or {}, prefix="sampling_params")
-        check_sampling(sp, state.vocab_size)
-        max_new = state.token_budget(len(ids), sp.max_new_tokens, "sampling_params.max_new_tokens")
-        seed = state.seed(sp.sampling_seed)
-        specs = None
-        custom = sp.custom_params or {}
-        if custom.get("sampler_specs"):
-            specs = _decode_specs(custom["sampler_specs"])
-            _register_samplers(specs, custom.get("sampler_modules"))
-            state.check_specs(specs, seed)
-        if body.return_routed_experts and (max_new == 0 or not hasattr(state.engine, "prefix_cache")):
-            raise bad_request("'return_routed_experts' needs an embedded-engine MoE server and max_new_tokens > 0",
-                              param="return_routed_experts")
-        req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=body.rid,
-                            return_routed_experts=body.return_routed_experts)
+        items = generate_items(body)
+        if len(items) > 1:  # the body was read under one slot; the batch runs under one per row
+            release()
+            release = await state.admission.acquire(len(items))
+        prepared = [_prepare_row(state, body, item) for item in items]
+        answers = await _run(state, request, prepared, items, body)
+    finally:
+        release()
+    return JSONResponse(answers if isinstance(body.input_ids[0], list) else answers[0])
+
+
+def _prepare_row(state: Any, body: GenerateReqInput, item: GenerateItem) -> tuple[GenerateRequest, int]:
+    """`_prepare`, with a refusal of a batch row naming the row (`sampling_params[1].top_p`, "row 1: ...")."""
+    try:
+        return _prepare(state, body, item)
+    except APIError as exc:
+        if item.where and exc.param and exc.param.startswith("sampling_params."):
+            exc.param = f"sampling_params{item.where}" + exc.param[len("sampling_params"):]
+        if item.where:
+            exc.message = f"row {item.where[1:-1]}: {exc.message}"
+        raise
+
+
+def _prepare(state: Any, body: GenerateReqInput, item: GenerateItem) -> tuple[GenerateRequest, int]:
+    """The engine request of one row and its token budget; a 400 naming the row's field if it is invalid."""
+    w = item.where
+    ids = state.check_ids(item.input_ids, f"input_ids{w}")
+    sp = parse(SamplingParamsBody, item.sampling_params, prefix=f"sampling_params{w}")
+    check_sampling(sp, state.vocab_size)
+    max_new = state.token_budget(len(ids), sp.max_new_tokens, f"sampling_params{w}.max_new_tokens")
+    seed = state.seed(sp.sampling_seed)
+    specs = None
+    custom = sp.custom_params or {}
+    if custom.get("sampler_specs"):
+        specs = _decode_specs(custom["sampler_specs"])
+        _register_samplers(specs, custom.get("sampler_modules"))
+        state.check_specs(specs, seed)
+    if body.return_routed_experts and (max_new == 0 or not hasattr(state.engine, "prefix_cache")):
+        raise bad_request("'return_routed_experts' needs an embedded-engine MoE server and max_new_tokens > 0",
+                          param="return_routed_experts")
+    req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=item.rid,
+                        return_routed_experts=body.return_routed_experts)
+    return req, max_new
+
+
+async def _run(state: Any, request: Request, prepared: list[tuple[GenerateRequest, int]], items: list[GenerateItem],
+               body: GenerateReqInput) -> list[dict[str, Any]]:
+    """Generate every row that asks for tokens (together, so they share the engine's batch) and build
+    SGLang's answer of each."""
+    live = [req for req, max_new in prepared if max_new > 0]
+    tickets = [state.batcher.submit(req) for req in live]
+    results = dict(zip((r.rid for r in live), await generate_all(state.batcher, request, tickets=tickets))) \
+        if tickets else {}
+    versions = {t.request.rid: t.weight_version for t in tickets}
+    answers = []
+    for (req, max_new), item in zip(prepared, items):
         if max_new == 0:  # nothing to generate: SGLang answers an empty output finished by length
-            res, version = GenerateResult(req.rid, [], [], "length", [], 0, len(ids)), state.weight_version
+            res = GenerateResult(req.rid, [], [], "length", [], 0, len(req.input_ids))
         else:
-            (ticket,) = tickets = [state.batcher.submit(req)]
-            (res,) = await generate_all(state.batcher, request, tickets=tickets)
-            version = ticket.weight_version or state.weight_version
-        meta: dict[str, Any] = {
-            "id": req.rid, "finish_reason": _finish_reason(res),
-            "prompt_tokens": len(ids), "weight_version": version, "completion_tokens": len(res.output_ids),
-            "cached_tokens": res.cached_tokens,
-        }
-        if body.return_logprob:
-            text = (lambda t: state.tokenizer.decode([t])) if body.return_text_in_logprobs else (lambda t: None)
-            meta["output_token_logprobs"] = [[lp, tok, text(tok)]
-                                             for lp, tok in zip(res.logprobs or [], res.output_ids)]
-        if body.return_routed_experts and res.routed_experts is not None:
-            # SGLang's encoding: base64 of int32 [prompt + output - 1, layers, top_k]
-            meta["routed_experts"] = encode_routed_experts_b64(res.routed_experts)
-        return JSONResponse({"text": state.completion_text(res), "output_ids": res.output_ids, "meta_info": meta})
+            res = results[req.rid]
+        answers.append(_answer(state, body, req, res, versions.get(req.rid) or state.weight_version, item.return_logprob))
+    return answers
+
+
+def _answer(state: Any, body: GenerateReqInput, req: GenerateRequest, res: GenerateResult,
+            version: Optional[str], return_logprob: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": req.rid, "finish_reason": _finish_reason(res),
+        "prompt_tokens": len(req.input_ids), "weight_version": version, "completion_tokens": len(res.output_ids),
+        "cached_tokens": res.cached_tokens,
+    }
+    if return_logprob:
+        text = (lambda t: state.tokenizer.decode([t])) if body.return_text_in_logprobs else (lambda t: None)
+        meta["output_token_logprobs"] = [[lp, tok, text(tok)] for lp, tok in zip(res.logprobs or [], res.output_ids)]
+    if body.return_routed_experts and res.routed_experts is not None:
+        # SGLang's encoding: base64 of int32 [prompt + output - 1, layers, top_k]
+        meta["routed_experts"] = encode_routed_experts_b64(res.routed_experts)
+    return {"text": state.completion_text(res), "output_ids": res.output_ids, "meta_info": meta}
 
 
 @router.post("/abort_request")

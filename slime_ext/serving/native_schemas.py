@@ -2,12 +2,12 @@
 validated as SGLang 0.5.21 validates them, so a body is accepted or refused here as it is there.
 
 - Top level: every GenerateReqInput field with its type and default; pydantic in lax mode with unknown
-  keys ignored (SGLang's FastAPI body parsing), then the single-request checks of
-  `normalize_batch_and_arguments`.
+  keys ignored (SGLang's FastAPI body parsing), then the checks of `normalize_batch_and_arguments`; a
+  batch (a list of `input_ids` lists) is split into one request per prompt as SGLang splits it.
 - `sampling_params`: every key SamplingParams takes (an unknown key is refused: SGLang builds
   `SamplingParams(**params)`), the ranges of `SamplingParams.verify`, numbers typed strictly (SGLang's
   verify fails on a string where a number belongs).
-- What this server cannot honour (batches, text prompts, parallel sampling, multimodal inputs, grammars,
+- What this server cannot honour (text prompts, parallel sampling, multimodal inputs, grammars,
   penalties, top logprobs, streaming, ...) is refused with a 400 naming the field rather than ignored;
   `tests/serving/test_serve_contract.py` lists each such difference from SGLang with its reason.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
@@ -163,27 +164,68 @@ _REASONS = {"text": "it takes token ids ('input_ids')", "stream": "use stream: f
             "logprob_start_len": "prompt logprobs are not returned"}
 
 
-def check_generate(body: GenerateReqInput) -> None:
-    """SGLang's single-request normalisation checks, then this server's refusals (400 naming the field)."""
+@dataclass
+class GenerateItem:
+    """One request of a /generate body (a single request, or one row of a batch)."""
+
+    input_ids: Any
+    sampling_params: Any
+    rid: Optional[str]
+    return_logprob: bool
+    where: str  # how errors name this row: "" for a single request, "[i]" for row i of a batch
+
+
+def _per_row(body: GenerateReqInput, name: str, size: int, default: Any) -> list[Any]:
+    """A batch field as one value per row: a list must have one entry per prompt; anything else is shared."""
+    value = getattr(body, name)
+    if not isinstance(value, list):
+        return [default if value is None else value] * size
+    if len(value) != size:
+        raise bad_request(f"{name} has {len(value)} entries for a batch of {size} prompts", param=name)
+    return list(value)
+
+
+def generate_items(body: GenerateReqInput) -> list[GenerateItem]:
+    """SGLang's normalisation checks (`normalize_batch_and_arguments`), then this server's refusals (400
+    naming the field). A batch (`input_ids` a list of lists) becomes one item per prompt, as SGLang splits it:
+    `rid`, `sampling_params`, `return_logprob` are per row when lists, shared otherwise; a string rid
+    becomes `<rid>_<i>`."""
     if body.text is None and body.input_ids is None and body.input_embeds is None:
         raise bad_request("Either text, input_ids or input_embeds should be provided.", param="input_ids")
     if body.input_ids == [] and body.text is None:
         raise bad_request("input_ids cannot be empty.", param="input_ids")
-    batch = [name for name, v in (("rid", body.rid), ("sampling_params", body.sampling_params),
-                                  ("return_logprob", body.return_logprob)) if isinstance(v, list)]
-    if isinstance(body.input_ids, list) and body.input_ids and isinstance(body.input_ids[0], list):
-        batch.insert(0, "input_ids")
-    if batch:
-        raise bad_request(f"batch requests are not supported ({batch[0]} is a list): send one request per prompt",
-                          param=batch[0])
     for name in ("extra_key", "cache_salt"):
         if isinstance(getattr(body, name), list):
-            raise bad_request(f"{name} should be a string for a single request.", param=name)
+            raise bad_request(f"{name} must be one string here, also for a batch", param=name)
     for name, off in _OFF.items():
         value = getattr(body, name)
         if not any(value is o or (type(value) is type(o) and value == o) for o in off):
             reason = _REASONS.get(name, "this server does not implement it")
             raise bad_request(f"'{name}' is not supported by this server: {reason}", param=name)
+    ids = body.input_ids
+    if not (isinstance(ids, list) and ids and isinstance(ids[0], list)):
+        single = [(name, getattr(body, name)) for name in ("rid", "sampling_params", "return_logprob")]
+        for name, value in single:
+            if isinstance(value, list):
+                raise bad_request(f"{name} is a list but input_ids is one prompt (a batch sends a list of prompts)",
+                                  param=name)
+        return [GenerateItem(ids, body.sampling_params or {}, body.rid, bool(body.return_logprob), "")]
+    size = len(ids)
+    if isinstance(body.rid, str):
+        rids: list[Optional[str]] = [f"{body.rid}_{i}" for i in range(size)]
+    elif body.rid is None:
+        rids = [None] * size
+    else:
+        if len(body.rid) != size:
+            raise bad_request("The specified rids length mismatch with the batch_size for batch processing.",
+                              param="rid")
+        rids = list(body.rid)
+        duplicates = sorted({r for r in rids if rids.count(r) > 1})
+        if duplicates:
+            raise bad_request(f"Duplicate request IDs detected within the request: {duplicates}", param="rid")
+    sampling = _per_row(body, "sampling_params", size, {})
+    logprob = _per_row(body, "return_logprob", size, False)
+    return [GenerateItem(ids[i], sampling[i], rids[i], bool(logprob[i]), f"[{i}]") for i in range(size)]
 
 
 class SamplingParamsBody(BaseModel):

@@ -91,6 +91,8 @@ class FakeSGLang:
         self.weight_session = False
         self.received_tensors: list[list[tuple[str, torch.Tensor]]] = []
         self.flush_ok = True
+        self.refuse_batches = False  # answer batches 422, as sglang-router does
+        self.batch_sizes: list[int] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -181,6 +183,9 @@ class FakeSGLang:
         return 200, {"success": True, "message": "Success"}
 
     def generate(self, payload: dict) -> tuple[int, Any]:
+        ids = payload.get("input_ids")
+        if ids and isinstance(ids[0], list):
+            return self.generate_batch(payload)
         rid = payload["rid"]
         logical = rid.split("#retry")[0]
         with self.lock:
@@ -197,6 +202,31 @@ class FakeSGLang:
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+    def generate_batch(self, payload: dict) -> tuple[int, Any]:
+        """SGLang's batch form, split per row as `GenerateReqInput.__getitem__` does; a planned status of any
+        row answers the whole body (SGLang fails a batch as one request); rows run one after the other."""
+        if self.refuse_batches:
+            return 422, b"Failed to deserialize the JSON body into the target type: rid: invalid type: sequence"
+        rows = []
+        for i, ids in enumerate(payload["input_ids"]):
+            row = {k: v for k, v in payload.items() if k not in ("rid", "input_ids", "sampling_params",
+                                                                   "return_logprob", "custom_logit_processor")}
+            row["rid"], row["input_ids"] = payload["rid"][i], ids
+            row["sampling_params"] = payload["sampling_params"][i]
+            row["return_logprob"] = payload["return_logprob"][i]
+            processors = payload.get("custom_logit_processor")
+            if processors and processors[i]:
+                row["custom_logit_processor"] = processors[i]
+            rows.append(row)
+        with self.lock:
+            for row in rows:
+                plan = self.status_plan.get(row["rid"].split("#retry")[0])
+                if plan:
+                    status = plan.pop(0)
+                    return status, {"error": {"message": f"planned {status}"}}
+            self.batch_sizes.append(len(rows))
+        return 200, [self._run(row) for row in rows]
 
     def _run(self, payload: dict) -> dict:
         # what SGLang's tokenizer manager does with the request, in the same order

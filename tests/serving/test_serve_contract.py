@@ -129,6 +129,15 @@ AGREE: list[tuple[str, dict, str]] = [
     ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [1]}, BAD),
     ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]],
                                           "selector": "x"}, BAD),
+    # batches: one request per prompt, fields per row when lists, shared otherwise
+    ("/generate", {"input_ids": [[1, 2], [3]]}, OK),
+    ("/generate", {"input_ids": [[1, 2], [3]], "rid": ["a", "b"], "return_logprob": [True, False],
+                   "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 3, "temperature": 0.5}]}, OK),
+    ("/generate", {"input_ids": [[1, 2], [3]], "rid": "a", "sampling_params": {"max_new_tokens": 2}}, OK),
+    ("/generate", {"input_ids": [[1, 2], [3]], "rid": ["a"]}, BAD),
+    ("/generate", {"input_ids": [[1, 2], [3]], "rid": ["a", "a"]}, BAD),
+    ("/generate", {"input_ids": [[1, 2], [3]], "sampling_params": [{"max_new_tokens": 2}, {"top_p": 0}]}, BAD),
+    ("/generate", {"input_ids": [[1, 2], [3, -1]]}, BAD),
     ("/abort_request", {}, OK),
     ("/abort_request", {"rid": "r1"}, OK),
     ("/abort_request", {"abort_all": True, "other": 1}, OK),
@@ -152,7 +161,8 @@ AGREE: list[tuple[str, dict, str]] = [
 UNSUPPORTED = "SGLang serves it; this server does not implement it and says so rather than ignore it"
 DIFFER: list[tuple[str, dict, str, str, str]] = [
     ("/generate", {"text": "hello"}, BAD, OK, "this server takes token ids only (no text prompts)"),
-    ("/generate", {"input_ids": [[1, 2], [3]]}, BAD, OK, "batches: one request per prompt here"),
+    ("/generate", {"input_ids": [[1, 2], []]}, BAD, OK, "an empty prompt in a batch is refused with the batch "
+                                                        "(SGLang's validation passes it to the scheduler)"),
     ("/generate", gen(rid=["a"]), BAD, OK, "a list rid names a batch (SGLang even accepts it with one prompt)"),
     ("/generate", gen(stream=True), BAD, OK, "no streaming on /generate (the OpenAI routes stream)"),
     ("/generate", gen({"n": 2}), BAD, OK, "parallel sampling: send n requests with their own seeds"),
