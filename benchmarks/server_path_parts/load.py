@@ -11,7 +11,7 @@ from benchmarks.server_path_parts.workload import make_requests, ragged_lengths
 def latency_under_load(pool: Any, prompt_ids: list[list[int]], n: int, count: int, max_len: int,
                        temperature: float) -> dict[str, Any]:
     """`count` requests (prompts cycled, `n` samples each, ragged caps) sent at once through the pool's one
-    client (its max_concurrency should be >= count: all in flight at once); each request's completion time from
+    client (batched as the client batches: every row of a call completes with the call) (its max_concurrency should be >= count: all in flight at once); each request's completion time from
     the start (client side), and their distribution."""
     client = pool.clients[0]
     done: list[float] = []
@@ -24,8 +24,9 @@ def latency_under_load(pool: Any, prompt_ids: list[list[int]], n: int, count: in
 
     def traced_request(method: str, path: str, payload: Any = None, timeout: Any = None, headers: Any = None) -> Any:
         out = request(method, path, payload, timeout, headers)
-        if path == "/generate":
-            done.append(time.perf_counter() - t0)
+        if path == "/generate":  # a batch answers all its rows at once
+            rows = len(payload["rid"]) if isinstance(payload.get("rid"), list) else 1
+            done.extend([time.perf_counter() - t0] * rows)
         return out
 
     client._request = traced_request
