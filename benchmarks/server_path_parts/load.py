@@ -11,8 +11,8 @@ from benchmarks.server_path_parts.workload import make_requests, ragged_lengths
 def latency_under_load(pool: Any, prompt_ids: list[list[int]], n: int, count: int, max_len: int,
                        temperature: float) -> dict[str, Any]:
     """`count` requests (prompts cycled, `n` samples each, ragged caps) sent at once through the pool's one
-    client (batched as the client batches: every row of a call completes with the call) (its max_concurrency should be >= count: all in flight at once); each request's completion time from
-    the start (client side), and their distribution."""
+    client (its max_concurrency should be >= count: all in flight at once); each request's completion time from
+    the start (client side; the rows of a batched call complete with the call), and their distribution."""
     client = pool.clients[0]
     done: list[float] = []
     request = client._request
