@@ -75,6 +75,32 @@ def _sum_entry(name: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
     return name + SUM, torch.tensor([checksum(value)], dtype=torch.int64)
 
 
+def _bit_chunks(value: torch.Tensor, previous: torch.Tensor) -> Iterable[tuple[int, torch.Tensor]]:
+    """(offset, changed mask) per `_CHUNK` elements, bit-exact. Chunked so that the comparison's temporaries
+    (a bool mask, then int64 positions) stay bounded by the chunk instead of the tensor: on a large tensor a
+    whole-tensor `nonzero` took 9 bytes per element beyond the bucket (the delta sender's peak, issue 26)."""
+    int_dtype = _INT_VIEW[value.element_size()]
+    new, old = value.view(-1).view(int_dtype), previous.detach().contiguous().view(-1).view(int_dtype)
+    for start in range(0, new.numel(), _CHUNK):
+        yield start, new[start:start + _CHUNK] != old[start:start + _CHUNK]
+
+
+def _changed_counts(value: torch.Tensor, previous: torch.Tensor) -> list[int]:
+    return [int(mask.sum()) for _, mask in _bit_chunks(value, previous)]
+
+
+def _changed_index(value: torch.Tensor, previous: torch.Tensor, counts: list[int],
+                   index_dtype: torch.dtype) -> torch.Tensor:
+    """Flat positions whose bits changed, ascending, written chunk by chunk into their final dtype."""
+    index = torch.empty(sum(counts), dtype=index_dtype)
+    at = 0
+    for (start, mask), count in zip(_bit_chunks(value, previous), counts):
+        if count:
+            index[at:at + count] = mask.nonzero().view(-1) + start
+            at += count
+    return index
+
+
 def encode(name: str, value: torch.Tensor, previous: Optional[torch.Tensor]) -> tuple[Named, int]:
     """Payload entries for one tensor already in the engine's dtype, against `previous` (what the engine
     holds now; None = unknown: dense). Returns (entries, number of changed elements)."""
@@ -84,15 +110,14 @@ def encode(name: str, value: torch.Tensor, previous: Optional[torch.Tensor]) -> 
         entries.append((name, value))
         changed = value.numel()
     else:
-        int_dtype = _INT_VIEW[value.element_size()]
-        diff = (value.view(-1).view(int_dtype) != previous.detach().contiguous().view(-1).view(int_dtype))
-        index = diff.nonzero().view(-1)
-        changed = index.numel()
         index_dtype = torch.int32 if value.numel() < 2**31 else torch.int64
+        counts = _changed_counts(value, previous)
+        changed = sum(counts)
         sparse_bytes = changed * (index_dtype.itemsize + value.element_size())
         if sparse_bytes < value.numel() * value.element_size():
             if changed:
-                entries += [(name + IDX, index.to(index_dtype)), (name + VAL, value.view(-1)[index])]
+                index = _changed_index(value, previous, counts, index_dtype)
+                entries += [(name + IDX, index), (name + VAL, value.view(-1)[index])]
         else:
             entries.append((name, value))
     entries.append(_sum_entry(name, value))

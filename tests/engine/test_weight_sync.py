@@ -137,3 +137,22 @@ def test_delta_with_engine_servers_needs_the_tensor_path():
     assert ok.sglang.weight_sync_delta and ok.sglang.weight_bucket_mb == 64
     embedded = load_config(CONFIGS / "grpo.yaml", ["sglang.weight_sync_delta=true"]).config  # payloads to the actor
     assert embedded.rollout.engine == "embedded" and embedded.sglang.weight_sync_delta
+
+
+def test_sparse_delta_found_chunk_by_chunk_equals_the_whole_tensor_comparison(monkeypatch):
+    """The delta's positions are found in bounded chunks (the sender's memory); the entries must be exactly
+    the whole-tensor comparison's, across chunk borders, in both index dtypes' range."""
+    gen = torch.Generator().manual_seed(3)
+    old = torch.randn(1000, generator=gen).to(torch.bfloat16)
+    new = old.clone()
+    changed = torch.randperm(1000, generator=gen)[:97]
+    new[changed] += 1.0
+    new[0], new[999] = new[0] + 1, new[999] + 1  # the first and last element, on chunk borders
+    reference = (new.view(torch.int16) != old.view(torch.int16)).nonzero().view(-1)
+    for chunk in (7, 250, 1 << 22):
+        monkeypatch.setattr(weight_payload, "_CHUNK", chunk)
+        entries, count = weight_payload.encode("w", new, old)
+        parts = dict(entries)
+        assert count == reference.numel()
+        assert parts["w@idx"].dtype == torch.int32 and torch.equal(parts["w@idx"].long(), reference)
+        assert torch.equal(parts["w@val"], new[reference])
