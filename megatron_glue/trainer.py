@@ -63,7 +63,8 @@ class TrainerSettings:
     seed: int = 0
     routing_replay: bool = False  # R3: replay the engine's routed experts (samples' routed_experts) in MoE layers
     logprob_chunk_mb: float = DEFAULT_CHUNK_MB  # fp32 logits per chunk of the LM head's log-probs (logprobs.py)
-    # the policy loss: the method's specification (clip, KL, entropy, aggregation), held as it is given
+    # the policy loss at setup: the method's specification (clip, KL, entropy, aggregation), held as it is
+    # given; it decides whether a KL reference is kept. An RL batch brings its own (`train_step(loss=...)`).
     loss: LossSpec = field(default_factory=LossSpec)
     # Mini-batch PPO: samples per optimizer step (None: the whole rollout batch, one step)
     global_batch_size: Optional[int] = None
@@ -350,15 +351,20 @@ class MegatronTrainer:
         samples: Sequence[Sample],
         kind: LossKind = "grpo",
         ref_logprobs: Optional[dict[str, torch.Tensor]] = None,
+        loss: Optional[LossSpec] = None,
     ) -> dict[str, float]:
         """One rollout batch: one optimizer step, or one per mini-batch with `global_batch_size` (mini-batch
         PPO). GRPO needs `advantage` and the engine's logprobs on every sample; with `old_logprobs: trainer`
-        the old policy's logprobs are recomputed for the whole batch before the first update. Returns global
-        metrics: means over the batch's trained tokens (`_max` keys: maxima), `grad_norm` the mean over the
-        optimizer steps, `optimizer_steps` their number, and the train-inference mismatch (`mismatch/*`)."""
+        the old policy's logprobs are recomputed for the whole batch before the first update. `loss` is the
+        policy loss of this batch (the method's spec when the batch was made; it travels with the batch, so
+        a method whose spec changes during the run is followed step by step); None: `settings.loss`.
+        Returns global metrics: means over the batch's trained tokens (`_max` keys: maxima), `grad_norm` the
+        mean over the optimizer steps, `optimizer_steps` their number, and the train-inference mismatch
+        (`mismatch/*`)."""
         s = self.settings
+        loss = loss if loss is not None else s.loss
         if kind == "grpo":
-            self._check_grpo_inputs(samples, ref_logprobs)
+            self._check_grpo_inputs(samples, ref_logprobs, loss)
         chunks = self.minibatches(samples) if kind == "grpo" else [list(samples)]
         old: Optional[dict[str, torch.Tensor]] = None
         raw: dict[str, float] = {}
@@ -368,7 +374,7 @@ class MegatronTrainer:
         for i, chunk in enumerate(chunks):
             # Without a recompute, the first mini-batch's forward runs on the old weights: it measures the mismatch.
             measure = kind == "grpo" and old is None and i == 0
-            metrics, step_raw, step_ratios = self._optimizer_step(chunk, kind, ref_logprobs, old, measure)
+            metrics, step_raw, step_ratios = self._optimizer_step(chunk, kind, loss, ref_logprobs, old, measure)
             steps.append(metrics)
             raw.update(step_raw)
             ratios.extend(step_ratios)
@@ -394,14 +400,14 @@ class MegatronTrainer:
         bounds = [round(i * len(trained) / count) for i in range(count + 1)]
         return [trained[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _check_grpo_inputs(self, samples: Sequence[Sample], ref_logprobs: Optional[dict]) -> None:
+    def _check_grpo_inputs(self, samples: Sequence[Sample], ref_logprobs: Optional[dict], loss: LossSpec) -> None:
         missing = [x.sample_id for x in samples if x.advantage is None]
         if missing:
             raise ValueError(f"GRPO step needs an advantage on every sample; missing on {missing[:5]}")
         lacking_lp = [x.sample_id for x in samples if x.logprobs is None]
         if lacking_lp:
             raise ValueError(f"GRPO step needs the engine's logprobs on every sample; missing on {lacking_lp[:5]}")
-        if self.settings.loss.kl_coef > 0 and ref_logprobs is None:
+        if loss.kl_coef > 0 and ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs reference logprobs (compute_logprobs(reference=True))")
 
     @torch.no_grad()
@@ -424,16 +430,16 @@ class MegatronTrainer:
         out.update(_raw_mismatch(lp, mb["old_logprobs"].to(lp.device), mb["loss_mask"].to(lp.device)))
         return torch.zeros((), device=hidden.device), out
 
-    def _optimizer_step(self, samples: list[Sample], kind: LossKind, ref_logprobs: Optional[dict[str, torch.Tensor]],
-                        old: Optional[dict[str, torch.Tensor]], measure: bool) -> tuple[dict, dict, list]:
+    def _optimizer_step(self, samples: list[Sample], kind: LossKind, spec: LossSpec,
+                        ref_logprobs: Optional[dict[str, torch.Tensor]], old: Optional[dict[str, torch.Tensor]],
+                        measure: bool) -> tuple[dict, dict, list]:
         """Forward-backward over one mini-batch and one optimizer step; the loss is normalised by this
         mini-batch's own global denominator. Returns (metrics, raw mismatch sums, per-token ratios)."""
-        s = self.settings
         # Global denominator from the whole mini-batch (every rank sees all of it); only the response masks
         # matter, so no full token batch is built for it.
         masks = torch.nn.utils.rnn.pad_sequence(
             [torch.tensor(x.loss_mask, dtype=torch.float32) for x in samples], batch_first=True)
-        _, denominator = loss_coefficients(masks, s.loss.loss_agg if kind == "grpo" else "token_mean")
+        _, denominator = loss_coefficients(masks, spec.loss_agg if kind == "grpo" else "token_mean")
         denominator = float(denominator)
         mine = self._my_samples(samples)
         extra = {}
@@ -446,7 +452,7 @@ class MegatronTrainer:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        loss_func = partial(self._train_loss, kind, scale, measure)
+        loss_func = partial(self._train_loss, kind, spec, scale, measure)
         outputs = self._run(micro_batches, loss_func, forward_only=False)
         success, grad_norm, _ = self.optimizer.step()
         if success:
@@ -461,12 +467,12 @@ class MegatronTrainer:
                        lr=self.optimizer.param_groups[0]["lr"], step_skipped=float(not success))
         return metrics, raw, ratios
 
-    def _train_loss(self, kind: LossKind, scale: float, measure: bool, mb: dict,
+    def _train_loss(self, kind: LossKind, spec: LossSpec, scale: float, measure: bool, mb: dict,
                     hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         s = self.settings
         lp, ent = self.head.logprobs(hidden, mb["targets"], with_entropy=kind == "grpo")
         seq_mask = mb["loss_mask"].to(lp.device)
-        coef, _ = loss_coefficients(seq_mask, s.loss.loss_agg if kind == "grpo" else "token_mean")
+        coef, _ = loss_coefficients(seq_mask, spec.loss_agg if kind == "grpo" else "token_mean")
         extra: dict[str, Any] = {}
         if kind == "sft":
             per_token = -lp
@@ -479,9 +485,9 @@ class MegatronTrainer:
                 lp, old_lp, mb["advantages"].to(lp.device),
                 weights=mb["weights"].to(lp.device),
                 ref_logprobs=mb["ref_logprobs"].to(lp.device) if "ref_logprobs" in mb else None,
-                entropy=ent if s.loss.entropy_coef > 0 else (ent.detach() if ent is not None else None),
-                eps_low=s.loss.eps_clip_low, eps_high=s.loss.eps_clip_high, kl_coef=s.loss.kl_coef,
-                kl_estimator=s.loss.kl_estimator, entropy_coef=s.loss.entropy_coef,
+                entropy=ent if spec.entropy_coef > 0 else (ent.detach() if ent is not None else None),
+                eps_low=spec.eps_clip_low, eps_high=spec.eps_clip_high, kl_coef=spec.kl_coef,
+                kl_estimator=spec.kl_estimator, entropy_coef=spec.entropy_coef,
                 mismatch_weights=correction.weights if correction is not None else None,
             )
             if correction is not None:

@@ -36,6 +36,18 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # an attempt ended or the state changed
 
+    def __getstate__(self) -> dict:
+        """Picklable (a method holding a client is handed to the rollout manager actor): the state without
+        the lock; attempts in flight stay with the process that made them."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_changed")}
+        state.update(_in_flight=0, _probe_out=False)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
     @property
     def state(self) -> str:
         with self._lock:

@@ -65,6 +65,14 @@ class OpenAIClient:
         self.stats = {"calls": 0, "failed": 0, "skipped": 0, "retries": 0, "attempts": 0, "prompt_tokens": 0,
                       "completion_tokens": 0}
 
+    def __getstate__(self) -> dict:
+        """Picklable (a method holding a client is handed to the rollout manager actor): all but the lock."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
         if self.api_key:

@@ -7,13 +7,16 @@ Per step (the data flow of one RL step):
 
 Per run (the loop, the engine and the trainer know no method by name; they ask these):
     loss_spec()                -> the trainer's clip epsilons, KL coefficient / estimator, aggregation
+                                  (at setup, and each step with the rollout: it travels with the batch)
     needs_partner (class)      -> the engine holds a second, partner model (Tandem's junior)
     partner_dir / kl_reference_dir -> which checkpoints those are
     warm_start_rows / warm_start_key -> what the SFT warm start trains on and what its cache key includes
     eval_options / evaluate_after_step / final_evaluations -> what a method adds to evaluation
 
 None of them knows which engine or trainer host runs the step. Controller state is saved with
-checkpoints (`state_dict`), so a resumed run continues exactly.
+checkpoints (`state_dict`), so a resumed run continues exactly. A run has one method object; during RL the
+rollout manager holds it (`slime_ext.orchestration.training_job.TrainingJob` says who asks what, when), so
+a method must pickle (it is handed to the manager actor).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ class Method:
 
     # -- what the loop, the engine and the trainer need ----------------------------------------------
     def loss_spec(self) -> LossSpec:
-        """The policy loss the trainer runs for this method's batches (the shared `grpo` section)."""
+        """The policy loss the trainer runs for this method's batches (the shared `grpo` section). Asked at
+        setup and again with every rollout, so a spec that follows the controllers' state is applied step by step."""
         g = self.config.grpo
         return LossSpec(eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=g.kl_coef,
                         kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg)
@@ -110,7 +114,8 @@ class Method:
         return {"response_metrics": lambda result: metrics(tokenizer, result.output_ids)}
 
     def evaluate_after_step(self, row: dict[str, float], engine: Any, run_dir: Path) -> None:
-        """Evaluation the method runs between steps (DA-GRPO: after each continual phase)."""
+        """Evaluation the method runs between steps (DA-GRPO: after each continual phase); it runs in the
+        rollout manager, which holds the method during RL, with the manager's engine."""
 
     def final_evaluations(self, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
                           load_engine: Callable[[str], Any]) -> None:

@@ -3,7 +3,8 @@
 Any config value of a `*_url` key (DA-GRPO's cloud, an SxS judge) may be `solver:NAME`; the process that
 builds the method starts (once per process) a server over `slime_ext.engine.solver.SolverEngine(NAME)`
 and the method sees its http URL, so the embedded default needs no second process. Requests still go over
-HTTP either way. Methods only ever see URLs.
+HTTP either way. Methods only ever see URLs. The training job builds the run's method in the driver and hands it
+to the rollout manager actor, which therefore calls the driver's servers (it runs on the driver's node).
 """
 
 from __future__ import annotations

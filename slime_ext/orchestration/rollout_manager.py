@@ -2,8 +2,13 @@
 
 Runs as a Ray actor in the training loop (`RemoteRolloutManager` is the driver's synchronous handle;
 `rollout.manager=driver` keeps it in the driver process) or as a plain object in tests. It owns the data source,
-the tokenizer, the method (its controllers) and talks to the engine through the engine interface,
-so the same code drives the embedded engine and SGLang servers.
+the tokenizer, and, during RL, the run's one method object (its controllers), and talks to the engine through
+the engine interface, so the same code drives the embedded engine and SGLang servers.
+
+The method is handed over by `TrainingJob` when the manager is made (the same object in the driver process,
+pickled into the actor) and handed back by `release_method` when RL ends; in between, the driver reaches the
+method only through the manager: `loss_spec` (the step's loss, asked with the rollout), `update`,
+`state_dict`, `evaluate_after_step`. So the controllers' state the loop sees is the state that made the rollouts.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import dataclasses
 import hashlib
 import threading
 import time
+from pathlib import Path
 from typing import Any, Optional
 
+from slime_ext.algo import LossSpec
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample, SampleStatus
 from slime_ext.data.generation import GenerateRequest, GenerateResult
@@ -145,12 +152,16 @@ def version_metrics(results: list[GenerateResult]) -> dict[str, float]:
 
 
 class RolloutManager:
+    """Rollouts, scored by the method it holds (see the module docstring for who holds the method when)."""
+
     def __init__(self, config: Config, train_rows: list[dict], tokenizer: Any, engine: Any,
                  method: Optional[Method] = None):
+        """`method`: the run's method object (`TrainingJob` hands it over); without one (tests, benchmarks)
+        the manager builds its own from the config."""
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
-        self.method = method or build_run_method(config, tokenizer)
+        self.method: Optional[Method] = method if method is not None else build_run_method(config, tokenizer)
         self.data = DataSource(train_rows[: config.rollout.prompt_pool], config.run.seed, config.data.shuffle)
         self.template = get_template(config.data.template)
         self.phase_sources: dict[str, DataSource] = {}  # continual methods: one data order per phase
@@ -395,6 +406,24 @@ class RolloutManager:
     def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
         return self.method.update(stats, step)
 
+    def loss_spec(self) -> LossSpec:
+        """The policy loss of the rollout just made: asked right after `rollout`, before `update`, so it is
+        the spec of the method state that scored the batch; it goes to the trainer with the batch."""
+        return self.method.loss_spec()
+
+    def evaluate_after_step(self, row: dict[str, Any], run_dir: str | Path) -> None:
+        """The method's between-steps evaluation (DA-GRPO: after each phase), run here, where the method and
+        its controllers' state live, with this manager's engine."""
+        self.method.evaluate_after_step(row, self.engine, Path(run_dir))
+
+    def release_method(self) -> Method:
+        """Hand the method back when RL ends (with its final state, for the final evaluations); the manager
+        keeps no reference, so the run still has one method object and this manager rolls out no more."""
+        method, self.method = self.method, None
+        if method is None:
+            raise RuntimeError("the rollout manager's method was already handed back")
+        return method
+
     def state_dict(self) -> dict[str, Any]:
         phases = {k: v.state_dict() for k, v in self.phase_sources.items()} | self._pending_phase_states
         return {"data": self.data.state_dict(), "method": self.method.state_dict(), "phases": phases}
@@ -407,7 +436,8 @@ class RolloutManager:
 
 
 class RemoteRolloutManager:
-    """Synchronous driver-side handle of a RolloutManager Ray actor (the same methods as the object)."""
+    """Synchronous driver-side handle of a RolloutManager Ray actor (the same methods as the object). The
+    method lives in the actor: everything the driver asks of it during RL goes through here."""
 
     def __init__(self, handle: Any):
         import ray
@@ -433,6 +463,15 @@ class RemoteRolloutManager:
 
     def update(self, stats: dict[str, float], step: int) -> dict[str, float]:
         return self._ray.get(self.handle.update.remote(stats, step))
+
+    def loss_spec(self) -> LossSpec:
+        return self._ray.get(self.handle.loss_spec.remote())
+
+    def evaluate_after_step(self, row: dict[str, Any], run_dir: str | Path) -> None:
+        self._ray.get(self.handle.evaluate_after_step.remote(row, str(run_dir)))
+
+    def release_method(self) -> Method:
+        return self._ray.get(self.handle.release_method.remote())
 
     def state_dict(self) -> dict[str, Any]:
         return self._ray.get(self.handle.state_dict.remote())

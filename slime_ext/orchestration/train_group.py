@@ -18,6 +18,7 @@ import torch
 
 from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 from megatron_glue.model_provider import ParallelSizes
+from slime_ext.algo import LossSpec
 from slime_ext.orchestration.placement import ActorGroup, Placement, ray_options
 
 
@@ -101,9 +102,12 @@ class TrainWorker:
     def set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)
 
-    def train_step(self, samples: list, kind: str, ref_logprobs: Optional[dict] = None) -> dict:
+    def train_step(self, samples: list, kind: str, ref_logprobs: Optional[dict] = None,
+                   loss: Optional[LossSpec] = None) -> dict:
+        """One batch; `loss` is the batch's own loss spec (RL: the method's, from the rollout manager with the
+        rollout), None for the setup-time one (SFT)."""
         self.weights_version = None
-        return self.trainer.train_step(samples, kind=kind, ref_logprobs=ref_logprobs)
+        return self.trainer.train_step(samples, kind=kind, ref_logprobs=ref_logprobs, loss=loss)
 
     def compute_logprobs(self, samples: list, reference: bool = False) -> Optional[dict]:
         return self.trainer.compute_logprobs(samples, reference=reference)

@@ -1,10 +1,10 @@
 """The training loop on Ray: SFT warm start (cached), then RL steps with weight sync, checkpoints, resume.
 
 One RL step (docs/architecture.md):
-  rollout manager: plan -> engine.generate -> finish (rewards, advantages)
-  train group:     (reference logprobs if KL) -> optimizer step
+  rollout manager: plan -> engine.generate -> finish (rewards, advantages); the method's loss spec
+  train group:     (reference logprobs if KL) -> optimizer step with that loss spec
   weight sync:     Megatron -> HF names -> engine update (the engine flushes its prefix cache)
-  method.update:   controllers
+  method.update:   controllers (in the rollout manager, which holds the method during RL)
 With `rollout.off_policy_steps: 1` the next step's rollout runs beside training
 (`slime_ext.orchestration.off_policy.OffPolicyRollouts` stands in for the manager and the engine).
 A checkpoint (trainer ranks + rollout manager state + step) is written every `run.save_every` steps
@@ -40,6 +40,7 @@ from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.engine_server import INITIAL_VERSION
 from slime_ext.engine.failures import EngineFailure
+from slime_ext.methods.base import Method
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.off_policy import OffPolicyRollouts
@@ -206,7 +207,18 @@ def _peak_rss_gib() -> float:
 
 
 class TrainingJob:
-    """The sft / rl / eval stages of the main job (one object per run directory)."""
+    """The sft / rl / eval stages of the main job (one object per run directory).
+
+    One method object per run, in one place at a time. The job builds it; the driver asks it the run's
+    fixed facts before RL (name, SFT warm start rows and key, the setup loss spec, partner and KL reference
+    checkpoints) and runs the warm start evaluation with it. `run_rl` then hands it to the rollout manager
+    (the same object in-process; pickled into the actor with `rollout.manager: actor`, after which the
+    driver keeps no copy), and during RL the driver reaches it only through the manager: the step's loss
+    spec with the rollout, `update`, `state_dict` / `load_state_dict`, `evaluate_after_step` (run where the
+    method lives, with the manager's engine). When the steps are done the manager hands it back
+    (`release_method`, with its final state) for the final evaluations in the driver. So every hook sees
+    the controllers' state that made the rollouts, never a stale copy's.
+    """
 
     def __init__(self, config: Config, run_dir: Path, train_rows: list[dict], eval_rows: list[dict], tokenizer: Any,
                  tokenizer_path: Path):
@@ -222,10 +234,20 @@ class TrainingJob:
         self.sizes = ParallelSizes.from_config(config.train.parallel)
         self.peak_gib: Optional[float] = None  # GiB; None until a step measured it (or a resumed run's rows did)
         self.sft_report: Optional[LoadReport] = None  # set when the SFT rows are built
-        # The driver's copy of the method: what the loop asks of it (warm start, loss, models, evaluation).
-        # The rollout manager builds its own, which holds the controllers' state.
-        self.method = build_run_method(config, tokenizer)
+        self._method: Optional[Method] = build_run_method(config, tokenizer)  # None while the manager holds it
+        self.method_name = self._method.name
         self.actors = actor_groups(config)
+
+    @property
+    def method(self) -> Method:
+        """The run's one method object, while the driver holds it (not during RL: see the class docstring)."""
+        if self._method is None:
+            raise RuntimeError("the rollout manager holds the method during RL: ask it through the manager")
+        return self._method
+
+    @method.setter
+    def method(self, method: Method) -> None:
+        self._method = method
 
     # -- SFT warm start ---------------------------------------------------------------------------
     def warm_start_key(self) -> str:
@@ -345,18 +367,20 @@ class TrainingJob:
             with self._stopping("the engines' start", ckpt_dir):
                 run_engine = start_engine(cfg, self.actors["engine"], warm_dir, partner, self.run_dir, self.tokenizer)
             engine = run_engine.engine
-            with self._stopping("the trainer's setup and the resume", ckpt_dir):
+            with self._stopping("the trainer's setup", ckpt_dir):
                 group = self.train_group(threads=cfg.train.threads)
                 self._setup_trainer(group, warm_dir)
                 engine.attach_weight_source(group)  # a restarted engine is brought current by the ranks
-                manager, manager_actor = self._rollout_manager(engine)
+            with self._stopping("the warm start evaluation", ckpt_dir):  # before the method moves to the manager
+                reports = self._warm_start_report(engine, with_eval, resuming=(ckpt_dir / "latest").exists())
+            with self._stopping("the rollout manager's start and the resume", ckpt_dir):
+                manager, manager_actor = self._rollout_manager(engine)  # the method moves to the manager
                 if cfg.rollout.off_policy_steps:  # rollout t+1 beside train t (slime_ext.orchestration.off_policy)
                     manager = OffPolicyRollouts(manager, engine, cfg.train.steps, cfg.rollout.partial_rollouts)
                 start = self._resume(group, manager, engine, ckpt_dir)
-            with self._stopping("the warm start evaluation", ckpt_dir):
-                reports = self._warm_start_report(engine, with_eval, start)
             self._rl_loop(start, manager, group, engine, ckpt_dir)
             with self._stopping("the final weight export and evaluation", ckpt_dir):
+                self.method = manager.release_method()  # back from the manager, with its final state
                 reports.update(self._finish(group, engine, warm_dir, with_eval))
         finally:
             if group is not None:
@@ -386,15 +410,22 @@ class TrainingJob:
         group.set_weights_version(INITIAL_VERSION)  # the warm start the engines were started with
 
     def _rollout_manager(self, engine: Any) -> tuple[RolloutManager | RemoteRolloutManager, Any]:
-        """The rollout manager (in this process or as an actor) and its actor handle (None in-process)."""
+        """The rollout manager (in this process or as an actor) and its actor handle (None in-process). The
+        method moves to it: `self.method` is None until the manager's `release_method` hands it back."""
         cfg = self.cfg
+        method, self._method = self.method, None
         if cfg.rollout.manager != "actor":
-            return RolloutManager(cfg, self.train_rows, self.tokenizer, engine), None
+            return RolloutManager(cfg, self.train_rows, self.tokenizer, engine, method=method), None
         # partial rollouts: pause/resume around a weight sync reach the manager while its rollout runs
         concurrency = {"max_concurrency": 2} if cfg.rollout.partial_rollouts else {}
+        # on the driver's node (the plan's head node): the method's `solver:` endpoints are this process's
+        # servers on 127.0.0.1 (slime_ext.orchestration.local_endpoints)
+        here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                                                             soft=False)
         actor = ray.remote(RolloutManager).options(
-            **ray_options(self.actors["manager"]), **concurrency, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
-        ).remote(cfg, self.train_rows, self.tokenizer, engine)
+            **ray_options(self.actors["manager"]), **concurrency, scheduling_strategy=here,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+        ).remote(cfg, self.train_rows, self.tokenizer, engine, method)
         return RemoteRolloutManager(actor), actor
 
     def _resume(self, group: Any, manager: Any, engine: Any, ckpt_dir: Path) -> int:
@@ -414,10 +445,10 @@ class TrainingJob:
         self.peak_gib = peak_rss_from_metrics(metrics_path)
         return start
 
-    def _warm_start_report(self, engine: Any, with_eval: bool, start: int) -> dict[str, Any]:
-        """The warm start's evaluation: run at step 0, read back from `eval_warm_start.json` on resume."""
+    def _warm_start_report(self, engine: Any, with_eval: bool, resuming: bool) -> dict[str, Any]:
+        """The warm start's evaluation: run before step 0, read back from `eval_warm_start.json` on resume."""
         warm_eval = self.run_dir / "eval_warm_start.json"
-        if with_eval and start == 0:
+        if with_eval and not resuming:
             return {"warm start (SFT)": self.evaluate(engine, "warm_start")}
         if with_eval and warm_eval.exists():
             from slime_ext.evaluation import load_report
@@ -428,7 +459,7 @@ class TrainingJob:
     def _rl_loop(self, start: int, manager: Any, group: Any, engine: Any, ckpt_dir: Path) -> None:
         """Steps `start` .. train.steps - 1: a metrics row each, a checkpoint every `run.save_every`."""
         cfg = self.cfg
-        bar = tqdm(range(start, cfg.train.steps), desc=f"{self.method.name} RL", unit="step", file=sys.stderr,
+        bar = tqdm(range(start, cfg.train.steps), desc=f"{self.method_name} RL", unit="step", file=sys.stderr,
                    initial=start, total=cfg.train.steps)
         with RunLogger(self.run_dir, cfg.logging, cfg.run.log_every, start_step=start, run_name=self.run_dir.name,
                        config=cfg.model_dump(mode="json")) as run_logger:
@@ -437,7 +468,7 @@ class TrainingJob:
                     # off-policy: the wrapper is the step's engine too (its sync finishes the rollout in flight)
                     row = self._rl_step(step, manager, group, manager if isinstance(manager, OffPolicyRollouts) else engine)
                     run_logger.log(row)  # metrics.jsonl, TensorBoard, W&B
-                    self.method.evaluate_after_step(row, engine, self.run_dir)
+                    manager.evaluate_after_step(row, self.run_dir)  # where the method lives, with its engine
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")
                 if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.train.steps:
@@ -472,13 +503,14 @@ class TrainingJob:
                  engine: Any) -> dict:
         t_start = time.perf_counter()
         groups, row = manager.rollout(step)
+        loss = manager.loss_spec()  # the method's loss for this batch: it goes to the trainer with the batch
         report_engine_restarts(row, self.run_dir)
         samples = [s for g in groups for s in g]
         if step == 0 and self.cfg.train.check_consistency_at_start:
             row.update(self._check_consistency(group, samples))
         t0 = time.perf_counter()
         ref = group.first("compute_logprobs", samples, True) if self.kl_active else None
-        train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None)
+        train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None, loss)
         t1 = time.perf_counter()
         sync = engine.sync_weights(group, step + 1)  # the ranks push; step + 1 rolls out with version step + 1
         t2 = time.perf_counter()

@@ -147,6 +147,26 @@ def test_reference_snapshot_and_kl_term():
         trainer.train_step(samples, kind="grpo")
 
 
+def test_a_batch_brings_its_own_loss_spec():
+    """An RL batch carries its method's loss spec (which may change during a run): `train_step(loss=...)` is
+    the step of a trainer set up with that spec, not of the setup-time `settings.loss`."""
+    tight = LossSpec(eps_clip_low=0.01, eps_clip_high=0.01)
+
+    def step(setup: LossSpec, batch: LossSpec | None) -> dict:
+        single_process_parallel_state(seed=8)  # the same initial weights for every trainer
+        trainer = make_trainer(loss=setup)
+        samples = make_samples(6, seed=3)
+        current = trainer.compute_logprobs(samples)["logprobs"]
+        for i, s in enumerate(samples):  # ratios of exp(+-0.05): inside 1 +- 0.2, outside 1 +- 0.01
+            s.logprobs = (current[s.sample_id] + (0.05 if i % 2 else -0.05)).tolist()
+        return trainer.train_step(samples, kind="grpo", loss=batch)
+
+    given = step(LossSpec(), tight)
+    assert given == step(tight, None)
+    setup_time = step(LossSpec(), None)
+    assert setup_time["clip_frac"] == 0.0 < given["clip_frac"] and setup_time["pg_loss"] != given["pg_loss"]
+
+
 def test_checkpoint_resume_is_exact(tmp_path):
     settings = dict(lr=1e-3, lr_warmup_steps=2, total_steps=10, lr_decay_style="cosine")
     trainer = make_trainer(**settings)

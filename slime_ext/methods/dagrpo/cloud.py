@@ -65,6 +65,14 @@ class CloudHelper:
         self.skipped = 0  # calls the open circuit breaker refused (no attempt made)
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """Picklable (the method is handed to the rollout manager actor): all but the lock."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def ask(self, questions: Sequence[Optional[str]]) -> tuple[list[Optional[str]], CloudTally]:
         """One completion per non-None question (groups that asked), None elsewhere or when the call
         failed or was skipped; with this batch's counts."""
