@@ -42,30 +42,34 @@ _TANDEM = {"tandem": "slime_ext.methods.tandem.config:TandemConfig"}
 _DUET = {"duet": "slime_ext.methods.duet.config:DuetConfig"}
 _DAGRPO = {"dagrpo": "slime_ext.methods.dagrpo.config:DAGRPOConfig"}
 _SXS = {"sxs": "slime_ext.methods.sxs.config:SxSConfig"}
-# handoff robustness, drift and legibility against the junior, when `tandem.eval_axes` is on (the Tandem study
-# turns it on for its GRPO arm too, so every GRPO-family method offers it)
+# handoff robustness, drift and legibility against the junior, when `tandem_axes.enabled` is on (the Tandem study
+# turns it on for its GRPO arm too, so every GRPO-family method offers it, and declares the section it reads)
 _AXES = ("slime_ext.methods.tandem.eval_axes:final_evaluation",)
+_AXES_SECTION = {"tandem_axes": "slime_ext.methods.tandem.config:TandemAxesConfig"}
 _JUNIOR = {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
 _SPEAK = {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
 
 METHODS: dict[str, MethodEntry] = {
     # plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)
-    "grpo": MethodEntry("slime_ext.methods.grpo.method:GRPO", evaluations=_AXES,
+    "grpo": MethodEntry("slime_ext.methods.grpo.method:GRPO", _AXES_SECTION, evaluations=_AXES,
                         response_metrics="slime_ext.methods.sxs.metrics:cot_response_metrics"),
-    "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO", {"dapo": "slime_ext.methods.dapo.config:DapoConfig"},
-                        evaluations=_AXES),
-    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM, ("sglang_patches.tandem",), _AXES,
-                          checkpoint_evaluations=_JUNIOR),
-    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM, evaluations=_AXES,
-                                checkpoint_evaluations=_JUNIOR),
-    "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET, ("sglang_patches.duet",), _AXES),
-    "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM,
+    "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO",
+                        {"dapo": "slime_ext.methods.dapo.config:DapoConfig"} | _AXES_SECTION, evaluations=_AXES),
+    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM | _AXES_SECTION, ("sglang_patches.tandem",),
+                          _AXES, checkpoint_evaluations=_JUNIOR),
+    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM | _AXES_SECTION,
+                                evaluations=_AXES, checkpoint_evaluations=_JUNIOR),
+    "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET | _AXES_SECTION, ("sglang_patches.duet",), _AXES),
+    "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM | _AXES_SECTION,
                                ("sglang_patches.duet", "sglang_patches.tandem"), _AXES),
-    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
-    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
-    "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO, ("sglang_patches.dagrpo",), _AXES),
-    "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO, ("sglang_patches.dagrpo",),
-                               _AXES),
+    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS | _AXES_SECTION, ("sglang_patches.sxs",), _AXES,
+                           serving=_SPEAK),
+    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS | _AXES_SECTION, ("sglang_patches.sxs",), _AXES,
+                          serving=_SPEAK),
+    "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO | _AXES_SECTION, ("sglang_patches.dagrpo",),
+                          _AXES),
+    "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO | _AXES_SECTION,
+                               ("sglang_patches.dagrpo",), _AXES),
 }
 
 
