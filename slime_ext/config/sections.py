@@ -39,7 +39,8 @@ class Section(BaseModel):
         """Checks across sections, run when the configured method uses this section (raise ValueError)."""
 
     def data_transform(self, config: Any) -> Any:
-        """A function that rewrites synthetic data rows, when this section asks for one (else None)."""
+        """A function that rewrites synthetic data rows, when this section asks for one (else None). Its
+        import path (or a `cache_key` attribute) keys the prepared data and the SFT warm start."""
         return None
 
 
@@ -122,8 +123,6 @@ class SyntheticDataConfig(Section):
     # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
     # use paragraphs; the default keeps one step per line.
     step_separator: Literal["\n", "\n\n"] = "\n"
-    # SxS: replace each reference solution by its think/speak interleaving (Algorithm 1, rule oracle)
-    sxs_interleave: bool = False
 
 
 class DataConfig(Section):

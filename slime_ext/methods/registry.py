@@ -155,8 +155,9 @@ def method_class(config: Any) -> type["Method"]:
 
 
 def data_transform(config: Any) -> Any:
-    """The synthetic-row transform a registered section asks for under this config (at most one), or None."""
-    found = [(key, fn) for key in all_sections() if (fn := getattr(config, key).data_transform(config)) is not None]
+    """The synthetic-row transform one of the configured method's sections asks for (at most one), or None."""
+    found = [(key, fn) for key in method_sections(config)
+             if (fn := getattr(config, key).data_transform(config)) is not None]
     if len(found) > 1:
         raise ValueError(f"config sections {[k for k, _ in found]} each rewrite the data rows; enable one")
     return found[0][1] if found else None
