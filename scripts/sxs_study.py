@@ -21,7 +21,7 @@ response lengths, first substantive disclosure, all in tokens of the response wi
 CoT rows the same metrics treat the `Step` reasoning as one think block and the final `\\boxed{}` line
 as the only speak block (`cot_channels`). Plot `block_count.png`: think blocks per rollout (`sxs/think_blocks`)
 and training accuracy (`reward/correct`; GRPO: `reward/mean`) over RL steps. `k=v` overrides apply to
-every run.
+every run (so not `sxs.*`: the CoT arm is a grpo run, whose config has no `sxs` section).
 """
 
 from __future__ import annotations

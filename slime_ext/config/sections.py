@@ -1,8 +1,9 @@
 """The run-wide config sections (run, model, data, rollout, train, GRPO core, eval, cluster).
 
-Each method's own section lives in its package (`slime_ext/methods/<name>/config.py`) and is added to the
-full `Config` by the registry. A YAML file only states what it changes; every model forbids unknown keys so
-a typo fails loudly instead of silently running defaults.
+Each method's own section lives in its package (`slime_ext/methods/<name>/config.py`); a run's config holds
+these sections plus its own method's (its registry entry's `sections`, composed by slime_ext.config.schema).
+A YAML file only states what it changes; every model forbids unknown keys so a typo fails loudly instead of
+silently running defaults.
 """
 
 from __future__ import annotations
@@ -408,8 +409,8 @@ class LoggingConfig(Section):
 
 
 class CoreConfig(Section):
-    """The run-wide sections. The full `Config` (slime_ext.config.schema) adds every registered method's
-    own section and checks `method` against the registry."""
+    """The run-wide sections. A run's config model (slime_ext.config.schema.config_model) adds its method's own
+    sections, and no other method's, and checks `method` against the registry."""
 
     method: str = "grpo"
     run: RunConfig = Field(default_factory=RunConfig)

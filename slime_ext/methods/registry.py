@@ -1,11 +1,14 @@
 """The method registry: one line per method, its manifest: the method class, the config sections it reads,
 the modules that register its engine-side samplers, and the extra evaluations and metrics it reports.
 
-Entries are import paths, so reading the registry (the config loader does, to compose the full config
-schema; servers do, to know which sampler modules they may import) imports no method code. A method package
+Entries are import paths, so reading the registry (the config loader does, to compose a run's config schema;
+servers do, to know which sampler modules they may import) imports no method code. A method package
 holds `method.py` (its hooks) and, if it has settings of its own, `config.py` (its section); an engine-side
 sampler is a module of `sglang_patches` named in `samplers`. The server, the engines and evaluation learn about
-a method only from here. Composition stays composition: DUET on Tandem reads both sections and both samplers.
+a method only from here. A run's config holds the run-wide sections and its own entry's `sections` only, so an
+entry declares every section its method, samplers and evaluations read: composition stays composition (DUET on
+Tandem declares both sections and both samplers), and an entry that lists Tandem's axes evaluation declares its
+`tandem_axes` section.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MethodEntry:
     method: str  # "package.module:Class"
-    sections: dict[str, str] = field(default_factory=dict)  # config key -> "package.module:SectionModel"
+    # config key -> "package.module:SectionModel": every section this method's code, samplers and evaluations read
+    # (a run's config holds the run-wide sections and these only; another method's section is an error)
+    sections: dict[str, str] = field(default_factory=dict)
     # modules whose import registers the method's engine-side samplers (`@register_sampler`): engines and
     # servers import them by these names, and a server imports no module a request names unless it is here
     samplers: tuple[str, ...] = ()
@@ -79,18 +84,24 @@ def load_object(path: str) -> Any:
 
 
 def register_method(name: str, entry: MethodEntry) -> None:
-    """Add a method at run time (tests, plugins); `slime_ext.config.schema.config_model()` then accepts it."""
+    """Add a method at run time (tests, plugins); `slime_ext.config.schema.config_model(name)` then composes its
+    config and `load_config` accepts `method: name`."""
     METHODS[name] = entry
 
 
-def all_sections() -> dict[str, type]:
-    """Every registered config section: key -> pydantic model (a key shared by methods must name one model)."""
+def all_sections_paths() -> dict[str, str]:
+    """Every registered config section: key -> "module:Model" (a key shared by methods must name one model)."""
     paths: dict[str, str] = {}
     for name, entry in METHODS.items():
         for key, path in entry.sections.items():
             if paths.setdefault(key, path) != path:
                 raise ValueError(f"config section {key!r}: method {name!r} registers {path}, another {paths[key]}")
-    return {key: load_object(path) for key, path in paths.items()}
+    return paths
+
+
+def all_sections() -> dict[str, type]:
+    """Every registered config section: key -> pydantic model (imported now)."""
+    return {key: load_object(path) for key, path in all_sections_paths().items()}
 
 
 def sampler_modules() -> list[str]:
