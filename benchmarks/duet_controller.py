@@ -43,8 +43,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     repo = Path(__file__).resolve().parents[1]
-    over = [f"rollout.prompts_per_step={args.prompts}", "duet.budget_fraction=0.5"]
-    duet_cfg = load_config(repo / "configs" / "duet.yaml", over).config
+    over = [f"rollout.prompts_per_step={args.prompts}"]
+    # the duet section is part of the DUET run's config only (a GRPO config has no such section)
+    duet_cfg = load_config(repo / "configs" / "duet.yaml", [*over, "duet.budget_fraction=0.5"]).config
     grpo_cfg = load_config(repo / "configs" / "grpo.yaml", over).config
     data = prepare_data(duet_cfg.data, duet_cfg.run.cache_dir, data_transform(duet_cfg))
     tok = load_tokenizer(args.model)

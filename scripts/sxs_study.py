@@ -7,7 +7,7 @@ interrupted study resumes):
 - `cot`: `configs/grpo.yaml` (SFT warm start on the plain `Step k:` ... `\\boxed{N}` solutions, then GRPO);
   its `eval_warm_start.json` is the "CoT SFT" row, its `eval_final.json` the "CoT SFT->RL" row;
 - `sxs_sft`: `configs/sxs_sft.yaml` (SFT on the same task's solutions interleaved by Algorithm 1,
-  `data.synthetic.sxs_interleave`), `eval_sft.json` -> "SxS SFT";
+  `sxs.interleave_data`), `eval_sft.json` -> "SxS SFT";
 - `sxs_rl`, `sxs_rl_shaping`: `configs/sxs_rl.yaml` with `sxs.qp_shaping=false` / `true`, RL from that same
   SxS warm start (same cache key as `sxs_sft`; the study checks the recorded warm-start paths agree),
   `eval_final.json` -> "SxS SFT->RL" / "SxS SFT->RL +shaping".
@@ -21,7 +21,7 @@ response lengths, first substantive disclosure, all in tokens of the response wi
 CoT rows the same metrics treat the `Step` reasoning as one think block and the final `\\boxed{}` line
 as the only speak block (`cot_channels`). Plot `block_count.png`: think blocks per rollout (`sxs/think_blocks`)
 and training accuracy (`reward/correct`; GRPO: `reward/mean`) over RL steps. `k=v` overrides apply to
-every run.
+every run (so not `sxs.*`: the CoT arm is a grpo run, whose config has no `sxs` section).
 """
 
 from __future__ import annotations

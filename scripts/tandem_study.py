@@ -8,7 +8,9 @@ data) and differ only in RL sampling. Runs that already finished are skipped, so
 resumes. Then the warm start itself is evaluated on the same axes (as senior and junior), and the
 table (mean and spread over seeds) with plots goes to `--out`: solo mean@4 / pass@4 / greedy, team
 pass@k under strict alternation and Bernoulli handoffs, senior share, drift KL and survival, junior
-cross-entropy and overlap. Extra `key=value` overrides apply to every run.
+cross-entropy and overlap. Extra `key=value` overrides apply to every run, so they may set the run-wide
+sections and `tandem_axes.*` (e.g. `tandem_axes.prompts=128`), not `tandem.*` (the GRPO baseline's config has no
+`tandem` section: a run's config holds its own method's sections only).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ A config file may name what it builds on:
 Files are merged depth-first (extends, then includes, then the file's own keys; later wins; lists are
 replaced, not concatenated). We remember which file (or command-line override) set every key so an
 error can name the place the user must edit.
+
+The merged `method` (after overrides; default grpo) picks the schema: the run-wide sections plus that method's
+registry sections (`slime_ext.config.schema.config_model`). A section of another registered method is an error
+that names the section, the methods it belongs to and the place that set it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any, Iterable, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from slime_ext.config.schema import Config, config_model
+from slime_ext.config.schema import DEFAULT_METHOD, CoreConfig, config_model, section_owners
+from slime_ext.methods import registry
 
 KeyPath = tuple[str, ...]
 COMPOSE_KEYS = ("extends", "include")
@@ -38,7 +43,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ResolvedConfig:
-    config: Config
+    config: CoreConfig  # the model of the run's method (slime_ext.config.schema.config_model)
     files: list[str]  # every file that contributed, in merge order
     overrides: list[str]
     sources: dict[KeyPath, str] = field(repr=False)
@@ -169,9 +174,9 @@ def _unwrap_model(annotation: Any, index_step: bool) -> Any:
     return annotation
 
 
-def _field_at(loc: Sequence[Any]) -> tuple[type[BaseModel] | None, Any]:
-    """Walk the schema along an error location; return (parent model, field info or None)."""
-    model: Any = config_model()
+def _field_at(loc: Sequence[Any], schema: type[BaseModel]) -> tuple[type[BaseModel] | None, Any]:
+    """Walk the run's schema along an error location; return (parent model, field info or None)."""
+    model: Any = schema
     info = None
     for i, step in enumerate(loc):
         if isinstance(step, int):
@@ -222,13 +227,13 @@ def _check_sources(loc: KeyPath, err: dict, sources: dict[KeyPath, str]) -> str 
     return ", ".join(found)
 
 
-def _explain(err: dict, sources: dict[KeyPath, str]) -> str:
+def _explain(err: dict, sources: dict[KeyPath, str], schema: type[BaseModel]) -> str:
     loc = tuple(err["loc"])
     dotted = ".".join(str(p) for p in loc)
     str_loc = tuple(str(p) for p in loc)
     where = _check_sources(str_loc, err, sources) or _source_for(str_loc, sources)
     if err["type"] == "extra_forbidden":
-        parent, _ = _field_at(loc)
+        parent, _ = _field_at(loc, schema)
         valid = sorted(parent.model_fields) if parent else []
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
         prefix = ".".join(str(p) for p in loc[:-1])
@@ -240,15 +245,41 @@ def _explain(err: dict, sources: dict[KeyPath, str]) -> str:
     if err["type"] == "value_error":  # a cross-field check: its own message says what to change
         exc = (err.get("ctx") or {}).get("error")
         return f"{where}: {dotted + ': ' if dotted else ''}{exc if exc is not None else err['msg']}"
-    _, info = _field_at(loc)
+    _, info = _field_at(loc, schema)
     got = err.get("input")
     if info is not None and loc:
         return f"{where}: key '{dotted}' = {got!r}: expected {_expected_form(info)} ({err['msg']})"
     return f"{where}: {dotted or 'config'}: {err['msg']}"
 
 
+def _places(prefix: KeyPath, sources: dict[KeyPath, str]) -> str:
+    """Every file or override that set a key at or under `prefix` (in the order they were recorded)."""
+    found: list[str] = []
+    for path, where in sources.items():
+        if path[: len(prefix)] == prefix and where not in found:
+            found.append(where)
+    return ", ".join(found) or "defaults"
+
+
+def _run_method(data: dict, sources: dict[KeyPath, str]) -> str:
+    """The run's method (the merged `method`, default grpo); an unregistered one is a ConfigError."""
+    method = data.get("method", DEFAULT_METHOD)
+    if not isinstance(method, str) or method not in registry.METHODS:
+        raise ConfigError([f"{_source_for(('method',), sources)}: key 'method' = {method!r} is not a registered "
+                           f"method; registered: {', '.join(registry.METHODS)}"])
+    return method
+
+
+def _foreign_sections(data: dict, method: str, schema: type[BaseModel], sources: dict[KeyPath, str]) -> list[str]:
+    """A problem per top-level key that is another method's section (not part of this run's schema)."""
+    owners = section_owners()
+    return [f"{_places((str(key),), sources)}: section '{key}' belongs to method(s) {', '.join(owners[key])}; "
+            f"this run's method is '{method}'" for key in data if key not in schema.model_fields and key in owners]
+
+
 def load_config(path: str | Path, overrides: Iterable[str] = ()) -> ResolvedConfig:
-    """Compose `path` with everything it extends/includes, apply overrides, validate strictly."""
+    """Compose `path` with everything it extends/includes, apply overrides, validate strictly against the
+    schema of the run's method (the run-wide sections plus that method's own)."""
     files: list[str] = []
     sources: dict[KeyPath, str] = {}
     data = _compose(Path(path), (), files, sources)
@@ -259,8 +290,15 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> ResolvedConf
         _set_path(data, key, value, where, sources)
         sources[key] = where
         _record_sources(value, key, where, sources)
+    method = _run_method(data, sources)
+    schema = config_model(method)
+    problems = _foreign_sections(data, method, schema, sources)
+    owners = section_owners()  # the rest is validated too (its unknown keys, types and ranges named as well)
+    own = {key: value for key, value in data.items() if key in schema.model_fields or key not in owners}
     try:
-        config = config_model().model_validate(data)
+        config = schema.model_validate(own)
     except ValidationError as exc:
-        raise ConfigError([_explain(e, sources) for e in exc.errors()]) from None
+        problems += [_explain(e, sources, schema) for e in exc.errors()]
+    if problems:
+        raise ConfigError(problems)
     return ResolvedConfig(config=config, files=files, overrides=overrides, sources=sources)

@@ -1,8 +1,9 @@
 """The run-wide config sections (run, model, data, rollout, train, GRPO core, eval, cluster).
 
-Each method's own section lives in its package (`slime_ext/methods/<name>/config.py`) and is added to the
-full `Config` by the registry. A YAML file only states what it changes; every model forbids unknown keys so
-a typo fails loudly instead of silently running defaults.
+Each method's own section lives in its package (`slime_ext/methods/<name>/config.py`); a run's config holds
+these sections plus its own method's (its registry entry's `sections`, composed by slime_ext.config.schema).
+A YAML file only states what it changes; every model forbids unknown keys so a typo fails loudly instead of
+silently running defaults.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Section(BaseModel):
         """Checks across sections, run when the configured method uses this section (raise ValueError)."""
 
     def data_transform(self, config: Any) -> Any:
-        """A function that rewrites synthetic data rows, when this section asks for one (else None)."""
+        """A function that rewrites synthetic data rows, when this section asks for one (else None). Its
+        import path (or a `cache_key` attribute) keys the prepared data and the SFT warm start."""
         return None
 
 
@@ -122,8 +124,6 @@ class SyntheticDataConfig(Section):
     # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
     # use paragraphs; the default keeps one step per line.
     step_separator: Literal["\n", "\n\n"] = "\n"
-    # SxS: replace each reference solution by its think/speak interleaving (Algorithm 1, rule oracle)
-    sxs_interleave: bool = False
 
 
 class DataConfig(Section):
@@ -413,8 +413,8 @@ class LoggingConfig(Section):
 
 
 class CoreConfig(Section):
-    """The run-wide sections. The full `Config` (slime_ext.config.schema) adds every registered method's
-    own section and checks `method` against the registry."""
+    """The run-wide sections. A run's config model (slime_ext.config.schema.config_model) adds its method's own
+    sections, and no other method's, and checks `method` against the registry."""
 
     method: str = "grpo"
     run: RunConfig = Field(default_factory=RunConfig)

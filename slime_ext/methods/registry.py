@@ -1,11 +1,14 @@
 """The method registry: one line per method, its manifest: the method class, the config sections it reads,
 the modules that register its engine-side samplers, and the extra evaluations and metrics it reports.
 
-Entries are import paths, so reading the registry (the config loader does, to compose the full config
-schema; servers do, to know which sampler modules they may import) imports no method code. A method package
+Entries are import paths, so reading the registry (the config loader does, to compose a run's config schema;
+servers do, to know which sampler modules they may import) imports no method code. A method package
 holds `method.py` (its hooks) and, if it has settings of its own, `config.py` (its section); an engine-side
 sampler is a module of `sglang_patches` named in `samplers`. The server, the engines and evaluation learn about
-a method only from here. Composition stays composition: DUET on Tandem reads both sections and both samplers.
+a method only from here. A run's config holds the run-wide sections and its own entry's `sections` only, so an
+entry declares every section its method, samplers and evaluations read: composition stays composition (DUET on
+Tandem declares both sections and both samplers), and an entry that lists Tandem's axes evaluation declares its
+`tandem_axes` section.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MethodEntry:
     method: str  # "package.module:Class"
-    sections: dict[str, str] = field(default_factory=dict)  # config key -> "package.module:SectionModel"
+    # config key -> "package.module:SectionModel": every section this method's code, samplers and evaluations read
+    # (a run's config holds the run-wide sections and these only; another method's section is an error)
+    sections: dict[str, str] = field(default_factory=dict)
     # modules whose import registers the method's engine-side samplers (`@register_sampler`): engines and
     # servers import them by these names, and a server imports no module a request names unless it is here
     samplers: tuple[str, ...] = ()
@@ -42,30 +47,34 @@ _TANDEM = {"tandem": "slime_ext.methods.tandem.config:TandemConfig"}
 _DUET = {"duet": "slime_ext.methods.duet.config:DuetConfig"}
 _DAGRPO = {"dagrpo": "slime_ext.methods.dagrpo.config:DAGRPOConfig"}
 _SXS = {"sxs": "slime_ext.methods.sxs.config:SxSConfig"}
-# handoff robustness, drift and legibility against the junior, when `tandem.eval_axes` is on (the Tandem study
-# turns it on for its GRPO arm too, so every GRPO-family method offers it)
+# handoff robustness, drift and legibility against the junior, when `tandem_axes.enabled` is on (the Tandem study
+# turns it on for its GRPO arm too, so every GRPO-family method offers it, and declares the section it reads)
 _AXES = ("slime_ext.methods.tandem.eval_axes:final_evaluation",)
+_AXES_SECTION = {"tandem_axes": "slime_ext.methods.tandem.config:TandemAxesConfig"}
 _JUNIOR = {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
 _SPEAK = {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
 
 METHODS: dict[str, MethodEntry] = {
     # plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)
-    "grpo": MethodEntry("slime_ext.methods.grpo.method:GRPO", evaluations=_AXES,
+    "grpo": MethodEntry("slime_ext.methods.grpo.method:GRPO", _AXES_SECTION, evaluations=_AXES,
                         response_metrics="slime_ext.methods.sxs.metrics:cot_response_metrics"),
-    "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO", {"dapo": "slime_ext.methods.dapo.config:DapoConfig"},
-                        evaluations=_AXES),
-    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM, ("sglang_patches.tandem",), _AXES,
-                          checkpoint_evaluations=_JUNIOR),
-    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM, evaluations=_AXES,
-                                checkpoint_evaluations=_JUNIOR),
-    "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET, ("sglang_patches.duet",), _AXES),
-    "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM,
+    "dapo": MethodEntry("slime_ext.methods.dapo.method:DAPO",
+                        {"dapo": "slime_ext.methods.dapo.config:DapoConfig"} | _AXES_SECTION, evaluations=_AXES),
+    "tandem": MethodEntry("slime_ext.methods.tandem.method:Tandem", _TANDEM | _AXES_SECTION, ("sglang_patches.tandem",),
+                          _AXES, checkpoint_evaluations=_JUNIOR),
+    "tandem_klreg": MethodEntry("slime_ext.methods.tandem.method:TandemKLReg", _TANDEM | _AXES_SECTION,
+                                evaluations=_AXES, checkpoint_evaluations=_JUNIOR),
+    "duet": MethodEntry("slime_ext.methods.duet.method:Duet", _DUET | _AXES_SECTION, ("sglang_patches.duet",), _AXES),
+    "duet_tandem": MethodEntry("slime_ext.methods.duet_tandem.method:DuetTandem", _DUET | _TANDEM | _AXES_SECTION,
                                ("sglang_patches.duet", "sglang_patches.tandem"), _AXES),
-    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
-    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS, ("sglang_patches.sxs",), _AXES, serving=_SPEAK),
-    "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO, ("sglang_patches.dagrpo",), _AXES),
-    "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO, ("sglang_patches.dagrpo",),
-                               _AXES),
+    "sxs_sft": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS | _AXES_SECTION, ("sglang_patches.sxs",), _AXES,
+                           serving=_SPEAK),
+    "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS | _AXES_SECTION, ("sglang_patches.sxs",), _AXES,
+                          serving=_SPEAK),
+    "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO | _AXES_SECTION, ("sglang_patches.dagrpo",),
+                          _AXES),
+    "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO | _AXES_SECTION,
+                               ("sglang_patches.dagrpo",), _AXES),
 }
 
 
@@ -75,18 +84,24 @@ def load_object(path: str) -> Any:
 
 
 def register_method(name: str, entry: MethodEntry) -> None:
-    """Add a method at run time (tests, plugins); `slime_ext.config.schema.config_model()` then accepts it."""
+    """Add a method at run time (tests, plugins); `slime_ext.config.schema.config_model(name)` then composes its
+    config and `load_config` accepts `method: name`."""
     METHODS[name] = entry
 
 
-def all_sections() -> dict[str, type]:
-    """Every registered config section: key -> pydantic model (a key shared by methods must name one model)."""
+def all_sections_paths() -> dict[str, str]:
+    """Every registered config section: key -> "module:Model" (a key shared by methods must name one model)."""
     paths: dict[str, str] = {}
     for name, entry in METHODS.items():
         for key, path in entry.sections.items():
             if paths.setdefault(key, path) != path:
                 raise ValueError(f"config section {key!r}: method {name!r} registers {path}, another {paths[key]}")
-    return {key: load_object(path) for key, path in paths.items()}
+    return paths
+
+
+def all_sections() -> dict[str, type]:
+    """Every registered config section: key -> pydantic model (imported now)."""
+    return {key: load_object(path) for key, path in all_sections_paths().items()}
 
 
 def sampler_modules() -> list[str]:
@@ -151,8 +166,9 @@ def method_class(config: Any) -> type["Method"]:
 
 
 def data_transform(config: Any) -> Any:
-    """The synthetic-row transform a registered section asks for under this config (at most one), or None."""
-    found = [(key, fn) for key in all_sections() if (fn := getattr(config, key).data_transform(config)) is not None]
+    """The synthetic-row transform one of the configured method's sections asks for (at most one), or None."""
+    found = [(key, fn) for key in method_sections(config)
+             if (fn := getattr(config, key).data_transform(config)) is not None]
     if len(found) > 1:
         raise ValueError(f"config sections {[k for k, _ in found]} each rewrite the data rows; enable one")
     return found[0][1] if found else None

@@ -51,7 +51,9 @@ from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, append_engine_events, engine_event_line,
                                              peak_rss_from_metrics, resume_command, truncate_metrics)
 from slime_ext.orchestration.trainer_settings import trainer_settings
+from slime_ext.methods.registry import data_transform
 from slime_ext.tasks.dataset import LoadReport
+from slime_ext.tasks.prepare import transform_key
 from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids, sft_token_ids
 from slime_ext.orchestration.train_group import TrainGroup
 
@@ -251,10 +253,12 @@ class TrainingJob:
 
     # -- SFT warm start ---------------------------------------------------------------------------
     def warm_start_key(self) -> str:
+        """The SFT warm start's cache key: what determines its rows and training (the data settings and the row
+        transform the method's section asks for, e.g. SxS's `sxs.interleave_data`, included)."""
         c = self.cfg
         parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), self.method.warm_start_key(),
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
-                 c.rollout.max_response_len]
+                 c.rollout.max_response_len, transform_key(data_transform(c))]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property

@@ -33,12 +33,17 @@ class PreparedData:
 RowTransform = Callable[[dict], dict]
 
 
+def transform_key(row_transform: Optional[RowTransform]) -> Optional[str]:
+    """What identifies a row transform in cache keys (the prepared data's, the SFT warm start's): its
+    `cache_key` attribute when it has one, else its import path; None without a transform."""
+    if row_transform is None:
+        return None
+    return getattr(row_transform, "cache_key", None) or f"{row_transform.__module__}:{row_transform.__qualname__}"
+
+
 def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[RowTransform]) -> tuple[Path, Path]:
     syn = cfg.synthetic
-    if syn.sxs_interleave and row_transform is None:
-        raise ValueError("data.synthetic.sxs_interleave needs the SxS row transform "
-                         "(pass row_transform=slime_ext.methods.registry.data_transform(config))")
-    key = json.dumps([SYNTHETIC_FORMAT, syn.model_dump()], sort_keys=True)
+    key = json.dumps([SYNTHETIC_FORMAT, syn.model_dump(), transform_key(row_transform)], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     folder = cache_dir / "data" / f"synthetic-{digest}"
     train, evals = folder / "train.jsonl", folder / "eval.jsonl"
@@ -47,7 +52,7 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
         for levels, n, split, path in ((syn.eval_levels, syn.n_eval, "eval", evals),
                                        (syn.train_levels, syn.n_train, "train", train)):
             rows = generate_dataset(levels, n, syn.seed, split)
-            if syn.sxs_interleave:
+            if row_transform is not None:  # it gets the generator's rows (steps joined by "\n")
                 rows = [row_transform(r) for r in rows]
             elif syn.step_separator != "\n":  # the generator joins steps with "\n"
                 rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
@@ -57,8 +62,8 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
 
 def prepare_data(cfg: DataConfig, cache_dir: str | Path, row_transform: Optional[RowTransform] = None) -> PreparedData:
     """Train and eval rows for a run. JSONL without an eval file holds out the last 5% (<= 256 rows).
-    `row_transform` rewrites synthetic rows when `data.synthetic.sxs_interleave` asks for it (a method
-    package supplies it: the data layer knows no method)."""
+    `row_transform` rewrites every synthetic row, in place of `step_separator` (the configured method's section
+    supplies it, `slime_ext.methods.registry.data_transform(config)`: the data layer knows no method)."""
     if cfg.source == "synthetic_math":
         train_path, eval_path = _synthetic_paths(cfg, Path(cache_dir), row_transform)
         keys = {"prompt_key": "prompt", "label_key": "label"}

@@ -107,7 +107,8 @@ def test_unknown_top_level_section_and_no_close_match(tmp_path):
         load_config(path)
     (msg,) = info.value.problems
     assert msg.startswith(f"{path}: unknown key 'zzzqqq'; valid keys here: ")
-    assert "rollout" in msg and "duet" in msg
+    assert "rollout" in msg and "tandem_axes" in msg
+    assert "duet" not in msg  # another method's section is no key of a grpo run
 
 
 def test_bad_type_and_range_name_key_and_expected_form(tmp_path):
@@ -151,7 +152,7 @@ def test_literal_choice_and_cross_field_checks(tmp_path):
 
 
 def test_list_items_are_validated_with_index(tmp_path):
-    path = write(tmp_path, "bad.yaml", "dagrpo:\n  phases:\n    - {name: a, tua: 0.1}\n")
+    path = write(tmp_path, "bad.yaml", "method: dagrpo\ndagrpo:\n  phases:\n    - {name: a, tua: 0.1}\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.problems == [f"{path}: unknown key 'dagrpo.phases.0.tua'; did you mean 'dagrpo.phases.0.tau'?"]

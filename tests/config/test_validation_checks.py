@@ -67,8 +67,10 @@ def test_methods_that_ask_the_cloud_need_its_url(name, url):
 def test_local_only_baseline_needs_no_cloud_url():
     cfg = load_config(CONFIGS / "dagrpo_local_only.yaml", ["dagrpo.cloud_url=null"]).config
     assert cfg.dagrpo.local_only is True and cfg.dagrpo.cloud_url is None
-    # a section the method does not read is not checked: plain GRPO with no cloud is fine
-    assert load_config(GRPO, ["dagrpo.cloud_url=null"]).config.method == "grpo"
+    # a section the method does not read is not part of its config: plain GRPO has no dagrpo section
+    assert problem(GRPO, "dagrpo.cloud_url=null") == (
+        "command line override 'dagrpo.cloud_url=null': section 'dagrpo' belongs to method(s) dagrpo, collab_grpo; "
+        "this run's method is 'grpo'")
 
 
 # -- finite floats, every section -----------------------------------------------------------------------------
@@ -87,18 +89,27 @@ def _float_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tu
 
 
 def test_no_float_key_accepts_inf_or_nan():
-    keys = _float_keys(config_model())
-    assert len(keys) > 40 and ("rollout", "temperature") in keys and ("train", "parallel") not in keys
-    for key in keys:
-        for bad in (math.inf, -math.inf, math.nan):
-            data: dict = {}
-            node = data
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = bad
-            with pytest.raises(ValidationError) as info:
-                config_model().model_validate(data)
-            assert [e["type"] for e in info.value.errors()] == ["finite_number"], key
+    from slime_ext.methods.registry import METHODS
+
+    checked = set()
+    for method in METHODS:  # each run's model: the run-wide sections and that method's own
+        model = config_model(method)
+        keys = _float_keys(model)
+        assert len(keys) > 30 and ("rollout", "temperature") in keys and ("train", "parallel") not in keys
+        for key in keys:
+            if key in checked:
+                continue
+            checked.add(key)
+            for bad in (math.inf, -math.inf, math.nan):
+                data: dict = {"method": method}
+                node = data
+                for part in key[:-1]:
+                    node = node.setdefault(part, {})
+                node[key[-1]] = bad
+                with pytest.raises(ValidationError) as info:
+                    model.model_validate(data)
+                assert [e["type"] for e in info.value.errors()] == ["finite_number"], key
+    assert len(checked) > 40 and ("tandem", "p_senior") in checked and ("duet", "budget_fraction") in checked
 
 
 @pytest.mark.parametrize("phase", ["{name: a, steps: 40, tau_schedule: [[0, .nan]]}", "{name: a, steps: 40, tau: .inf}"])

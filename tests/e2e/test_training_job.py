@@ -81,7 +81,7 @@ def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
     from slime_ext.orchestration.driver import main
 
     args = [str(CONFIGS / "tandem.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
-            *TINY, "sft.steps=3", "train.steps=2", "tandem.kappa=4", "tandem.eval_prompts=4"]
+            *TINY, "sft.steps=3", "train.steps=2", "tandem.kappa=4", "tandem_axes.prompts=4"]
     assert main(args + ["run.stages=[data,tokenizer,sft]"]) == 0
     (warm,) = (tmp_path / "cache" / "warmstart").iterdir()
 

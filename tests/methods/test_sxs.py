@@ -117,3 +117,42 @@ def test_channel_sampler_annotates_and_enforces_tag_structure():
     assert set(torch.nonzero(inside == -math.inf).flatten().tolist()) == {10, 12, 13, EOS}
     loose = build_sampler({**spec, "enforce": False}, 0)
     assert loose.adjust(logits, None, RequestView("r", 0, [2], [], EOS)).logits is None
+
+
+# -- the interleaved data: a switch of the SxS section, applied by the generic data layer as a row transform ------
+def test_interleaving_is_the_sxs_sections_switch_and_keys_the_caches(tmp_path):
+    from slime_ext.config import load_config
+    from slime_ext.methods.registry import data_transform
+    from slime_ext.methods.sxs.interleave import interleave_row
+    from slime_ext.orchestration.training_job import TrainingJob
+    from slime_ext.tasks.prepare import prepare_data, transform_key
+    from slime_ext.tasks.synthetic_math import generate_dataset
+    from tests.conftest import CONFIGS
+    from tests.methods.test_sxs_study import CharTokenizer
+
+    small = [f"run.cache_dir={tmp_path}", "data.synthetic.n_train=12", "data.synthetic.n_eval=4"]
+
+    def cfg(name, *overrides):
+        return load_config(CONFIGS / name, [*small, *overrides]).config
+
+    sft, rl, off, grpo = cfg("sxs_sft.yaml"), cfg("sxs_rl.yaml"), cfg("sxs_sft.yaml", "sxs.interleave_data=false"), \
+        cfg("grpo.yaml")
+    assert sft.sxs.interleave_data and rl.sxs.interleave_data and not hasattr(sft.data.synthetic, "sxs_interleave")
+    assert data_transform(sft) is interleave_row and data_transform(rl) is interleave_row
+    assert data_transform(off) is None and data_transform(grpo) is None
+    assert transform_key(interleave_row) == "slime_ext.methods.sxs.interleave:interleave_row"
+
+    # the prepared rows: the generator's rows interleaved (as before the switch moved), in a cache folder of their own
+    on = prepare_data(sft.data, tmp_path, data_transform(sft))
+    plain = prepare_data(off.data, tmp_path, data_transform(off))
+    assert on.train_path.parent != plain.train_path.parent
+    raw = generate_dataset(["L2"], 12, 0, "train")
+    assert [r["solution"] for r in on.train] == [interleave_row(r)["solution"] for r in raw]
+    assert [r["solution"] for r in plain.train] == [r["solution"] for r in raw]
+    assert [r["prompt"] for r in on.train] == [r["prompt"] for r in raw]
+
+    # the SFT warm start: the switch changes its key; SxS SFT and SxS RL share one (the study relies on it)
+    def key(config):
+        return TrainingJob(config, tmp_path, [], [], CharTokenizer(), tmp_path / "tok").warm_start_key()
+
+    assert key(sft) == key(rl) != key(off)

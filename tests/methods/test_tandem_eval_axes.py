@@ -102,3 +102,41 @@ def test_legibility_of_a_model_under_itself_and_a_manual_cross_entropy(models):
             n += len(o)
     assert cross["junior_ce_on_senior"] == pytest.approx(manual / n, rel=1e-4)
     assert 0.0 < cross["overlap"] < 0.99
+
+
+# -- which runs evaluate the axes: the `tandem_axes` section of the run's config ------------------------------------
+def test_the_axes_follow_the_runs_tandem_axes_section(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from slime_ext.config import load_config
+    from slime_ext.methods.tandem import eval_axes
+    from tests.conftest import CONFIGS
+
+    asked: list[int] = []
+
+    def fake_axes(senior, junior, tokenizer, rows, cfg, n_prompts, load_engine, progress=None):
+        asked.append(n_prompts)
+        part = {"pass@1": 0.5, "mean_correct": 0.5, "senior_share_mean": 0.5, "cached_token_share": 0.0}
+        return {"handoff_alternate": part, "handoff_bernoulli": part, "legibility": {"junior_ce_on_senior": 1.0,
+                "overlap": 0.5}, "drift": {"kl_senior_junior": 0.1, "survival_thresholds": [0.2], "survival": [0.3]}}
+
+    monkeypatch.setattr(eval_axes, "tandem_axes", fake_axes)
+    monkeypatch.setattr(eval_axes, "survival_plot", lambda drift, path: None)
+
+    def method(config):
+        return SimpleNamespace(config=config, tokenizer=None, name="m", partner_dir=lambda d: None,
+                               kl_reference_dir=lambda d: None)
+
+    run = lambda config: eval_axes.final_evaluation(method(config), tmp_path, tmp_path, tmp_path, [], print)  # noqa: E731
+    run(load_config(CONFIGS / "grpo.yaml").config)  # off by default
+    run(SimpleNamespace())  # a method whose entry declares no such section
+    assert asked == [] and not (tmp_path / "tandem_axes.json").exists()
+    run(load_config(CONFIGS / "tandem_grpo.yaml", ["tandem_axes.prompts=7"]).config)  # a plain GRPO run with the axes
+    assert asked == [7] and (tmp_path / "tandem_axes.json").is_file()
+
+    # eval_checkpoint --tandem-junior: the checkpoint's run config, its prompts or the section's default
+    eval_axes.checkpoint_evaluation(tmp_path, "J", None, [], load_config(CONFIGS / "tandem.yaml", [
+        "tandem_axes.prompts=5"]).config, tmp_path / "eval.json", print)
+    eval_axes.checkpoint_evaluation(tmp_path, "J", None, [], SimpleNamespace(), tmp_path / "eval.json", print)
+    assert asked == [7, 5, 256] and (tmp_path / "eval_tandem_axes.json").is_file()
+    assert "drift_kl: 0.1000" in capsys.readouterr().out

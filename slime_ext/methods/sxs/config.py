@@ -19,10 +19,13 @@ class SxSConfig(Section):
     drop_uniform_groups: bool = True
     judge_url: Optional[str] = None
     judge_concurrency: int = Field(8, ge=1)
+    # Replace each synthetic reference solution by its think/speak interleaving (Algorithm 1, rule oracle):
+    # the data the SxS SFT warm start trains on (true in both SxS configs)
+    interleave_data: bool = False
 
     def data_transform(self, config: Any) -> Any:
-        """`data.synthetic.sxs_interleave`: each synthetic solution becomes its think/speak interleaving."""
-        if not config.data.synthetic.sxs_interleave:
+        """`sxs.interleave_data`: each synthetic solution becomes its think/speak interleaving."""
+        if not self.interleave_data:
             return None
         from slime_ext.methods.sxs.interleave import interleave_row
 

@@ -275,15 +275,16 @@ def axes_row(axes: dict[str, Any]) -> dict[str, float]:
 
 def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
                      load_engine: Callable[[str], Any]) -> None:
-    """The registry's after-training evaluation (any GRPO-family method, with `tandem.eval_axes`): handoff
-    robustness, drift and legibility of the trained model against the junior, into `tandem_axes.json` and
-    `plots/drift_survival.png`."""
-    if not method.config.tandem.eval_axes:
+    """The registry's after-training evaluation (any GRPO-family method whose entry declares the `tandem_axes`
+    section, when `tandem_axes.enabled`): handoff robustness, drift and legibility of the trained model against
+    the junior, into `tandem_axes.json` and `plots/drift_survival.png`."""
+    settings = getattr(method.config, "tandem_axes", None)
+    if settings is None or not settings.enabled:
         return
     junior = method.partner_dir(start_dir) or method.kl_reference_dir(start_dir) or start_dir
     log = logging.getLogger(__name__)
     axes = tandem_axes(str(final_dir), str(junior), method.tokenizer, eval_rows, method.config,
-                       n_prompts=method.config.tandem.eval_prompts, load_engine=load_engine,
+                       n_prompts=settings.prompts, load_engine=load_engine,
                        progress=lambda m: log.info("tandem axes: %s", m))
     (run_dir / "tandem_axes.json").write_text(json.dumps(axes, indent=2) + "\n")
     (run_dir / "plots").mkdir(exist_ok=True)
@@ -293,9 +294,15 @@ def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Pat
 def checkpoint_evaluation(checkpoint: Path, junior_dir: str, tokenizer: Any, rows: Sequence[dict], cfg: Any,
                           out: Path, load_engine: Callable[[str], Any]) -> None:
     """`eval_checkpoint --tandem-junior HF_DIR`: Tandem's axes (handoff, drift, legibility) of the checkpoint
-    against that junior, into `<out stem>_tandem_axes.json` beside the evaluation, and printed."""
+    against that junior, into `<out stem>_tandem_axes.json` beside the evaluation, and printed. The number of
+    prompts is the run config's `tandem_axes.prompts` (its default when that method's config has no such section)."""
+    from slime_ext.methods.tandem.config import TandemAxesConfig
+
     log = logging.getLogger(__name__)
-    axes = tandem_axes(str(checkpoint), junior_dir, tokenizer, rows, cfg, n_prompts=cfg.tandem.eval_prompts,
+    settings = getattr(cfg, "tandem_axes", None)
+    if settings is None:
+        settings = TandemAxesConfig()
+    axes = tandem_axes(str(checkpoint), junior_dir, tokenizer, rows, cfg, n_prompts=settings.prompts,
                        load_engine=load_engine, progress=lambda m: log.info("tandem axes: %s", m))
     axes_out = out.with_name(out.stem + "_tandem_axes.json")
     axes_out.write_text(json.dumps(axes, indent=2) + "\n")
