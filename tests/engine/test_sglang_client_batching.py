@@ -39,7 +39,7 @@ def test_every_batching_gives_the_same_results_in_fewer_calls(fake, mode, calls,
 def test_call_batches_are_cut_at_max_batch(fake):
     client = client_for(fake, batching="call", max_batch=4)
     client.generate(_requests())
-    assert fake.batch_sizes == [4, 2]
+    assert sorted(fake.batch_sizes) == [2, 4]  # the two calls run concurrently
 
 
 def test_a_5xx_batch_is_retried_whole_with_fresh_wire_rids(fake):
