@@ -133,6 +133,14 @@ def turn_rid(rid: str, turn: int) -> str:
     return rid if turn == 0 else f"{rid}-t{turn}"
 
 
+def prompt_affinity(request: GenerateRequest) -> str:
+    """Every turn of every episode of one prompt carries this key, so an engine pool sends them where the
+    prompt group's first turn went: the engine whose prefix cache holds their earlier turns."""
+    if request.affinity is not None:
+        return request.affinity
+    return hashlib.blake2b(repr(list(request.input_ids)).encode(), digest_size=8).hexdigest()
+
+
 def observation_ids(tokenizer: Any, text: str) -> list[int]:
     """The one tokenisation of an observation: the run's tokenizer, no special tokens added."""
     return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
@@ -169,7 +177,7 @@ class _Live:
         sampling = dataclasses.replace(q.sampling, max_new_tokens=min(cap, self.budget), stop=stop,
                                        stop_token_ids=stop_ids)
         return dataclasses.replace(q, rid=turn_rid(q.rid, turn), input_ids=list(q.input_ids) + self.out.response_ids,
-                                   sampling=sampling, seed=turn_seed(q.seed, turn))
+                                   sampling=sampling, seed=turn_seed(q.seed, turn), affinity=prompt_affinity(q))
 
     def add_turn(self, q: GenerateRequest, res: GenerateResult, text: str) -> Turn:
         out, ids = self.out, [int(t) for t in res.output_ids]
