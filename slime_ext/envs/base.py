@@ -64,6 +64,3 @@ class Environment:
     def step(self, episode: Episode, turn: Turn) -> EnvStep:
         """Answer `turn` (the last of `episode.turns`): an observation to append, or done."""
         raise NotImplementedError
-
-    def close(self) -> None:
-        """Release what the environment holds (worker threads, processes); called when the run ends."""

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from slime_ext.envs.toolbox import Tool, ToolError
 
 MAX_INPUT_CHARS = 1000
-MAX_DIGITS = 4000  # no exact value with more decimal digits (Python prints ints up to 4300), no float beyond 10**MAX_DIGITS
+MAX_DIGITS = 4000  # no exact value with more digits (Python prints ints up to 4300), no float above 10**MAX_DIGITS
 MAX_EXPONENT = 10**6  # |exponent| of a power whose base is not 0, 1 or -1
 MAX_TRIG_ARG = 1e15
 PRECISION = 30  # digits of an irrational value

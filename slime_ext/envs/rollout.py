@@ -97,7 +97,8 @@ class EpisodeResult:
         """The whole episode as one engine result (prompt -> response), for code that takes results."""
         last = self.last
         return GenerateResult(
-            rid=self.rid, output_ids=list(self.response_ids), logprobs=None if self.logprobs is None else list(self.logprobs),
+            rid=self.rid, output_ids=list(self.response_ids),
+            logprobs=None if self.logprobs is None else list(self.logprobs),
             finish_reason=self.finish_reason, annotations=list(self.annotations),
             cached_tokens=sum(t.cached_tokens for t in self.turns), prompt_len=self.prompt_len, error=self.error,
             weight_version=last.weight_version if last else None, served_by=last.served_by if last else None,

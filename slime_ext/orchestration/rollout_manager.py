@@ -284,7 +284,8 @@ class RolloutManager:
         def generate(turn: list[GenerateRequest]) -> list[GenerateResult]:
             nonlocal resumed
             if r.off_policy_steps:
-                results, versions, n = self._generate_versioned(turn, step if weight_version is None else weight_version)
+                version = step if weight_version is None else weight_version
+                results, versions, n = self._generate_versioned(turn, version)
                 by_rid.update({q.rid: v for q, v in zip(turn, versions)})
                 resumed += n
             else:

@@ -81,6 +81,22 @@ def test_an_environment_that_ends_after_one_turn_gives_the_single_turn_samples(m
     assert metrics["env/turns_mean"] == 1.0
 
 
+def test_methods_whose_plans_carry_samplers_are_refused(model_dir, tokenizer):
+    from slime_ext.methods.base import PromptPlan
+    from slime_ext.methods.grpo.method import GRPO
+
+    class WithSampler(GRPO):
+        def plan(self, prompts, step):
+            return [PromptPlan(p.n, p.sampling, [{"kind": "some_sampler"}]) for p in super().plan(prompts, step)]
+
+    cfg = config("rollout.env=scripted")
+    engine = RecordingEngine(embedded_engine(model_dir))
+    manager = RolloutManager(cfg, ROWS, tokenizer, engine, method=WithSampler(cfg, tokenizer))
+    with pytest.raises(ValueError, match="rollout.env = 'scripted' but requests .* carry per-request samplers"):
+        manager.rollout(0)
+    assert engine.calls == []
+
+
 class FakeTokenizer:
     """Prompts `... q<i> ...` -> [3, 100 + i]; any other text (an observation) -> two ids from its length."""
 
