@@ -24,7 +24,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext.data": DATA_AND_MATH + ("sglang_patches",),
     "slime_ext.algo": DATA_AND_MATH,
     # the config composes its schema from the registry (which imports method code only by name)
-    "slime_ext.config": DATA_AND_MATH + ("slime_ext.config", "slime_ext.methods.registry"),
+    "slime_ext.config": DATA_AND_MATH + ("slime_ext.config", "slime_ext.methods.registry", "slime_ext.envs.registry"),
     # `python -m slime_ext.config --check` is a tool (nothing imports it): it also builds the cluster plan
     "slime_ext.config.__main__": PACKAGES,
     "slime_ext.rewards": BASE,
@@ -32,6 +32,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext.tokenizer": BASE,
     "slime_ext.clients": BASE,
     "slime_ext.engine": BASE + ("slime_ext.engine", "megatron_glue"),
+    # environments and the multi-turn loop: any engine object is handed in, so no engine module
+    "slime_ext.envs": BASE + ("slime_ext.envs",),
     "slime_ext.methods": BASE + ("slime_ext.methods", "slime_ext.evaluation", "megatron_glue"),
     "slime_ext.evaluation": BASE + ("slime_ext.evaluation",),
     # the server: HTTP over any engine object it is given, so it needs no engine module
@@ -48,7 +50,8 @@ SGLANG_ADAPTERS = ("sglang_patches.sglang_adapter", "sglang_patches.tandem_model
 # Method code: each method's package and its registered sampler modules. Generic layers learn about a method only
 # from the registry, so none of them may import these (issue 29).
 GENERIC = ("slime_ext.orchestration", "slime_ext.engine", "slime_ext.serving", "slime_ext.tools", "slime_ext.config",
-           "slime_ext.data", "slime_ext.tasks", "slime_ext.evaluation", "slime_ext.clients", "megatron_glue")
+           "slime_ext.data", "slime_ext.tasks", "slime_ext.evaluation", "slime_ext.clients", "slime_ext.envs",
+           "megatron_glue")
 # Leaks still open: none. Listed here (module, method module) so that a new one is a visible decision.
 KNOWN_LEAKS: set[tuple[str, str]] = set()
 

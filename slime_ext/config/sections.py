@@ -8,12 +8,12 @@ silently running defaults.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.LEVELS; a test keeps the two equal).
 # Named here because the config may not import the task code, and a typo must fail at `--check`.
@@ -191,6 +191,70 @@ class RolloutConfig(Section):
     # as the old logprobs (the ratio corrects for the version; see grpo.* importance correction).
     # null: mask with partial rollouts; a value without partial rollouts is an error (it would change nothing).
     stale_tokens: Optional[Literal["mask", "correct"]] = None
+    # Multi-turn rollouts (docs/environments.md): the environment that answers each model turn, by its name in
+    # slime_ext/envs/registry.py (built in: tools); null: one turn per rollout (the single-turn path). The keys
+    # below act only with an environment; set without one they are errors.
+    env: Optional[str] = None
+    max_turns: Optional[int] = Field(None, ge=1)  # model turns per episode (null: DEFAULT_MAX_TURNS)
+    # response tokens of an episode, generated + observation (null: max_response_len; at most that, the length
+    # the trainer and the memory plan are sized for)
+    max_total_tokens: Optional[int] = Field(None, ge=1)
+    max_turn_tokens: Optional[int] = Field(None, ge=1)  # generated tokens per turn (null: the method's budget)
+    env_settings: dict[str, Any] = Field(default_factory=dict)  # the environment's own settings (its registry model)
+
+    DEFAULT_MAX_TURNS: ClassVar[int] = 4
+
+    @model_validator(mode="after")
+    def _check_env(self) -> "RolloutConfig":
+        from slime_ext.envs import registry as envs
+
+        if self.env is None:
+            for key in ("max_turns", "max_total_tokens", "max_turn_tokens"):
+                if getattr(self, key) is not None:
+                    raise ConfigCheckError(f"rollout.{key} = {getattr(self, key)} but rollout.env is null: it limits "
+                                           "multi-turn episodes, which only an environment runs; set rollout.env or "
+                                           "remove the key", (key, "env"))
+            if self.env_settings:
+                raise ConfigCheckError("rollout.env_settings is set but rollout.env is null: the settings belong to an "
+                                       "environment; set rollout.env or remove them", ("env_settings", "env"))
+            return self
+        if self.env not in envs.ENVS:
+            raise ConfigCheckError(f"rollout.env = {self.env!r} is not a registered environment (registered: "
+                                   f"{sorted(envs.ENVS)})", ("env",))
+        if self.episode_total_tokens > self.max_response_len:
+            raise ConfigCheckError(
+                f"rollout.max_total_tokens = {self.max_total_tokens} exceeds rollout.max_response_len = "
+                f"{self.max_response_len}: an episode's response (generated + observation tokens) is what the trainer "
+                "and the memory plan are sized for; raise max_response_len or lower max_total_tokens",
+                ("max_total_tokens", "max_response_len"))
+        if self.max_turn_tokens is not None and self.max_turn_tokens > self.episode_total_tokens:
+            raise ConfigCheckError(
+                f"rollout.max_turn_tokens = {self.max_turn_tokens} exceeds the episode's budget of "
+                f"{self.episode_total_tokens} tokens (rollout.max_total_tokens, or max_response_len): it would change "
+                "nothing; lower it or remove it", ("max_turn_tokens", "max_total_tokens"))
+        model = envs.settings_model(self.env)
+        if model is None:
+            if self.env_settings:
+                raise ConfigCheckError(f"rollout.env_settings: environment {self.env!r} takes no settings",
+                                       ("env_settings",))
+            return self
+        try:
+            model.model_validate(self.env_settings)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            key = "env_settings" + (f".{where}" if where else "")
+            raise ConfigCheckError(f"rollout.{key}: {err['msg']} (environment {self.env!r}; {len(exc.errors())} "
+                                   "error(s))", (key,)) from None
+        return self
+
+    @property
+    def episode_turns(self) -> int:
+        return self.max_turns or self.DEFAULT_MAX_TURNS
+
+    @property
+    def episode_total_tokens(self) -> int:
+        return self.max_total_tokens or self.max_response_len
 
     @model_validator(mode="after")
     def _check_off_policy(self) -> "RolloutConfig":

@@ -25,6 +25,10 @@ class GenerateRequest:
     # record the top-k expert ids of every MoE layer for every token fed to the model (sglang's
     # GenerateReqInput.return_routed_experts); MoE engines only, for rollout routing replay (R3)
     return_routed_experts: bool = False
+    # requests with one affinity key go to the engine that served the key before (an engine pool keeps the
+    # choice), so a multi-turn episode's later turns find its earlier turns in that engine's prefix cache;
+    # None: grouped by input ids. Never sent to a server.
+    affinity: Optional[str] = None
 
 
 @dataclass

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -52,8 +52,14 @@ LATEST = "latest.json"
 KEEP_SNAPSHOTS = 2
 
 
+STICKY_KEYS = 1 << 16  # affinity keys whose engine the pool remembers (least recently used forgotten first)
+
+
 def group_key(request: GenerateRequest) -> str:
-    """Requests with the same input ids share a prefix cache entry: one key per prompt group."""
+    """Requests with the same input ids share a prefix cache entry: one key per prompt group. A request with an
+    affinity key (a multi-turn episode's turns, slime_ext/envs) is keyed by it instead."""
+    if request.affinity is not None:
+        return "a:" + request.affinity
     return format(hash(tuple(request.input_ids)) & 0xFFFF_FFFF_FFFF, "x")
 
 
@@ -98,6 +104,7 @@ class ServerEnginePool:
         self._lock = threading.Lock()
         self._outstanding = [0] * len(self.urls)
         self._owner: dict[str, int] = {}
+        self._sticky: OrderedDict[str, int] = OrderedDict()  # affinity group key -> the engine that served it
         self._restarts_seen = [0] * len(self.urls)
         self.served = defaultdict(int)  # engine index -> requests answered (tests, metrics)
         self.restarts = 0
@@ -125,15 +132,23 @@ class ServerEnginePool:
         return self._recover(requests, results)
 
     def _assign(self, requests: Sequence[GenerateRequest]) -> list[int]:
-        """Engine index of each request: whole prompt groups to the least-outstanding engine."""
+        """Engine index of each request: whole prompt groups to the least-outstanding engine; a group with an
+        affinity key to the engine that served that key before."""
         groups: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
             groups.setdefault(group_key(r), []).append(i)
         engine_of = [0] * len(requests)
         with self._lock:
             load = list(self._outstanding)
-            for members in groups.values():
-                e = min(range(len(load)), key=lambda k: (load[k], k))
+            for key, members in groups.items():
+                e = self._sticky.get(key)
+                if e is None:
+                    e = min(range(len(load)), key=lambda k: (load[k], k))
+                if requests[members[0]].affinity is not None:
+                    self._sticky[key] = e
+                    self._sticky.move_to_end(key)
+                    while len(self._sticky) > STICKY_KEYS:
+                        self._sticky.popitem(last=False)
                 load[e] += len(members)
                 for i in members:
                     engine_of[i] = e

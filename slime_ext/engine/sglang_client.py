@@ -233,7 +233,9 @@ class SGLangEngineClient:
         keyed: dict[Any, list[GenerateRequest]] = {}
         for r in requests:
             route = self.routing_key(r) if self.routing_key is not None else None
-            prompt = tuple(r.input_ids) if self.batching == "group" else None
+            # a group: one prompt's samples, or one prompt's episodes on a later turn (their affinity key)
+            group = r.affinity if r.affinity is not None else tuple(r.input_ids)
+            prompt = group if self.batching == "group" else None
             keyed.setdefault((route, prompt, r.return_routed_experts), []).append(r)
         return [members[i:i + self.max_batch] for members in keyed.values()
                 for i in range(0, len(members), self.max_batch)]

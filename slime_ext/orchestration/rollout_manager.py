@@ -25,6 +25,10 @@ from slime_ext.config.schema import Config
 from slime_ext.data import Sample, SampleStatus
 from slime_ext.data.generation import GenerateRequest, GenerateResult
 from slime_ext.engine.failures import StaleRollout
+from slime_ext.envs.metrics import episode_metrics
+from slime_ext.envs.registry import build_env
+from slime_ext.envs.rollout import EpisodeLimits, EpisodeResult, run_episodes
+from slime_ext.envs.samples import apply_episode
 from slime_ext.methods.base import Method
 from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.data_source import DataSource
@@ -174,6 +178,7 @@ class RolloutManager:
         self._generating = False
         self._in_flight: set[str] = set()
         self._sync_aborted: set[str] = set()
+        self._env: Any = None  # rollout.env's environment, built at the first multi-turn rollout
 
     def _source(self) -> DataSource:
         name = self.method.data_phase()
@@ -234,7 +239,11 @@ class RolloutManager:
                                                 request_seed(self.config.run.seed, step, i, j), plan.sampler_specs,
                                                 return_routed_experts=replay))
                 where.append(i)
-        if off:
+        episodes = None
+        if self.config.rollout.env is not None:  # multi-turn episodes (slime_ext/envs)
+            episodes, versions, resumed = self._episodes(requests, [rows[i] for i in where], step, weight_version)
+            results = [e.as_result() for e in episodes]
+        elif off:
             results, versions, resumed = self._generate_versioned(requests, step if weight_version is None else weight_version)
             check_token_versions(requests, versions, step, off)
         else:
@@ -245,6 +254,8 @@ class RolloutManager:
         groups: list[list[Sample]] = [[] for _ in rows]
         for k, (req, res, i) in enumerate(zip(requests, results, where)):
             groups[i].append(self._to_sample(req, res, rows[i], step, i))
+            if episodes is not None:
+                apply_episode(groups[i][-1], episodes[k])
             if off:
                 groups[i][-1].token_versions = versions[k]
         metrics = self.method.finish(groups, step)
@@ -252,7 +263,10 @@ class RolloutManager:
             metrics.update(self._off_policy_tokens(groups, step, resumed))
             metrics.update({"_t_generate_start": started, "_t_generate_end": ended})  # the loop's time/overlap
         t2 = time.perf_counter()
-        generated = sum(len(r.output_ids) for r in results)
+        generated = sum(len(r.output_ids) for r in results) if episodes is None else \
+            sum(e.generated_tokens for e in episodes)
+        if episodes is not None:
+            metrics.update(episode_metrics(episodes))
         metrics.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "rollout/generated_tokens": generated,
                         "perf/rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
                         "rollout/failed": sum(r.finish_reason == "failed" for r in results) / len(results),
@@ -260,6 +274,44 @@ class RolloutManager:
         metrics.update(version_metrics(results))
         metrics.update(restart_metrics(self.engine, step))
         return groups, metrics
+
+    def _episodes(self, requests: list[GenerateRequest], rows: list[dict], step: int, weight_version: Optional[int]
+                  ) -> tuple[list[EpisodeResult], Optional[list[list[int]]], int]:
+        """Multi-turn episodes (`rollout.env`): one engine call per turn for every live episode, token-in,
+        token-out (slime_ext/envs/rollout.py); the weight-version checks of the single-turn path over every turn.
+        Returns (episodes, per-token versions and the number of turns continued after a weight sync (off-policy
+        runs; else None, 0))."""
+        r = self.config.rollout
+        with_samplers = [q.rid for q in requests if q.sampler_specs]
+        if with_samplers:
+            raise ValueError(f"rollout.env = {r.env!r} but requests {with_samplers[:3]} carry per-request samplers, "
+                             "whose state would restart every turn; multi-turn episodes take methods without samplers")
+        if self._env is None:
+            self._env = build_env(r.env, r.env_settings, self.tokenizer)
+        calls: list[tuple[GenerateRequest, GenerateResult]] = []
+        by_rid: dict[str, list[int]] = {}
+        resumed = 0
+
+        def generate(turn: list[GenerateRequest]) -> list[GenerateResult]:
+            nonlocal resumed
+            if r.off_policy_steps:
+                version = step if weight_version is None else weight_version
+                results, versions, n = self._generate_versioned(turn, version)
+                by_rid.update({q.rid: v for q, v in zip(turn, versions)})
+                resumed += n
+            else:
+                results = self._generate(turn)
+            calls.extend(zip(turn, results))
+            return results
+
+        limits = EpisodeLimits(r.episode_turns, r.episode_total_tokens, r.max_turn_tokens)
+        episodes = run_episodes(generate, requests, rows, self._env, self.tokenizer, limits)
+        if not r.off_policy_steps:
+            check_weight_versions([q for q, _ in calls], [res for _, res in calls], step)
+            return episodes, None, 0
+        versions = [e.token_versions(by_rid) for e in episodes]
+        check_token_versions(requests, versions, step, r.off_policy_steps)
+        return episodes, versions, resumed
 
     # -- off-policy runs --------------------------------------------------------------------------
     def _generate_versioned(self, requests: list[GenerateRequest], version: int

@@ -63,6 +63,40 @@ def test_a_prompt_group_goes_to_one_engine_and_groups_balance():
     assert engine_of.count(1) == 9 and engine_of.count(0) == 3
 
 
+def test_an_affinity_key_sticks_to_the_engine_that_served_it():
+    """A multi-turn episode's later turns (new input ids, the prompt's affinity key) go where its first turn
+    went, whatever the load; requests without a key are placed as before."""
+    cfg = SGLangConfig(num_engines=2)
+    pool = ServerEnginePool([object(), object()], ["http://127.0.0.1:1", "http://127.0.0.1:2"], cfg, "/tmp/unused")
+    sp = SamplingParams(max_new_tokens=4)
+    first = [GenerateRequest(f"e{p}-{k}", [5 + p, 7], sp, seed=k, affinity=f"p{p}") for p in range(4) for k in range(2)]
+    served = {r.affinity: e for r, e in zip(first, pool._assign(first))}
+    assert sorted(served.values()) == [0, 0, 1, 1]
+    pool._outstanding = [10, 0]  # engine 0 busy: a new group would go to engine 1
+    later = [GenerateRequest(f"e{p}-{k}-t1", [5 + p, 7, 9, 10 + k], sp, seed=k, affinity=f"p{p}")
+             for p in range(4) for k in range(2)]
+    assert pool._assign(later) == [served[r.affinity] for r in later]
+    assert pool._assign([GenerateRequest("x", [5, 7, 9, 10], sp, seed=0)]) == [1]
+
+
+def test_multi_turn_episodes_stay_on_their_engine_and_hit_its_prefix_cache(pool, model_dir):
+    from slime_ext.envs.rollout import EpisodeLimits, run_episodes
+    from slime_ext.tokenizer import load_tokenizer
+    from tests.envs.conftest import RecordingEngine, ScriptedEnv
+
+    tok = load_tokenizer(model_dir)
+    engine = RecordingEngine(pool)
+    requests = _requests(n_prompts=4, n=2, max_new=8, tag="mt")
+    episodes = run_episodes(engine.generate, requests, [{}] * len(requests),
+                            ScriptedEnv(done_after=3, eos_token_id=tok.eos_token_id), tok, EpisodeLimits(3, 200))
+    calls = engine.by_rid()
+    for e in episodes:
+        engines = {calls[t.rid][1].served_by for t in e.turns}
+        assert len(engines) == 1, (e.rid, engines)
+        assert all(t.cached_tokens >= prev.input_len + prev.generated - 1 for prev, t in zip(e.turns, e.turns[1:]))
+    assert sum(len(e.turns) == 3 for e in episodes) >= 2, [(len(e.turns), e.finish) for e in episodes]
+
+
 def test_stale_versions_are_refused():
     reqs = _requests(1, 2)
     ok = [SimpleNamespace(weight_version="3", finish_reason="stop"), SimpleNamespace(weight_version=None, finish_reason="stop")]

@@ -1,0 +1,63 @@
+"""The environment and tool registries: name -> import path, like `slime_ext.methods.registry`.
+
+Reading a registry imports no environment code, so the config layer validates `rollout.env` and
+`rollout.env_settings` from here (the settings model is imported only for the configured environment).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    env: str  # "package.module:Class", a subclass of slime_ext.envs.base.Environment
+    settings: Optional[str] = None  # "package.module:Model", a config Section validating rollout.env_settings
+
+
+ENVS: dict[str, EnvEntry] = {
+    "tools": EnvEntry("slime_ext.envs.tools_env:ToolsEnv", "slime_ext.envs.tools_settings:ToolsSettings"),
+}
+
+# Tools the `tools` environment dispatches to: name -> "module:Class" (a slime_ext.envs.toolbox.Tool).
+TOOLS: dict[str, str] = {
+    "python": "slime_ext.envs.python_tool:PythonTool",
+    "calculator": "slime_ext.envs.calculator:CalculatorTool",
+}
+
+
+def load_object(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def register_env(name: str, entry: EnvEntry) -> None:
+    """Add an environment at run time (tests, plugins): `rollout.env: name` is then accepted."""
+    ENVS[name] = entry
+
+
+def register_tool(name: str, path: str) -> None:
+    """Add a tool at run time: the `tools` environment's `tools` list may then name it."""
+    TOOLS[name] = path
+
+
+def env_entry(name: str) -> EnvEntry:
+    if name not in ENVS:
+        raise ValueError(f"environment {name!r} is not registered (registered: {sorted(ENVS)})")
+    return ENVS[name]
+
+
+def settings_model(name: str) -> Optional[type]:
+    """The settings model of environment `name` (imported now), or None when it takes none."""
+    entry = env_entry(name)
+    return load_object(entry.settings) if entry.settings else None
+
+
+def build_env(name: str, settings: dict[str, Any], tokenizer: Any) -> Any:
+    """The environment `name` with its settings validated from the `rollout.env_settings` mapping."""
+    model = settings_model(name)
+    if model is None and settings:
+        raise ValueError(f"environment {name!r} takes no settings, got {sorted(settings)}")
+    return load_object(env_entry(name).env)(model.model_validate(settings) if model else None, tokenizer)

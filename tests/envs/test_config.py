@@ -1,0 +1,44 @@
+"""The multi-turn config keys: each acts only with `rollout.env`, and a bad value is an error naming its key."""
+
+from __future__ import annotations
+
+import pytest
+
+from slime_ext.config import load_config
+from slime_ext.config.loader import ConfigError
+from tests.conftest import CONFIGS
+
+
+def load(*overrides: str):
+    return load_config(CONFIGS / "grpo.yaml", list(overrides)).config
+
+
+def test_defaults_keep_the_single_turn_path_and_an_env_gets_its_limits():
+    r = load().rollout
+    assert r.env is None and r.env_settings == {}
+    r = load("rollout.env=tools", "rollout.max_response_len=100").rollout
+    assert (r.episode_turns, r.episode_total_tokens, r.max_turn_tokens) == (r.DEFAULT_MAX_TURNS, 100, None)
+    r = load("rollout.env=tools", "rollout.max_turns=2", "rollout.max_total_tokens=80", "rollout.max_turn_tokens=20",
+             "rollout.env_settings.tools=[calculator]", "rollout.env_settings.calculator.timeout_s=1").rollout
+    assert (r.episode_turns, r.episode_total_tokens, r.max_turn_tokens) == (2, 80, 20)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["rollout.max_turns=3"], "rollout.max_turns = 3 but rollout.env is null"),
+    (["rollout.max_total_tokens=50"], "rollout.max_total_tokens = 50 but rollout.env is null"),
+    (["rollout.max_turn_tokens=5"], "rollout.max_turn_tokens = 5 but rollout.env is null"),
+    (["rollout.env_settings.tools=[python]"], "rollout.env_settings is set but rollout.env is null"),
+    (["rollout.env=shell"], "rollout.env = 'shell' is not a registered environment"),
+    (["rollout.env=tools", "rollout.max_total_tokens=1000"], "rollout.max_total_tokens = 1000 exceeds"),
+    (["rollout.env=tools", "rollout.max_turn_tokens=999"], "rollout.max_turn_tokens = 999 exceeds"),
+    (["rollout.env=tools", "rollout.max_turns=0"], "rollout.max_turns"),
+    (["rollout.env=tools", "rollout.env_settings.python.timeout_s=1"], "rollout.env_settings.python.timeout_s"),
+    (["rollout.env=tools", "rollout.env_settings.pyton.timeout_s=3"], "rollout.env_settings.pyton"),
+    (["rollout.env=tools", "rollout.env_settings.tools=[shell]"], "tools ['shell'] are not registered"),
+    (["rollout.env=tools", "rollout.env_settings.tools=[python]", "rollout.env_settings.calculator.timeout_s=3"],
+     "settings for ['calculator'] are given but tools"),
+])
+def test_bad_keys_are_errors_naming_the_key(overrides, named):
+    with pytest.raises(ConfigError) as info:
+        load(*overrides)
+    assert named in str(info.value), str(info.value)
