@@ -3,8 +3,9 @@
 Every request is admitted (bounded concurrency + queue, else 429), its body read within the byte limit,
 validated, tokenised off the event loop, checked against the context length, then batched. Supported:
 `n` (one sample per choice, seeds seed, seed+1, ...; not with `stream`), `logprobs` of the sampled tokens
-(not top alternatives, not with `stream` or `speak_only`), `max_tokens: 0` (an empty completion,
-finish_reason "length"), `seed` in int64/uint64; the extension `speak_only` (SxS speak channel only).
+(not top alternatives, not with `stream` or a request extension), `max_tokens: 0` (an empty completion,
+finish_reason "length"), `seed` in int64/uint64; request extensions a method registers (SxS's `speak_only`:
+the speak channel only), known by their body field.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ async def completions(request: Request) -> Response:
     return await _openai(request, chat=False)
 
 
-def _refuse_unsupported(state: ServerState, req: OpenAIRequest, chat: bool) -> None:
+def _refuse_unsupported(state: ServerState, req: OpenAIRequest, chat: bool,
+                        extension: Optional[tuple[str, Any]]) -> None:
     """Fields whose meaning this server cannot honour: a 400 saying so, never a silent drop."""
     n = req.n or 1
     if n > state.config.max_n:
@@ -81,8 +83,8 @@ def _refuse_unsupported(state: ServerState, req: OpenAIRequest, chat: bool) -> N
         raise bad_request("echo is not supported", param="echo")
     if wants_logprobs and req.stream:
         raise bad_request("logprobs are not supported with stream: true", param="logprobs")
-    if wants_logprobs and req.speak_only:
-        raise bad_request("logprobs are not supported with speak_only", param="logprobs")
+    if wants_logprobs and extension is not None:
+        raise bad_request(f"logprobs are not supported with {extension[0]}", param="logprobs")
 
 
 async def _prompt_ids(state: ServerState, req: OpenAIRequest, chat: bool) -> list[int]:
@@ -112,14 +114,15 @@ async def _openai(request: Request, chat: bool) -> Response:
     try:
         req = parse(ChatRequest if chat else CompletionRequest, await read_prompt_json(state, request))
         state.check_model(req.model)
-        _refuse_unsupported(state, req, chat)
+        extension = state.active_extension(req.model_extra)  # e.g. SxS's speak_only (the method registry)
+        _refuse_unsupported(state, req, chat, extension)
         ids = await _prompt_ids(state, req, chat)
         param = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
         max_new = state.token_budget(len(ids), getattr(req, param), param)
         with state.lock:
             state.openai_requests += 1
-        speak_only = bool(req.speak_only)
-        specs = [state.extension("speak_only").sampler_spec(req.enforce_tags is not False)] if speak_only else None
+        view = extension[1] if extension is not None else None  # what the user sees of each answer
+        specs = [view.sampler_spec(req.model_extra)] if view is not None else None
         reqs = [] if max_new == 0 else [
             state.request(ids, _sampling(req, max_new), state.seed(req.seed, i), specs) for i in range(req.n or 1)]
         out = _Reply(state, req, chat, len(ids))
@@ -132,11 +135,11 @@ async def _openai(request: Request, chat: bool) -> Response:
                     stream.close()
                 release_slot()
 
-            response = SSEResponse(out.events(stream, speak_only), on_close)
+            response = SSEResponse(out.events(stream, view), on_close)
             release = None  # the response owns the slot now
             return response
         results = await generate_all(state.batcher, request, reqs) if reqs else [None] * (req.n or 1)
-        return JSONResponse(out.body(results, speak_only))
+        return JSONResponse(out.body(results, view))
     finally:
         if release is not None:
             release()
@@ -154,13 +157,13 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.state.model_name,
                 "choices": choices}
 
-    def body(self, results: list[Optional[GenerateResult]], speak_only: bool) -> dict[str, Any]:
+    def body(self, results: list[Optional[GenerateResult]], view: Any) -> dict[str, Any]:
         choices, completion_tokens = [], 0
         for i, res in enumerate(results):
             if res is None:  # max_tokens: 0
                 text, finish, logprobs = "", "length", self._logprobs([], [])
             else:
-                text = self.state.extension("speak_only").visible_text(res) if speak_only else self.state.completion_text(res)
+                text = view.visible_text(res) if view is not None else self.state.completion_text(res)
                 finish = FINISH_OPENAI.get(res.finish_reason, "stop")
                 logprobs = self._logprobs(res.output_ids, res.logprobs or [])
                 completion_tokens += len(res.output_ids)
@@ -201,14 +204,14 @@ class _Reply:
             choice["text"] = delta
         return f"data: {json.dumps(self._envelope('chat.completion.chunk' if self.chat else 'text_completion', [choice]))}\n\n"
 
-    async def events(self, stream: Optional[TokenStream], speak_only: bool) -> AsyncIterator[str]:
+    async def events(self, stream: Optional[TokenStream], view: Any) -> AsyncIterator[str]:
         if stream is None:  # max_tokens: 0
             yield self._chunk("", "length")
             yield "data: [DONE]\n\n"
             return
         tok = self.state.tokenizer
         emitted, ids = "", []
-        channel = self.state.extension("speak_only").tracker() if speak_only else None
+        channel = view.tracker() if view is not None else None
         async for t in stream:
             if t == tok.eos_token_id or (channel is not None and not channel(t)):
                 continue  # eos, or a private (think) token or tag: not streamed

@@ -1,8 +1,9 @@
 """OpenAI request bodies as pydantic models: wrong types and out-of-range values become a 400 naming the
 field (SGLang's native bodies are in `native_schemas`).
 
-Unknown fields are ignored (OpenAI SDKs send many this server has no use for, e.g. `user`); fields whose
-meaning the server cannot honour are refused explicitly in the routes instead of being dropped silently.
+Unknown fields are ignored (OpenAI SDKs send many this server has no use for, e.g. `user`), unless a registered
+request extension claims them (`ServerState.active_extension`); fields whose meaning the server cannot honour
+are refused explicitly in the routes instead of being dropped silently.
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ class _Sampling(BaseModel):
 
 
 class _OpenAIRequest(_Sampling):
+    # unknown fields are kept (in `model_extra`, ignored by default) so that a request extension registered by
+    # a method (`slime_ext.methods.registry`, `serving`) can read its own fields; this model names none
+    model_config = ConfigDict(extra="allow")
+
     model: Optional[str] = None
     max_tokens: Optional[Annotated[int, Field(ge=0)]] = None
     seed: Optional[Seed] = None
     n: Optional[Annotated[int, Field(ge=1)]] = None
     stream: Optional[bool] = None
-    speak_only: Optional[bool] = None  # extension: SxS speak channel only
-    enforce_tags: Optional[bool] = None
 
 
 class ChatRequest(_OpenAIRequest):

@@ -201,7 +201,7 @@ class ServerState:
 
     # -- request extensions (the method registry's `serving` entries) --------------------------------------
     def extension(self, field: str) -> Any:
-        """The registered request extension `field` (e.g. `speak_only`), built once with this tokenizer."""
+        """The registered request extension `field` (e.g. SxS's `speak_only`), built once with this tokenizer."""
         if field not in self._extensions:
             from slime_ext.methods.registry import load_object, serving_extensions
 
@@ -213,6 +213,16 @@ class ServerState:
             except ValueError as exc:
                 raise BadRequest(f"{field}: {exc}", param=field) from None
         return self._extensions[field]
+
+    def active_extension(self, extra: Optional[dict[str, Any]]) -> Optional[tuple[str, Any]]:
+        """(field, extension) of the registered extension a request turns on with a true body field, or None.
+        The server knows extensions by their field only; each reads its own options from the body."""
+        from slime_ext.methods.registry import serving_extensions
+
+        on = [f for f in serving_extensions() if (extra or {}).get(f)]
+        if len(on) > 1:
+            raise BadRequest(f"request extensions {on} cannot be combined", param=on[1])
+        return (on[0], self.extension(on[0])) if on else None
 
     def completion_text(self, res: GenerateResult) -> str:
         ids = [t for t in res.output_ids if t != self.tokenizer.eos_token_id]

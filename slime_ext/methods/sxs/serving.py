@@ -7,7 +7,7 @@ enforced unless `enforce_tags: false`); the answer, or the stream, keeps speak-c
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from sglang_patches.request_sampler import RequestView
 from sglang_patches.sxs import SPEAK, SxSChannelSampler, tag_ids, visible_token_ids
@@ -19,8 +19,10 @@ class SpeakOnlyStream:
         self.tokenizer = tokenizer
         self.tags = tag_ids(tokenizer)  # ValueError: this tokenizer has no SxS tags (the server answers 400)
 
-    def sampler_spec(self, enforce: bool = True) -> dict:
-        """The spec of the channel sampler each such request runs."""
+    def sampler_spec(self, body: Optional[dict[str, Any]] = None) -> dict:
+        """The spec of the channel sampler each such request runs (`enforce_tags: false` in the request body
+        lets the model skip the tags)."""
+        enforce = (body or {}).get("enforce_tags") is not False
         return {"kind": "sxs_channel", **self.tags, "enforce": enforce}
 
     def visible_text(self, result: GenerateResult) -> str:
