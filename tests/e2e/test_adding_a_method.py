@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from slime_ext.methods import registry
+from tests.doc_examples import fenced_blocks, tiny_job
 from tests.conftest import CONFIGS, REPO
 
 DOC = REPO / "docs" / "adding-a-method.md"
-TINY = [
-    "data.synthetic.n_train=300", "data.synthetic.n_eval=8", "tokenizer.n_training_texts=300",
-    "model.hidden_size=64", "model.num_layers=2", "model.moe_intermediate_size=64", "model.intermediate_size=128",
-    "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=8", "rollout.max_response_len=24",
-    "train.micro_batch_size=16", "sft.steps=10", "sft.batch_size=16", "train.steps=2",
-    "run.stages=[data,tokenizer,sft,rl]",
-]
+TINY = tiny_job(n_samples=8, max_response_len=24)
 
 
 SECOND = "\n# A second example"
@@ -29,15 +24,7 @@ def doc_blocks(part: int = 0) -> dict[str, str]:
     """The fenced blocks of the page's first example (part 0) or second (part 1), keyed by the file named in the
     line before each (or 'registry')."""
     text = DOC.read_text().split(SECOND)[part]
-    out = {}
-    for match in re.finditer(r"(?P<before>[^\n]*)\n\n```(?P<lang>\w+)\n(?P<body>.*?)```", text, re.S):
-        before, body = match["before"], match["body"]
-        named = re.search(r"`([\w/.]+\.(?:py|yaml))`", before)
-        if "MethodEntry(" in body:
-            out["registry"] = body
-        elif named:
-            out[Path(named[1]).name] = body
-    return out
+    return fenced_blocks(text, "MethodEntry(")
 
 
 def test_the_page_has_the_three_parts():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,6 +12,7 @@ from slime_ext.config import load_config
 from slime_ext.envs import registry
 from slime_ext.envs.base import Episode, Turn
 from slime_ext.orchestration.rollout_manager import RolloutManager
+from tests.doc_examples import fenced_blocks
 from tests.conftest import CONFIGS, REPO
 from tests.envs.conftest import RecordingEngine, embedded_engine
 
@@ -23,15 +23,7 @@ EXAMPLE = "## Writing an environment"
 def doc_blocks() -> dict[str, str]:
     """The worked example's fenced blocks, keyed by the file named in the line before each (or 'registry')."""
     text = DOC.read_text().split(EXAMPLE)[1]
-    out = {}
-    for match in re.finditer(r"(?P<before>[^\n]*)\n\n```(?P<lang>\w+)\n(?P<body>.*?)```", text, re.S):
-        before, body = match["before"], match["body"]
-        named = re.search(r"`([\w/.]+\.(?:py|yaml))`", before)
-        if "EnvEntry(" in body:
-            out["registry"] = body
-        elif named:
-            out[Path(named[1]).name] = body
-    return out
+    return fenced_blocks(text, "EnvEntry(")
 
 
 @pytest.fixture

@@ -10,15 +10,10 @@ import json
 import pytest
 
 from slime_ext.envs import registry
+from tests.doc_examples import tiny_job
 from tests.conftest import CONFIGS
 
-TINY = [
-    "data.synthetic.n_train=300", "data.synthetic.n_eval=8", "tokenizer.n_training_texts=300",
-    "model.hidden_size=64", "model.num_layers=2", "model.moe_intermediate_size=64", "model.intermediate_size=128",
-    "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=64",
-    "train.micro_batch_size=16", "sft.steps=10", "sft.batch_size=16", "train.steps=2",
-    "run.stages=[data,tokenizer,sft,rl]",
-]
+TINY = tiny_job(n_samples=4, max_response_len=64)
 
 
 @pytest.mark.timeout(900)
