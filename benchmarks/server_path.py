@@ -155,8 +155,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             load = {}
             for name, pool_actors in (("server_1", actors[:1]), ("server_1_static", [static] if static else None)):
                 if args.load_requests and pool_actors:  # a pool with every request in flight at once
+                    # one request per call: the server's own latency per request (with client batching a group's
+                    # answer waits for its longest member by design: the loop needs the whole group)
                     wide = make_pool(pool_actors, model_dir, tmp_path / f"wl_{name}", tok,
-                                     **{**client, "max_concurrency": max(args.load_requests, 1)})
+                                     **{**client, "max_concurrency": max(args.load_requests, 1), "batching": "request"})
                     load[name] = latency_under_load(wide, prompt_ids, n, args.load_requests, max_len,
                                                     wl["temperature"])
                     print(f"[bench] load {name}: {load[name]['requests']} requests in {load[name]['seconds']:.2f} s, "

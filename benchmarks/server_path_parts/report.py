@@ -70,8 +70,9 @@ def write_report(out: Path, data: dict[str, Any]) -> None:
     if load:
         lines += ["", "## Latency under load", "",
                   f"{next(iter(load.values()))['requests']} requests sent at once through one client to one server "
-                  f"(client max_concurrency {next(iter(load.values()))['client_max_concurrency']}); completion time "
-                  f"of each request from the start, client side:", "",
+                  f"(client max_concurrency {next(iter(load.values()))['client_max_concurrency']}, one request per "
+                  f"call: the server's latency per request); completion time of each request from the start, client "
+                  f"side:", "",
                   "| server | s (all) | generated tokens | p10 s | median s | p90 s | max s | median / max |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for name, v in load.items():
