@@ -349,9 +349,16 @@ class TrainingJob:
 
         cached = self.run_dir / f"eval_{name}.json"
         rows = self.eval_rows[: self.cfg.eval.n_prompts]
+        options = self.method.eval_options()
+        if self.cfg.rollout.env is not None:  # every request an episode, as in the RL rollouts
+            from slime_ext.envs.episode_engine import episode_evaluation
+            from slime_ext.evaluation import request_row
+
+            engine, options = episode_evaluation(engine, self.cfg.rollout, self.tokenizer,
+                                                 lambda rid: rows[request_row(rid)], options)
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
-                          seed=self.cfg.run.seed, progress=True, **self.method.eval_options())
+                          seed=self.cfg.run.seed, progress=True, **options)
         save_report(report, cached)  # aggregates + per-prompt records (eval_<name>.records.jsonl)
         return report
 

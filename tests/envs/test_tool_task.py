@@ -144,3 +144,22 @@ def test_a_tool_row_cut_at_the_length_limit_keeps_its_mask_aligned(tok):
     ids, mask = tool_sft_response(tok, row["solution"])
     assert s.response_ids == ids[:25] and s.loss_mask == mask[:25]
 
+
+def test_evaluation_runs_episodes_and_scores_the_last_turn(tok):
+    """A run with rollout.env evaluates each held-out request as an episode (TrainingJob.evaluate): the verifier
+    reads the last turn, and the report's meta holds the episodes' turns and tool calls."""
+    from slime_ext.config import load_config
+    from slime_ext.envs.episode_engine import episode_evaluation
+    from slime_ext.evaluation import evaluate, request_row
+    from tests.conftest import CONFIGS
+
+    cfg = load_config(CONFIGS / "grpo_tools.yaml", ["eval.n_samples=2", "eval.k=[1,2]"]).config
+    rows = tool_rows("T1", "calculator", 5)
+    row_of = lambda rid: rows[request_row(rid)]  # noqa: E731
+    engine, options = episode_evaluation(ScriptedModel(tok, row_of), cfg.rollout, tok, row_of, {})
+    report = evaluate(engine, tok, rows, cfg.eval, max_new_tokens=cfg.rollout.max_response_len, progress=False,
+                      **options)
+    assert report.mean_at_k[1] == report.greedy == 1.0
+    assert report.meta["response_metrics"] == {"turns": 2.0, "tool_calls": 1.0, "tool_errors": 0.0, "called_tool": 1.0}
+    single = evaluate(ScriptedModel(tok, row_of), tok, rows, cfg.eval, progress=False)  # one turn: the call only
+    assert single.mean_at_k[1] == 0.0
