@@ -43,8 +43,8 @@ from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateRe
 from slime_ext.rewards import ReasonCounter, VerifyResult, get_verifier
 from slime_ext.tasks.templates import get_template
 
-__all__ = ["EvalReport", "evaluate", "compare_table", "sample_seed", "make_verifier", "save_report", "load_report",
-           "records_path"]
+__all__ = ["EvalReport", "evaluate", "compare_table", "sample_seed", "request_row", "make_verifier", "save_report",
+           "load_report", "records_path"]
 
 GREEDY = "greedy"
 
@@ -53,6 +53,12 @@ def sample_seed(seed: int, row: int, sample: int | str) -> int:
     """Seed of sample `sample` (an index, or "greedy") of row `row`: a 63-bit hash of the triple."""
     digest = hashlib.sha256(f"slime_ext.tools.eval_checkpoint:{seed}:{row}:{sample}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def request_row(rid: str) -> int:
+    """The row index of an evaluation request id (`eval-{i}-{j}`, `eval-{i}-greedy`): how an engine that wraps
+    the requests (multi-turn episodes need their row) finds a request's row."""
+    return int(rid.split("-")[1])
 
 
 def make_verifier(reward_type: str, timeout_s: Optional[float] = None) -> Callable[[str, Any], VerifyResult]:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-# The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.LEVELS; a test keeps the two equal).
-# Named here because the config may not import the task code, and a typo must fail at `--check`.
-SyntheticLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5"]
+# The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.ALL_LEVELS: the curriculum L0-L5, then
+# the tools task's T1-T2; a test keeps the two equal). Named here because the config may not import the task
+# code, and a typo must fail at `--check`.
+SyntheticLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2"]
 
 
 class ConfigCheckError(ValueError):
@@ -124,6 +125,28 @@ class SyntheticDataConfig(Section):
     # Between solution steps. Tandem's step-level handoff schedules split at "\n\n", so its configs
     # use paragraphs; the default keeps one step per line.
     step_separator: Literal["\n", "\n\n"] = "\n"
+    # Reference solutions that call this tool of the `tools` environment (slime_ext.tasks.tool_solutions: one
+    # call computing the whole answer, the environment's observation, \boxed{N}); the warm start then shows the
+    # tool-call format and its SFT does not train on the observation tokens. null: the step solutions. The
+    # prompts and labels are the same either way (configs/grpo_tools.yaml vs grpo_tools_notools.yaml).
+    solution_tool: Optional[Literal["calculator", "python"]] = None
+
+    @model_validator(mode="after")
+    def _check_solution_tool(self) -> "SyntheticDataConfig":
+        if self.solution_tool is not None and self.step_separator != "\n":
+            raise ConfigCheckError(
+                f"data.synthetic.step_separator = {self.step_separator!r} separates solution steps, but "
+                f"data.synthetic.solution_tool = {self.solution_tool!r} replaces the steps by one tool call: it would "
+                "change nothing; remove one of them", ("step_separator", "solution_tool"))
+        return self
+
+    def cache_fields(self) -> dict[str, Any]:
+        """The fields that key cached data and warm starts: all of them, except `solution_tool` while it is
+        null, so every cache written before the key existed stays valid (its rows are the same)."""
+        fields = self.model_dump()
+        if fields["solution_tool"] is None:
+            del fields["solution_tool"]
+        return fields
 
 
 class DataConfig(Section):
@@ -142,6 +165,10 @@ class DataConfig(Section):
         if self.source == "jsonl" and not self.train_path:
             raise ConfigCheckError("data.source is 'jsonl' but data.train_path is not set", ("source", "train_path"))
         return self
+
+    def cache_fields(self) -> dict[str, Any]:
+        """`model_dump()` with the synthetic section's `cache_fields` (what keys the SFT warm start)."""
+        return dict(self.model_dump(), synthetic=self.synthetic.cache_fields())
 
 
 class RewardConfig(Section):
@@ -546,6 +573,27 @@ class CoreConfig(Section):
                 f"grpo.mismatch.mode = {self.grpo.mismatch.mode} needs the trainer's old logprobs, but "
                 "grpo.old_logprobs = engine (the engine's logprobs against themselves give a ratio of 1); set "
                 "grpo.old_logprobs=trainer (or null)", ("grpo.mismatch.mode", "grpo.old_logprobs"))
+        return self
+
+    @model_validator(mode="after")
+    def _check_solution_tool(self) -> "CoreConfig":
+        """Tool-call reference solutions teach calls that only the `tools` environment offering that tool answers."""
+        tool = self.data.synthetic.solution_tool
+        if tool is None or self.data.source != "synthetic_math":
+            return self
+        keys = ("data.synthetic.solution_tool", "rollout.env")
+        if self.rollout.env != "tools":
+            raise ConfigCheckError(
+                f"data.synthetic.solution_tool = {tool!r} teaches the model to call a tool, but rollout.env = "
+                f"{self.rollout.env!r}: no environment would answer the calls; set rollout.env=tools (or "
+                "data.synthetic.solution_tool=null for the same problems without tools)", keys)
+        from slime_ext.envs import registry as envs
+
+        offered = envs.settings_model("tools").model_validate(self.rollout.env_settings).tools
+        if tool not in offered:
+            raise ConfigCheckError(
+                f"data.synthetic.solution_tool = {tool!r} but rollout.env_settings.tools = {offered} does not offer "
+                "it", ("data.synthetic.solution_tool", "rollout.env_settings.tools"))
         return self
 
     @model_validator(mode="after")

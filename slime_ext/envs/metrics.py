@@ -25,6 +25,7 @@ def episode_metrics(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
     out = {
         "env/turns_mean": sum(len(e.turns) for e in episodes) / n,
         "env/tool_calls_mean": calls / n,
+        "env/tool_call_share": sum(e.tool_calls > 0 for e in episodes) / n,  # episodes that called a tool at all
         "env/tool_error_rate": sum(e.tool_errors for e in episodes) / calls if calls else 0.0,
         "env/generated_tokens_mean": sum(e.generated_tokens for e in episodes) / n,
         "env/observation_tokens_mean": sum(e.observation_tokens for e in episodes) / n,

@@ -40,6 +40,7 @@ from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.engine_server import INITIAL_VERSION
 from slime_ext.engine.failures import EngineFailure
+from slime_ext.envs.warm_start import tool_sft_response
 from slime_ext.methods.base import Method
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
@@ -100,15 +101,21 @@ def sft_threads_per_rank(config: Config, ranks: int) -> int:
 def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, prefix: str) -> list[Sample]:
     """Prompt (masked out) + reference solution + EOS (trained, cut at `max_len` in all) for each row. Rows
     too long were skipped when the SFT rows were built (`TrainingJob.sft_rows`); a prompt that fills
-    `max_len` by itself is an error, never a batch padded to it."""
+    `max_len` by itself is an error, never a batch padded to it. A solution that calls tools is tokenised piece
+    by piece as an episode is, its observations with loss mask 0 (`slime_ext.envs.warm_start`)."""
     out = []
     for i, row in enumerate(rows):
         prompt = prompt_token_ids(tokenizer, template, row["prompt"])
         if len(prompt) >= max_len:
             raise PromptTooLong(f"SFT row {row.get('row_id', i)}: a prompt of {len(prompt)} tokens leaves no room "
                                 f"for its solution in {max_len} tokens (too-long rows are skipped earlier)")
-        response = sft_token_ids(tokenizer, row)
-        out.append(Sample(f"{prefix}{i}", prompt, response[: max(1, max_len - len(prompt))]))
+        cut = max(1, max_len - len(prompt))
+        with_tools = tool_sft_response(tokenizer, str(row.get("solution", row["label"])))
+        if with_tools is None:
+            out.append(Sample(f"{prefix}{i}", prompt, sft_token_ids(tokenizer, row)[:cut]))
+        else:
+            response, mask = with_tools
+            out.append(Sample(f"{prefix}{i}", prompt, response[:cut], loss_mask=mask[:cut]))
     return out
 
 
@@ -256,7 +263,8 @@ class TrainingJob:
         """The SFT warm start's cache key: what determines its rows and training (the data settings and the row
         transform the method's section asks for, e.g. SxS's `sxs.interleave_data`, included)."""
         c = self.cfg
-        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.model_dump(), self.method.warm_start_key(),
+        parts = [WARM_FORMAT, c.model.model_dump(), c.sft.model_dump(), c.data.cache_fields(),
+                 self.method.warm_start_key(),
                  str(self.tokenizer_path), self.sft_seed, c.train.micro_batch_size, c.rollout.max_prompt_len,
                  c.rollout.max_response_len, transform_key(data_transform(c))]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -341,9 +349,16 @@ class TrainingJob:
 
         cached = self.run_dir / f"eval_{name}.json"
         rows = self.eval_rows[: self.cfg.eval.n_prompts]
+        options = self.method.eval_options()
+        if self.cfg.rollout.env is not None:  # every request an episode, as in the RL rollouts
+            from slime_ext.envs.episode_engine import episode_evaluation
+            from slime_ext.evaluation import request_row
+
+            engine, options = episode_evaluation(engine, self.cfg.rollout, self.tokenizer,
+                                                 lambda rid: rows[request_row(rid)], options)
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
-                          seed=self.cfg.run.seed, progress=True, **self.method.eval_options())
+                          seed=self.cfg.run.seed, progress=True, **options)
         save_report(report, cached)  # aggregates + per-prompt records (eval_<name>.records.jsonl)
         return report
 

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 from slime_ext.config.sections import DataConfig
 from slime_ext.tasks.dataset import DatasetError, LoadReport, load_jsonl
 from slime_ext.tasks.synthetic_math import generate_dataset, write_jsonl
+from slime_ext.tasks.tool_solutions import with_tool_solution
 
 logger = logging.getLogger(__name__)
 SYNTHETIC_FORMAT = "synthetic_math-v1"  # bump when the generator's output changes
@@ -43,7 +44,10 @@ def transform_key(row_transform: Optional[RowTransform]) -> Optional[str]:
 
 def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[RowTransform]) -> tuple[Path, Path]:
     syn = cfg.synthetic
-    key = json.dumps([SYNTHETIC_FORMAT, syn.model_dump(), transform_key(row_transform)], sort_keys=True)
+    if syn.solution_tool is not None and row_transform is not None:
+        raise ValueError(f"data.synthetic.solution_tool = {syn.solution_tool!r} and the method's row transform "
+                         f"{transform_key(row_transform)} both rewrite the reference solutions; use one")
+    key = json.dumps([SYNTHETIC_FORMAT, syn.cache_fields(), transform_key(row_transform)], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     folder = cache_dir / "data" / f"synthetic-{digest}"
     train, evals = folder / "train.jsonl", folder / "eval.jsonl"
@@ -54,6 +58,8 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
             rows = generate_dataset(levels, n, syn.seed, split)
             if row_transform is not None:  # it gets the generator's rows (steps joined by "\n")
                 rows = [row_transform(r) for r in rows]
+            elif syn.solution_tool is not None:  # one tool call instead of the steps (tasks/tool_solutions.py)
+                rows = [with_tool_solution(r, syn.solution_tool) for r in rows]
             elif syn.step_separator != "\n":  # the generator joins steps with "\n"
                 rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
             write_jsonl(rows, path)

@@ -34,6 +34,8 @@ from typing import Iterable, Sequence
 __all__ = [
     "MathLevel",
     "LEVELS",
+    "TOOL_LEVELS",
+    "ALL_LEVELS",
     "DEFAULT_LEVEL",
     "HELDOUT_SPLITS",
     "generate_problem",
@@ -97,6 +99,17 @@ LEVELS: dict[str, MathLevel] = {
         MathLevel("L5", 6, 8, 1, 99, ("+", "-", "*"), mult_min=2, mult_max=9, max_value=999),
     )
 }
+# Levels for the tools task (issue 31): numbers too long for the tiny model to multiply or add in its head
+# (3-4 digit amounts, two-digit factors, results up to 5-7 digits), easy with the calculator. Their own family,
+# outside the curriculum order of LEVELS; `slime_ext.tasks.tool_solutions` writes their tool-call solutions.
+TOOL_LEVELS: dict[str, MathLevel] = {
+    lvl.name: lvl
+    for lvl in (
+        MathLevel("T1", 2, 2, 100, 999, ("+", "-", "*"), mult_min=11, mult_max=99, max_value=99_999),
+        MathLevel("T2", 3, 4, 1000, 9999, ("+", "-", "*"), mult_min=11, mult_max=99, max_value=9_999_999),
+    )
+}
+ALL_LEVELS: dict[str, MathLevel] = {**LEVELS, **TOOL_LEVELS}
 DEFAULT_LEVEL = "L2"
 HELDOUT_SPLITS: tuple[str, ...] = ("eval", "test")
 DEFAULT_HELDOUT_RESERVE = 2000
@@ -259,10 +272,10 @@ def _resolve_levels(level_names: Sequence[str] | str) -> list[MathLevel]:
     names = [level_names] if isinstance(level_names, str) else list(level_names)
     if not names:
         raise ValueError("level_names is empty")
-    unknown = [n for n in names if n not in LEVELS]
+    unknown = [n for n in names if n not in ALL_LEVELS]
     if unknown:
-        raise ValueError(f"unknown level(s) {unknown}; valid: {list(LEVELS)}")
-    return [LEVELS[n] for n in names]
+        raise ValueError(f"unknown level(s) {unknown}; valid: {list(ALL_LEVELS)}")
+    return [ALL_LEVELS[n] for n in names]
 
 
 def _level_stream(level: MathLevel, seed: int, split: str, n: int, exclude: frozenset[str]) -> list[dict]:
@@ -295,7 +308,7 @@ def _level_stream(level: MathLevel, seed: int, split: str, n: int, exclude: froz
 @functools.lru_cache(maxsize=64)
 def _heldout_prompts(level_name: str, seed: int, reserve: int) -> frozenset[str]:
     """Prompts of the first ``reserve`` rows of every held-out split (cached)."""
-    level = LEVELS[level_name]
+    level = ALL_LEVELS[level_name]
     out: set[str] = set()
     for split in HELDOUT_SPLITS:
         out.update(r["prompt"] for r in _level_stream(level, seed, split, reserve, frozenset()))
@@ -370,7 +383,7 @@ def write_jsonl(rows: Iterable[dict], path: str | os.PathLike[str]) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m slime_ext.tasks.synthetic_math --level L2 --n 1000 --seed 0 --split train --out P``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--level", nargs="+", default=[DEFAULT_LEVEL], choices=list(LEVELS),
+    p.add_argument("--level", nargs="+", default=[DEFAULT_LEVEL], choices=list(ALL_LEVELS),
                    help="one or more levels, interleaved round-robin")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)

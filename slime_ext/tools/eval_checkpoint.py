@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
-from slime_ext.evaluation import compare_table, evaluate, load_report, make_verifier, save_report
+from slime_ext.evaluation import compare_table, evaluate, load_report, make_verifier, request_row, save_report
 from slime_ext.methods import registry
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
@@ -161,11 +161,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log.info("checkpoint: %s; %d held-out rows (evaluating %d)", ckpt, len(rows), min(len(rows), cfg.eval.n_prompts))
     tokenizer = load_tokenizer(ckpt)
     engine = EmbeddedEngine.from_pretrained(str(ckpt))
+    options: dict = {}
+    if cfg.rollout.env is not None:  # a multi-turn run: every request an episode of its environment
+        from slime_ext.envs.episode_engine import episode_evaluation
+
+        engine, options = episode_evaluation(engine, cfg.rollout, tokenizer, lambda rid: rows[request_row(rid)], {})
     report = evaluate(
         engine, tokenizer, rows, cfg.eval, reward_type=cfg.reward.type, template=cfg.data.template,
         max_new_tokens=cfg.rollout.max_response_len, seed=cfg.run.seed, progress=not args.no_progress,
         batch_prompts=args.batch_prompts, stop=cfg.rollout.stop,
-        verifier=make_verifier(cfg.reward.type, cfg.reward.timeout_s),
+        verifier=make_verifier(cfg.reward.type, cfg.reward.timeout_s), **options,
     )
     report.meta.update(checkpoint=str(ckpt), data=args.data or "config eval split", config_files=resolved.files,
                        overrides=resolved.overrides)

@@ -14,7 +14,7 @@ from slime_ext.config import ConfigError, load_config
 from slime_ext.config.__main__ import main as config_main
 from slime_ext.config.schema import config_model
 from slime_ext.config.sections import Section, SyntheticLevel
-from slime_ext.tasks.synthetic_math import LEVELS
+from slime_ext.tasks.synthetic_math import ALL_LEVELS
 from tests.conftest import CONFIGS
 
 GRPO = CONFIGS / "grpo.yaml"
@@ -29,7 +29,7 @@ def problem(config, *overrides: str) -> str:
 
 # -- the four cases of the issue, through the CLI that scripts run before a job -----------------------------
 @pytest.mark.parametrize("config, override, expected", [
-    (GRPO, "data.synthetic.train_levels=[L9]", "Input should be 'L0', 'L1', 'L2', 'L3', 'L4' or 'L5'"),
+    (GRPO, "data.synthetic.train_levels=[L9]", "Input should be 'L0', 'L1', 'L2', 'L3', 'L4', 'L5', 'T1' or 'T2'"),
     (CONFIGS / "dagrpo.yaml", "dagrpo.cloud_url=null", "method dagrpo needs dagrpo.cloud_url"),
     (GRPO, "rollout.temperature=.inf", "Input should be a finite number"),
     (GRPO, "rollout.max_response_len=5000", "256 + 5000 = 5256 exceeds the model's context "
@@ -43,7 +43,7 @@ def test_check_cli_rejects_what_the_run_would(config, override, expected, capsys
 
 # -- synthetic levels ---------------------------------------------------------------------------------------
 def test_level_names_are_the_generators_levels():
-    assert typing.get_args(SyntheticLevel) == tuple(LEVELS)
+    assert typing.get_args(SyntheticLevel) == tuple(ALL_LEVELS)
 
 
 @pytest.mark.parametrize("override", ["data.synthetic.eval_levels=[L2, l3]", "data.synthetic.train_levels=[]"])

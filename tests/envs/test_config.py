@@ -42,3 +42,31 @@ def test_bad_keys_are_errors_naming_the_key(overrides, named):
     with pytest.raises(ConfigError) as info:
         load(*overrides)
     assert named in str(info.value), str(info.value)
+
+
+# -- the tools task (configs/grpo_tools.yaml and its baseline) ----------------------------------------------
+def test_the_tools_configs_share_their_problems_and_budget_and_differ_in_tools_only():
+    tools = load_config(CONFIGS / "grpo_tools.yaml", []).config
+    plain = load_config(CONFIGS / "grpo_tools_notools.yaml", []).config
+    assert tools.data.synthetic.solution_tool == "calculator" and plain.data.synthetic.solution_tool is None
+    assert tools.data.synthetic.model_dump(exclude={"solution_tool"}) == plain.data.synthetic.model_dump(
+        exclude={"solution_tool"})
+    assert set(tools.data.synthetic.train_levels) == {"T1", "T2"}
+    assert tools.rollout.env == "tools" and plain.rollout.env is None
+    assert tools.rollout.max_response_len == plain.rollout.max_response_len >= 192
+    assert tools.rollout.episode_total_tokens >= 192 and tools.rollout.episode_turns >= 2
+    assert tools.rollout.env_settings["tools"] == ["calculator"]
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["data.synthetic.solution_tool=calculator"], "rollout.env = None: no environment would answer the calls"),
+    (["data.synthetic.solution_tool=python", "rollout.env=tools", "rollout.env_settings.tools=[calculator]"],
+     "rollout.env_settings.tools = ['calculator'] does not offer it"),
+    (["data.synthetic.solution_tool=calculator", "rollout.env=tools", r'data.synthetic.step_separator="\n\n"'],
+     "replaces the steps by one tool call"),
+    (["data.synthetic.solution_tool=abacus"], "data.synthetic.solution_tool"),
+])
+def test_tool_solutions_need_an_environment_offering_the_tool(overrides, named):
+    with pytest.raises(ConfigError) as info:
+        load(*overrides)
+    assert named in str(info.value), str(info.value)
