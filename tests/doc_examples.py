@@ -29,3 +29,21 @@ def tiny_job(n_samples: int, max_response_len: int) -> list[str]:
         f"rollout.max_response_len={max_response_len}", "train.micro_batch_size=16", "sft.steps=10",
         "sft.batch_size=16", "train.steps=2", "run.stages=[data,tokenizer,sft,rl]",
     ]
+
+
+def write_package(root: Path, name: str, files: dict[str, str], doc: str = "") -> None:
+    """A package `name` under `root` holding `files` (file name -> text), importable once `root` is on sys.path."""
+    package = root / name
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(f'"""{doc}"""\n' if doc else "")
+    for file, text in files.items():
+        (package / file).write_text(text)
+
+
+def registry_line(block: str, entry_class: type, renames: dict[str, str]) -> tuple[str, object]:
+    """(name, entry) of a doc's one registry line `"name": Entry(...),`, with the import paths the test moved
+    (`renames`: the doc's path -> the test's) replaced."""
+    name, text = re.match(rf'\s*"(\w+)":\s*({entry_class.__name__}\(.*\)),\s*$', block.strip("\n")).groups()
+    for old, new in renames.items():
+        text = text.replace(old, new)
+    return name, eval(text, {entry_class.__name__: entry_class})  # noqa: S307 (our own docs)

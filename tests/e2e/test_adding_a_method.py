@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
 
 from slime_ext.methods import registry
-from tests.doc_examples import fenced_blocks, tiny_job
+from tests.doc_examples import fenced_blocks, registry_line, tiny_job, write_package
 from tests.conftest import CONFIGS, REPO
 
 DOC = REPO / "docs" / "adding-a-method.md"
@@ -40,16 +39,12 @@ def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch
     from slime_ext.orchestration.driver import main
 
     blocks = doc_blocks()
-    package = tmp_path / "plugins" / "length_penalty"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text('"""GRPO with a length penalty (docs/adding-a-method.md)."""\n')
-    (package / "config.py").write_text(blocks["config.py"])
-    (package / "method.py").write_text(blocks["method.py"])
+    write_package(tmp_path / "plugins", "length_penalty", {f: blocks[f] for f in ("config.py", "method.py")},
+                  "GRPO with a length penalty (docs/adding-a-method.md).")
     monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
     # the registry line, with the package's import path where the test put it
-    name, entry = re.match(r'\s*"(\w+)":\s*(MethodEntry\(.*\)),\s*$', blocks["registry"].strip("\n")).groups()
-    entry = eval(entry.replace("slime_ext.methods.length_penalty", "length_penalty"),  # noqa: S307 (our own doc)
-                 {"MethodEntry": registry.MethodEntry})
+    name, entry = registry_line(blocks["registry"], registry.MethodEntry,
+                                {"slime_ext.methods.length_penalty": "length_penalty"})
     monkeypatch.setitem(registry.METHODS, name, entry)
     yaml_text = blocks["length_penalty.yaml"].replace("extends: grpo.yaml", f"extends: {CONFIGS / 'grpo.yaml'}")
     (tmp_path / "length_penalty.yaml").write_text(yaml_text)
@@ -74,17 +69,15 @@ def install_second_example(tmp_path: Path, monkeypatch) -> Path:
     here in a directory on sys.path and PYTHONPATH (the engine processes import the sampler by its name)."""
     blocks = doc_blocks(1)
     plugins = tmp_path / "plugins"
-    (plugins / "sentence_cap").mkdir(parents=True)
-    (plugins / "sentence_cap" / "__init__.py").write_text('"""GRPO with a sentence cap (docs/adding-a-method.md)."""\n')
-    (plugins / "sentence_cap" / "config.py").write_text(blocks["config.py"])
-    (plugins / "sentence_cap" / "method.py").write_text(blocks["method.py"])
+    write_package(plugins, "sentence_cap", {f: blocks[f] for f in ("config.py", "method.py")},
+                  "GRPO with a sentence cap (docs/adding-a-method.md).")
     (plugins / "sentence_cap_sampler.py").write_text(blocks["sentence_cap.py"])
     monkeypatch.syspath_prepend(str(plugins))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]))
-    name, entry = re.match(r'\s*"(\w+)":\s*(MethodEntry\(.*\)),\s*$', blocks["registry"].strip("\n")).groups()
-    entry = entry.replace("slime_ext.methods.sentence_cap", "sentence_cap")
-    entry = entry.replace("sglang_patches.sentence_cap", "sentence_cap_sampler")
-    monkeypatch.setitem(registry.METHODS, name, eval(entry, {"MethodEntry": registry.MethodEntry}))  # noqa: S307
+    name, entry = registry_line(blocks["registry"], registry.MethodEntry,
+                                {"slime_ext.methods.sentence_cap": "sentence_cap",
+                                 "sglang_patches.sentence_cap": "sentence_cap_sampler"})
+    monkeypatch.setitem(registry.METHODS, name, entry)
     config = tmp_path / "sentence_cap.yaml"
     config.write_text(blocks["sentence_cap.yaml"].replace("extends: grpo.yaml", f"extends: {CONFIGS / 'grpo.yaml'}"))
     return config

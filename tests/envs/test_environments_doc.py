@@ -3,7 +3,6 @@ on the embedded engine, and the environment answers as the page says."""
 
 from __future__ import annotations
 
-import re
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ from slime_ext.config import load_config
 from slime_ext.envs import registry
 from slime_ext.envs.base import Episode, Turn
 from slime_ext.orchestration.rollout_manager import RolloutManager
-from tests.doc_examples import fenced_blocks
+from tests.doc_examples import fenced_blocks, registry_line, write_package
 from tests.conftest import CONFIGS, REPO
 from tests.envs.conftest import RecordingEngine, embedded_engine
 
@@ -29,15 +28,12 @@ def doc_blocks() -> dict[str, str]:
 @pytest.fixture
 def hint_env(tmp_path, monkeypatch):
     blocks = doc_blocks()
-    package = tmp_path / "plugins" / "my_envs"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "hint.py").write_text(blocks["hint.py"])
+    write_package(tmp_path / "plugins", "my_envs", {"hint.py": blocks["hint.py"]})
     monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
     monkeypatch.delitem(sys.modules, "my_envs", raising=False)
     monkeypatch.delitem(sys.modules, "my_envs.hint", raising=False)
-    name, entry = re.match(r'\s*"(\w+)":\s*(EnvEntry\(.*\)),\s*$', blocks["registry"].strip("\n")).groups()
-    monkeypatch.setitem(registry.ENVS, name, eval(entry, {"EnvEntry": registry.EnvEntry}))  # noqa: S307 (our doc)
+    name, entry = registry_line(blocks["registry"], registry.EnvEntry, {})
+    monkeypatch.setitem(registry.ENVS, name, entry)
     yaml_text = blocks["grpo_hint.yaml"].replace("extends: grpo.yaml", f"extends: {CONFIGS / 'grpo.yaml'}")
     (tmp_path / "grpo_hint.yaml").write_text(yaml_text)
     return tmp_path / "grpo_hint.yaml"
