@@ -40,6 +40,7 @@ def _computed(row: dict) -> dict:
     return {k: v for k, v in row.items() if not VOLATILE.search(k)}
 
 
+@pytest.mark.slow  # ~60 s; the resume logic has fast tests (tests/orchestration/test_resume.py)
 @pytest.mark.timeout(900)
 def test_a_multi_turn_run_resumed_after_its_first_checkpoint_continues_bit_identically(tmp_path, monkeypatch):
     from slime_ext.orchestration.driver import main
