@@ -270,9 +270,9 @@ def _run_method(data: dict, sources: dict[KeyPath, str]) -> str:
     return method
 
 
-def _foreign_sections(data: dict, method: str, schema: type[BaseModel], sources: dict[KeyPath, str]) -> list[str]:
+def _foreign_sections(data: dict, method: str, schema: type[BaseModel], owners: dict[str, list[str]],
+                      sources: dict[KeyPath, str]) -> list[str]:
     """A problem per top-level key that is another method's section (not part of this run's schema)."""
-    owners = section_owners()
     return [f"{_places((str(key),), sources)}: section '{key}' belongs to method(s) {', '.join(owners[key])}; "
             f"this run's method is '{method}'" for key in data if key not in schema.model_fields and key in owners]
 
@@ -292,8 +292,9 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> ResolvedConf
         _record_sources(value, key, where, sources)
     method = _run_method(data, sources)
     schema = config_model(method)
-    problems = _foreign_sections(data, method, schema, sources)
-    owners = section_owners()  # the rest is validated too (its unknown keys, types and ranges named as well)
+    owners = section_owners()
+    problems = _foreign_sections(data, method, schema, owners, sources)
+    # the rest is validated too (its unknown keys, types and ranges named as well)
     own = {key: value for key, value in data.items() if key in schema.model_fields or key not in owners}
     try:
         config = schema.model_validate(own)

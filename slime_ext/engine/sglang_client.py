@@ -234,9 +234,8 @@ class SGLangEngineClient:
         for r in requests:
             route = self.routing_key(r) if self.routing_key is not None else None
             # a group: one prompt's samples, or one prompt's episodes on a later turn (their affinity key)
-            group = r.affinity if r.affinity is not None else tuple(r.input_ids)
-            prompt = group if self.batching == "group" else None
-            keyed.setdefault((route, prompt, r.return_routed_experts), []).append(r)
+            group = None if self.batching != "group" else r.affinity if r.affinity is not None else tuple(r.input_ids)
+            keyed.setdefault((route, group, r.return_routed_experts), []).append(r)
         return [members[i:i + self.max_batch] for members in keyed.values()
                 for i in range(0, len(members), self.max_batch)]
 
@@ -252,18 +251,26 @@ class SGLangEngineClient:
                               finish_reason=FINISH_FAILED, annotations=[], cached_tokens=0,
                               prompt_len=len(request.input_ids), error=error)
 
+    def _checked_payload(self, request: GenerateRequest) -> dict[str, Any]:
+        """The request's /generate payload, validated against sglang's definitions when they are here."""
+        payload = self.build_payload(request)
+        if self.validate:
+            validate_generate_payload(payload, self.vocab_size)
+        return payload
+
+    def _route_headers(self, request: GenerateRequest) -> Optional[dict[str, str]]:
+        key = self.routing_key(request) if self.routing_key is not None else None
+        return {"X-SMG-Routing-Key": key} if key else None
+
     def _generate_one(self, request: GenerateRequest, counted: bool = False) -> GenerateResult:
         if not counted:
             self._count("requests")
         try:
-            payload = self.build_payload(request)
-            if self.validate:
-                validate_generate_payload(payload, self.vocab_size)
+            payload = self._checked_payload(request)
         except Exception as exc:  # noqa: BLE001 - one bad request must not sink the batch
             return self._failed(request, f"invalid request: {exc}")
         last_error = "not sent"
-        key = self.routing_key(request) if self.routing_key is not None else None
-        headers = {"X-SMG-Routing-Key": key} if key else None
+        headers = self._route_headers(request)
         for attempt in attempts(self.max_retries, self.backoff_s, self.backoff_max_s,
                                 on_retry=lambda: self._count("retries")):
             with self._lock:
@@ -271,12 +278,9 @@ class SGLangEngineClient:
                 wire_rid = request.rid if attempt == 0 else f"{request.rid}#retry{attempt}"
                 self._wire_rids[request.rid] = wire_rid
             if aborted:  # aborted before it was sent, or between attempts
-                self._count("aborted")
                 with self._lock:
                     self._wire_rids.pop(request.rid, None)
-                return GenerateResult(rid=request.rid, output_ids=[], logprobs=[] if request.return_logprob else None,
-                                      finish_reason="abort", annotations=[], cached_tokens=0,
-                                      prompt_len=len(request.input_ids))
+                return self._aborted_result(request)
             payload["rid"] = wire_rid
             try:
                 body = self._request("POST", "/generate", payload, headers=headers)
@@ -328,14 +332,10 @@ class SGLangEngineClient:
         for request in requests:
             self._count("requests")
             try:
-                payload = self.build_payload(request)
-                if self.validate:
-                    validate_generate_payload(payload, self.vocab_size)
-                payloads[request.rid] = payload
+                payloads[request.rid] = self._checked_payload(request)
             except Exception as exc:  # noqa: BLE001 - one bad request must not sink the batch
                 out[request.rid] = self._failed(request, f"invalid request: {exc}")
-        key = self.routing_key(requests[0]) if self.routing_key is not None else None
-        headers = {"X-SMG-Routing-Key": key} if key else None
+        headers = self._route_headers(requests[0])  # a call never mixes routing keys (`_calls`)
         last_error = "not sent"
         live: list[GenerateRequest] = []
         try:

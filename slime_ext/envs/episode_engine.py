@@ -54,8 +54,7 @@ def episode_evaluation(engine: Any, rollout: Any, tokenizer: Any, row_of: Callab
         raise ValueError("the method projects its responses before scoring, which multi-turn episodes "
                          "(rollout.env) do not support")
     episodes = EpisodeEngine(engine, build_env(rollout.env, rollout.env_settings, tokenizer), tokenizer,
-                             EpisodeLimits(rollout.episode_turns, rollout.episode_total_tokens, rollout.max_turn_tokens),
-                             row_of)
+                             EpisodeLimits.of_rollout(rollout), row_of)
     method_metrics = options.get("response_metrics")
 
     def metrics(result: GenerateResult) -> dict[str, float]:

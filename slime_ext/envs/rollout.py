@@ -49,6 +49,11 @@ class EpisodeLimits:
     max_turn_tokens: Optional[int] = None  # generated tokens per turn; None: the request's max_new_tokens
     step_timeout_s: float = 600.0  # one environment step; past it the episode fails (a bug, not a tool limit)
 
+    @classmethod
+    def of_rollout(cls, rollout: Any) -> "EpisodeLimits":
+        """The limits a run's `rollout` section sets (`rollout.max_turns` etc., defaults resolved there)."""
+        return cls(rollout.episode_turns, rollout.episode_total_tokens, rollout.max_turn_tokens)
+
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_total_tokens < 1 or (self.max_turn_tokens is not None
                                                                 and self.max_turn_tokens < 1):

@@ -304,8 +304,7 @@ class RolloutManager:
             calls.extend(zip(turn, results))
             return results
 
-        limits = EpisodeLimits(r.episode_turns, r.episode_total_tokens, r.max_turn_tokens)
-        episodes = run_episodes(generate, requests, rows, self._env, self.tokenizer, limits)
+        episodes = run_episodes(generate, requests, rows, self._env, self.tokenizer, EpisodeLimits.of_rollout(r))
         if not r.off_policy_steps:
             check_weight_versions([q for q, _ in calls], [res for _, res in calls], step)
             return episodes, None, 0

@@ -122,18 +122,15 @@ async def _run(state: Any, request: Request, prepared: list[tuple[GenerateReques
                body: GenerateReqInput) -> list[dict[str, Any]]:
     """Generate every row that asks for tokens (together, so they share the engine's batch) and build
     SGLang's answer of each."""
-    live = [req for req, max_new in prepared if max_new > 0]
-    tickets = [state.batcher.submit(req) for req in live]
-    results = dict(zip((r.rid for r in live), await generate_all(state.batcher, request, tickets=tickets))) \
-        if tickets else {}
-    versions = {t.request.rid: t.weight_version for t in tickets}
+    tickets = [state.batcher.submit(req) for req, max_new in prepared if max_new > 0]
+    outputs = await generate_all(state.batcher, request, tickets=tickets) if tickets else []
+    done = {t.request.rid: (res, t.weight_version) for t, res in zip(tickets, outputs)}
     answers = []
-    for (req, max_new), item in zip(prepared, items):
-        if max_new == 0:  # nothing to generate: SGLang answers an empty output finished by length
-            res = GenerateResult(req.rid, [], [], "length", [], 0, len(req.input_ids))
-        else:
-            res = results[req.rid]
-        answers.append(_answer(state, body, req, res, versions.get(req.rid) or state.weight_version, item.return_logprob))
+    for (req, _), item in zip(prepared, items):
+        # a row without tokens to generate: SGLang answers an empty output finished by length
+        empty = (GenerateResult(req.rid, [], [], "length", [], 0, len(req.input_ids)), None)
+        res, version = done.get(req.rid) or empty
+        answers.append(_answer(state, body, req, res, version or state.weight_version, item.return_logprob))
     return answers
 
 
