@@ -17,7 +17,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
 from megatron_glue.trainer import MegatronTrainer
-from megatron_glue.sharding import expert_full_name, rank_parameters, tp_join
+from megatron_glue.sharding import expert_full_name, own_storage, rank_parameters, tp_join
 from megatron_glue.weight_names import megatron_param_to_hf
 
 Bucket = list[tuple[str, torch.Tensor]]
@@ -43,12 +43,38 @@ def sender_key() -> str:
     return f"pp{mpu.get_pipeline_model_parallel_rank()}"
 
 
+def _bucket_tensor(tensor: torch.Tensor, gathered: bool, to_host: bool) -> torch.Tensor:
+    """The bucket's own copy of one HF piece. A piece of a gathered tensor that owns its whole storage is new
+    memory already and is kept as it is (a second copy would double the largest transient of a sync: the
+    gathered embedding or LM head); anything else (a parameter itself, or a view into a gathered tensor) is
+    copied, never aliased: the trainer updates its parameters in place."""
+    device = torch.device("cpu") if to_host else tensor.device
+    tensor = tensor.detach()
+    if gathered and tensor.device == device and own_storage(tensor) is tensor:
+        return tensor
+    return tensor.to(device, copy=True).contiguous()
+
+
+def _add_pieces(bucket: Bucket, pieces: list[tuple[str, torch.Tensor]], gathered: bool, to_host: bool) -> int:
+    """Appends one full tensor's HF pieces to the bucket; returns their bytes."""
+    added = 0
+    for hf_name, piece in pieces:
+        bucket.append((hf_name, _bucket_tensor(piece, gathered, to_host)))
+        added += piece.numel() * piece.element_size()
+    return added
+
+
 def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20,
                            to_host: bool = True, collect: bool = True) -> Iterator[Bucket]:
-    """Yield lists of (HF name, full tensor) of at most ~`bucket_bytes`. Collective: every rank of the
-    trainer must consume the iterator to the end. `to_host=False` keeps the copies on the device the
-    parameters live on (an NCCL broadcast reads them there); the host gets them otherwise. `collect=False`
-    (a rank that sends nothing) takes part in the gathers and yields nothing: no copies, no buckets."""
+    """Yield lists of (HF name, full tensor) of at most `bucket_bytes` (a single tensor larger than that is a
+    bucket of its own). Collective: every rank of the trainer must consume the iterator to the end.
+    `to_host=False` keeps the copies on the device the parameters live on (an NCCL broadcast reads them
+    there); the host gets them otherwise. `collect=False` (a rank that sends nothing) takes part in the
+    gathers and yields nothing: no copies, no buckets.
+
+    A bucket is handed out *before* the gather of the tensor that would overflow it, so while the consumer
+    sends it the generator holds no gathered tensor: the sender's peak is one bucket plus what sending it
+    takes, never a bucket plus a gathered tensor plus its copy."""
     sizes = trainer.sizes
     ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
     local = trainer.local_state_dict()
@@ -60,24 +86,32 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
             tp_group, ways = mpu.get_tensor_model_parallel_group(), sizes.tp
         else:  # experts are split over the expert-TP group (1: whole on every TP rank)
             tp_group, ways = mpu.get_expert_tensor_parallel_group(), sizes.expert_tp
-        if param.tp_split and ways > 1:
+        joined = param.tp_split and ways > 1
+        spread = param.expert_slot is not None and sizes.ep > 1
+        incoming = tensor.numel() * tensor.element_size() * (ways if joined else 1) * (sizes.ep if spread else 1)
+        if collect and bucket and filled + incoming > bucket_bytes:
+            yield bucket
+            bucket, filled = [], 0
+        if joined:
             tensor = tp_join(param.full_name, _all_gather(tensor, tp_group, ways), trainer.hf_config)
-        if param.expert_slot is not None and sizes.ep > 1:
+        if spread:
             owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
             named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t) for r, t in enumerate(owners)]
+            del owners
         else:
             named = [(param.full_name, tensor)]
+        del tensor
         if not collect:
             continue
-        for full_name, full in named:
-            for hf_name, hf_tensor in megatron_param_to_hf(full_name, full, trainer.hf_config):
-                # A copy, never a view: the trainer updates its parameters in place.
-                device = "cpu" if to_host else hf_tensor.device
-                bucket.append((hf_name, hf_tensor.detach().to(device, copy=True).contiguous()))
-                filled += hf_tensor.numel() * hf_tensor.element_size()
-                if filled >= bucket_bytes:
-                    yield bucket
-                    bucket, filled = [], 0
+        named.reverse()
+        while named:  # each gathered tensor is dropped once its pieces are in the bucket
+            full_name, full = named.pop()
+            filled += _add_pieces(bucket, megatron_param_to_hf(full_name, full, trainer.hf_config), joined or spread,
+                                  to_host)
+            del full
+        if filled >= bucket_bytes:
+            yield bucket
+            bucket, filled = [], 0
     if bucket:
         yield bucket
 

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -43,6 +43,8 @@ from slime_ext.engine.failures import WeightSyncError
 
 log = logging.getLogger(__name__)
 NamedTensors = list[tuple[str, torch.Tensor]]
+# a payload wire gets each bucket in about this many parts (see Sender.send)
+PAYLOAD_PARTS = 4
 GROUP_NAME = "weight_update_group"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -190,42 +192,61 @@ class Sender:
         if not self.delta:
             self.memory.previous.clear()
         self.stats = {"tensors": 0, "elements": 0, "changed": 0, "bytes_full": 0, "bytes_sent": 0, "buckets": 0,
-                      "seconds": 0.0}
+                      "payloads": 0, "seconds": 0.0}
         self.t0 = time.perf_counter()
 
     def send(self, bucket: NamedTensors) -> None:
         """Takes the bucket's tensors out of the list as it converts them, so each source tensor is freed as
-        soon as its engine-dtype copy exists (the caller's list is empty afterwards)."""
-        bucket.reverse()
-        named = []
-        while bucket:
-            n, t = bucket.pop()
-            named.append((n, t.detach() if self.dtype is None else t.detach().to(self.dtype)))
-            del t
-        elements, full = sum(t.numel() for _, t in named), weight_payload.payload_bytes(named)
+        soon as its engine-dtype copy exists (the caller's list is empty afterwards). Payload wires get the
+        bucket in parts of about a quarter of its engine-dtype bytes, each tensor converted and encoded only
+        when its part is built: the sender never holds a whole converted bucket plus its whole payload (plus
+        the transport's copy of it) on top of the gathered bucket."""
+        itemsize = None if self.dtype is None else torch.empty((), dtype=self.dtype).element_size()
+        elements = sum(t.numel() for _, t in bucket)
+        full = sum(t.numel() * (itemsize or t.element_size()) for _, t in bucket)
         self.stats["buckets"] += 1
-        self.stats["tensors"] += len(named)
+        self.stats["tensors"] += len(bucket)
         self.stats["elements"] += elements
         self.stats["bytes_full"] += full
-        if not self.wire.payloads:  # plain tensors: everything is sent
+        if not self.wire.payloads:  # plain tensors: everything is sent, as one bucket
             self.stats["changed"] += elements
             self.stats["bytes_sent"] += full
-            self.wire.send([(n, t.contiguous()) for n, t in named])
+            self.wire.send([(n, t.contiguous()) for n, t in self._converted(bucket)])
             return
+        part_bytes = max(1, full // PAYLOAD_PARTS)
         payload: NamedTensors = []
-        named.reverse()
-        while named:  # the same: a converted tensor is dropped once its entries exist
-            name, value = named.pop()
+        pending = 0
+        for name, value in self._converted(bucket):
             previous = self.memory.previous.get(name) if self.delta else None
             entries, changed = weight_payload.encode(name, value, previous)
-            payload += entries
             self.stats["changed"] += changed
-            if self.delta:  # what the engines hold once this bucket is applied
+            if self.delta:  # what the engines hold once this part is applied
                 if previous is None or previous.shape != value.shape:
                     self.memory.previous[name] = value.clone()
                 else:
                     previous.copy_(value)
+            del value
+            payload += entries
+            pending += weight_payload.payload_bytes(entries)
+            del entries
+            if pending >= part_bytes:
+                self._send_payload(payload)
+                payload, pending = [], 0
+        if payload:
+            self._send_payload(payload)
+
+    def _converted(self, bucket: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
+        """The bucket's tensors in the engine's dtype, one at a time, each source popped from the list first."""
+        bucket.reverse()
+        while bucket:
+            name, tensor = bucket.pop()
+            value = tensor.detach() if self.dtype is None else tensor.detach().to(self.dtype)
+            del tensor
+            yield name, value
+
+    def _send_payload(self, payload: NamedTensors) -> None:
         self.stats["bytes_sent"] += weight_payload.payload_bytes(payload)
+        self.stats["payloads"] += 1
         self.wire.send(payload)
 
     def close(self) -> dict:
@@ -413,13 +434,15 @@ class LocalWeightSource:
         self.named, self.bucket_bytes, self.key = list(named), bucket_bytes, key
 
     def buckets(self) -> Any:
+        """Buckets of at most `bucket_bytes` (a larger tensor alone), the trainer ranks' rule."""
         bucket, filled = [], 0
         for name, tensor in self.named:
-            bucket.append((name, tensor))
-            filled += tensor.numel() * tensor.element_size()
-            if filled >= self.bucket_bytes:
+            size = tensor.numel() * tensor.element_size()
+            if bucket and filled + size > self.bucket_bytes:
                 yield bucket
                 bucket, filled = [], 0
+            bucket.append((name, tensor))
+            filled += size
         if bucket:
             yield bucket
 

@@ -98,6 +98,62 @@ def test_delta_sync_to_the_embedded_engine_lands_the_trainer_weights(model_dir):
     forget_sender_state()
 
 
+def test_a_payload_wire_gets_each_bucket_in_parts_of_a_quarter_with_every_tensor_once():
+    """8 tensors of 1000 fp32 elements to a bf16 engine: the bucket is 16000 engine bytes, a part closes at
+    4000; a dense tensor's entries are 2000 + 8 (its checksum) bytes, so each part holds two tensors; the
+    second sync (two tensors moved by 3 elements each) sends one part of checksums and 6 sparse entries."""
+    from slime_ext.engine.weight_sync import Sender
+
+    class Recording:
+        payloads = True
+
+        def __init__(self):
+            self.sent = []
+
+        def send(self, payload):
+            self.sent.append(list(payload))
+
+        def close(self):
+            return {}
+
+    forget_sender_state()
+    target = EmbeddedTarget(handle=None, engine_dtype="bfloat16", delta=True)
+    torch.manual_seed(3)
+    weights = [(f"w{i}", torch.randn(1000)) for i in range(8)]
+    wire = Recording()
+    sender = Sender(target, "parts", wire)
+    bucket = [(n, t.clone()) for n, t in weights]
+    sender.send(bucket)
+    stats = sender.close()
+    assert bucket == [] and stats["buckets"] == 1 and stats["payloads"] == 4 and len(wire.sent) == 4
+    assert [[n for n, _ in part if "@" not in n] for part in wire.sent] == [["w0", "w1"], ["w2", "w3"], ["w4", "w5"],
+                                                                             ["w6", "w7"]]
+    assert stats["bytes_full"] == 16000 and stats["bytes_sent"] == 8 * 2008
+    engine = {n: torch.zeros(1000, dtype=torch.bfloat16) for n, _ in weights}
+    for part in wire.sent:
+        weight_payload.apply_payload(part, engine.__getitem__)
+    assert all(torch.equal(engine[n], t.bfloat16()) for n, t in weights)
+
+    moved = [(n, t.clone()) for n, t in weights]
+    for i in (2, 5):
+        moved[i][1][:3] += 1.0  # changes the bf16 values too
+    wire.sent.clear()
+    sender = Sender(target, "parts", wire)
+    sender.send([(n, t.clone()) for n, t in moved])
+    stats = sender.close()
+    # 8 checksums (64 bytes) + 2 x 3 x (4-byte index + 2-byte value): 100 bytes, one part
+    assert stats["changed"] == 6 and stats["bytes_sent"] == 100 and len(wire.sent) == 1
+    weight_payload.apply_payload(wire.sent[0], engine.__getitem__)
+    assert all(torch.equal(engine[n], t.bfloat16()) for n, t in moved)
+    forget_sender_state()
+
+
+def test_local_buckets_close_before_the_tensor_that_would_overflow_them():
+    named = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([100, 100, 100, 300, 50, 50])]  # fp32: 4 bytes each
+    sizes = [[t.numel() for _, t in b] for b in LocalWeightSource(named, bucket_bytes=800).buckets()]
+    assert sizes == [[100, 100], [100], [300], [50, 50]]
+
+
 def test_a_corrupted_bucket_stops_the_run_with_the_resume_command(model_dir, tmp_path):
     from slime_ext.engine.embedded import EmbeddedEngine
     from slime_ext.orchestration.run_dir import RunStopped

@@ -62,10 +62,17 @@ def _worker(rank, config, hf_sd, sizes, steps, extra_settings=None):
 
     # Gathered back to HF names across TP / EP / PP: must reproduce the loaded weights bit for bit.
     exported = export_hf_state_dict(trainer)
+    # Buckets as a sync sends them, with a bound of twice the largest HF tensor (so one parameter's pieces,
+    # e.g. a gated fc1's gate and up, always fit): (names, bytes) per bucket
+    from megatron_glue.weight_export import iter_hf_weight_buckets
+
+    bound = 2 * max(t.numel() * t.element_size() for t in hf_sd.values())
+    buckets = [([n for n, _ in b], sum(t.numel() * t.element_size() for _, t in b))
+               for b in iter_hf_weight_buckets(trainer, bucket_bytes=bound)]
     samples = _samples()
     logprobs = trainer.compute_logprobs(samples)
     metrics = [trainer.train_step(samples, kind="grpo") for _ in range(steps)]
-    return {"metrics": metrics, "logprobs": logprobs, "exported": exported}
+    return {"metrics": metrics, "logprobs": logprobs, "exported": exported, "buckets": buckets, "bound": bound}
 
 
 def _run(config, sizes, world, extra_settings=None):
@@ -75,6 +82,12 @@ def _run(config, sizes, world, extra_settings=None):
     for r in results:
         union.update(r["exported"])
     assert set(union) == set(hf_sd) and all(torch.equal(union[k], hf_sd[k]) for k in hf_sd)
+    # every rank walks the same buckets; none exceeds the bound, and together they hold this stage's weights
+    # once (a bucket handed out only after the tensor that overflows it was added breaks the bound)
+    for r in results:
+        assert max(size for _, size in r["buckets"]) <= r["bound"], r["buckets"]
+        names = [n for b, _ in r["buckets"] for n in b]
+        assert sorted(names) == sorted(r["exported"]) and len(r["buckets"]) > 1
     return results
 
 
