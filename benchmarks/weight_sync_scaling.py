@@ -254,7 +254,10 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                 log(f"[ws] {size:>5} {layout} {path:<11} {'warm-up' if r == 0 else f'rep {r}':<7} "
                     f"{seconds:7.3f} s  driver {row['driver_bytes'] / 2**20:8.1f} MiB  peak+ "
                     + " ".join(f"{k} {v / 2**20:.0f}" for k, v in row["peak_growth_bytes"].items()) + " MiB"
-                    + (f"  changed {row['changed_share']:.4f}" if row["changed_share"] is not None else ""))
+                    + (f"  changed {row['changed_share']:.4f}" if row["changed_share"] is not None else "")
+                    + (f"  sender gathers {out['memory/sync_sender_growth_gather_mib']:.0f} sends "
+                       f"{out['memory/sync_sender_growth_send_mib']:.0f} MiB"
+                       if "memory/sync_sender_growth_gather_mib" in out else ""))
     finally:
         if actor is not None:
             actor.stop()

@@ -93,7 +93,10 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
             yield bucket
             bucket, filled = [], 0
         if joined:
-            tensor = tp_join(param.full_name, _all_gather(tensor, tp_group, ways), trainer.hf_config)
+            parts = _all_gather(tensor, tp_group, ways)
+            # a rank that sends nothing needs the joined tensor only as its part of an expert gather
+            tensor = tp_join(param.full_name, parts, trainer.hf_config) if collect or spread else parts[0]
+            del parts
         if spread:
             owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
             named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t) for r, t in enumerate(owners)]

@@ -57,11 +57,15 @@ def rss_bytes() -> int:
 
 
 class PeakRSS:
-    """Samples this process's RSS in a thread while the body runs: `peak - start` is what the body added."""
+    """Samples this process's RSS in a thread while the body runs: `peak - start` is what the body added.
+    Setting `phase` attributes the samples taken from then on to that phase (`phase_peaks`): where a peak
+    happened, e.g. a weight push's gathers against its sends."""
 
     def __init__(self, interval_s: float = 0.005):
         self.interval_s = interval_s
         self.start = self.peak = 0
+        self.phase: Optional[str] = None
+        self.phase_peaks: dict[str, int] = {}
         self._stop = threading.Event()
 
     def __enter__(self) -> "PeakRSS":
@@ -70,14 +74,25 @@ class PeakRSS:
         self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        rss, phase = rss_bytes(), self.phase
+        self.peak = max(self.peak, rss)
+        if phase is not None:
+            self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), rss)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, rss_bytes())
+            self._sample()
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
+        self._sample()
+
+    def growth(self, phase: Optional[str] = None) -> int:
+        """The largest RSS above the start level, over the whole body or in one phase (0 if never sampled)."""
+        top = self.peak if phase is None else self.phase_peaks.get(phase, self.start)
+        return max(0, top - self.start)
 
 
 def node_address() -> str:
@@ -463,8 +478,8 @@ def merge_stats(parts: Sequence[Optional[dict]]) -> dict:
         for k, v in part.items():
             if k == "weight_map":
                 out["weight_map"].update(v)
-            elif k == "seconds":
-                out[k] = max(out.get(k, 0.0), v)
+            elif k == "seconds" or k.startswith("peak_"):  # the slowest sender; the largest peak
+                out[k] = max(out.get(k, 0), v)
             elif isinstance(v, (int, float)):
                 out[k] = out.get(k, 0) + v
     return out
@@ -474,6 +489,9 @@ def sync_metrics(stats: dict) -> dict[str, float]:
     """A step's metrics row from the merged sender counts."""
     out = {"sync/bytes_sent": float(stats.get("bytes_sent", 0)), "sync/bytes_full": float(stats.get("bytes_full", 0)),
            "sync/senders": float(stats.get("senders", 0)), "time/sync_push": float(stats.get("seconds", 0.0))}
+    for key in ("peak_rss_growth", "peak_rss_growth_gather", "peak_rss_growth_send"):  # the largest sender's
+        if key in stats:
+            out[f"memory/sync_{key.replace('peak_rss_', 'sender_')}_mib"] = stats[key] / 2**20
     if stats.get("elements") and stats.get("delta"):  # what the delta found changed (dense paths send all)
         out["sync/changed_share"] = stats.get("changed", 0) / stats["elements"]
     return out

@@ -36,14 +36,19 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
         # NCCL broadcasts and CUDA IPC handles read the buckets where the weights live; files and Ray objects
         # are written from the host
         to_host = target.kind in ("disk", "embedded")
+        peak.phase = "gather"
         for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host, collect=sending):
             if sender is not None:
+                peak.phase = "send"
                 sender.send(bucket)
             del bucket
+            peak.phase = "gather"
+        peak.phase = "send"
         stats = sender.close() if sender is not None else None
     if stats is not None:
         shard = sum(t.numel() * t.element_size() for t in trainer.local_state_dict().values())
-        stats.update(peak_rss_growth=peak.peak - peak.start, shard_bytes=shard)
+        stats.update(peak_rss_growth=peak.growth(), peak_rss_growth_gather=peak.growth("gather"),
+                     peak_rss_growth_send=peak.growth("send"), shard_bytes=shard)
     return stats
 
 

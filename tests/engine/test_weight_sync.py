@@ -212,3 +212,25 @@ def test_sparse_delta_found_chunk_by_chunk_equals_the_whole_tensor_comparison(mo
         assert count == reference.numel()
         assert parts["w@idx"].dtype == torch.int32 and torch.equal(parts["w@idx"].long(), reference)
         assert torch.equal(parts["w@val"], new[reference])
+
+
+def test_peak_rss_attributes_a_peak_to_its_phase_and_senders_merge_by_the_largest():
+    import time
+
+    from slime_ext.engine.weight_sync import PeakRSS, sync_metrics
+
+    with PeakRSS(interval_s=0.002) as peak:
+        peak.phase = "quiet"
+        time.sleep(0.05)
+        peak.phase = "busy"
+        block = torch.ones(50 << 20)  # 200 MiB, touched
+        time.sleep(0.05)
+        del block
+        peak.phase = "quiet"
+        time.sleep(0.02)
+    assert peak.growth("busy") >= 190 << 20 and peak.growth("quiet") < 50 << 20 and peak.growth() >= peak.growth("busy")
+    assert peak.growth("never") == 0
+    merged = merge_stats([{"peak_rss_growth": 3 << 20, "bytes_sent": 10, "seconds": 1.0},
+                          {"peak_rss_growth": 5 << 20, "bytes_sent": 20, "seconds": 2.0}, None])
+    assert merged["peak_rss_growth"] == 5 << 20 and merged["bytes_sent"] == 30 and merged["seconds"] == 2.0
+    assert sync_metrics(merged)["memory/sync_sender_growth_mib"] == 5.0
