@@ -133,6 +133,10 @@ def test_a_payload_wire_gets_each_bucket_in_parts_of_a_quarter_with_every_tensor
     for part in wire.sent:
         weight_payload.apply_payload(part, engine.__getitem__)
     assert all(torch.equal(engine[n], t.bfloat16()) for n, t in weights)
+    # the delta copies of a bucket are views into one buffer (not one allocation per tensor)
+    held = sender.memory.previous
+    assert len({held[n].untyped_storage().data_ptr() for n, _ in weights}) == 1
+    assert all(torch.equal(held[n], t.bfloat16()) for n, t in weights)
 
     moved = [(n, t.clone()) for n, t in weights]
     for i in (2, 5):
