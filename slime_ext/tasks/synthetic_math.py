@@ -31,6 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from slime_ext.tasks.story_vocab import (
+    CONNECTORS as _CONNECTORS,
+    OBJECTS as _OBJECTS,
+    OP_PHRASES as _OP_PHRASES,
+    PEOPLE as _PEOPLE,
+    QUESTION_TEMPLATES as _QUESTION_TEMPLATES,
+    START_TEMPLATES as _START_TEMPLATES,
+    cap as _cap,
+)
+
 __all__ = [
     "MathLevel",
     "LEVELS",
@@ -114,52 +124,6 @@ DEFAULT_LEVEL = "L2"
 HELDOUT_SPLITS: tuple[str, ...] = ("eval", "test")
 DEFAULT_HELDOUT_RESERVE = 2000
 
-# --- closed vocabulary -------------------------------------------------------
-# (name, subject pronoun). Small on purpose: the tokenizer is trained on this text.
-_PEOPLE: tuple[tuple[str, str], ...] = (
-    ("Mia", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"),
-    ("Ava", "she"), ("Leo", "he"), ("Zoe", "she"), ("Sam", "he"),
-    ("Nina", "she"), ("Omar", "he"), ("Lily", "she"), ("Ben", "he"),
-)
-_OBJECTS: tuple[str, ...] = (
-    "apples", "marbles", "stickers", "coins", "books", "pencils",
-    "cookies", "stamps", "shells", "cards", "balloons", "candies",
-)
-_START_TEMPLATES: tuple[str, ...] = (
-    "{name} has {n} {obj}.",
-    "{name} starts with {n} {obj}.",
-    "{name} owns {n} {obj}.",
-    "{name} keeps {n} {obj} in a box.",
-)
-# Verb phrases per operation; {b} is the operand. Used verbatim in the story and
-# in the solution step, so the model can copy the operation it has to perform.
-_OP_PHRASES: dict[str, tuple[str, ...]] = {
-    "+": (
-        "finds {b} more",
-        "buys {b} more",
-        "gets {b} more from a friend",
-        "wins {b} more",
-        "picks up {b} more",
-    ),
-    "-": (
-        "gives {b} to a friend",
-        "loses {b}",
-        "sells {b}",
-        "uses {b}",
-        "gives away {b}",
-    ),
-    "*": (
-        "ends up with {b} times as many",
-        "makes the pile {b} times as big",
-        "trades them for {b} times as many",
-    ),
-}
-_CONNECTORS: tuple[str, ...] = ("Then", "Next,", "After that,", "Later,")
-_QUESTION_TEMPLATES: tuple[str, ...] = (
-    "How many {obj} does {name} have now?",
-    "How many {obj} does {name} have in the end?",
-    "How many {obj} does {name} have at the end?",
-)
 _SYMBOL_TO_FN = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -186,10 +150,6 @@ def _choose_op(rng: random.Random, level: MathLevel, value: int) -> tuple[str, i
     if op == "+":
         return "+", rng.randint(lo, hi if cap is None else min(hi, cap - value))
     return "-", rng.randint(lo, min(hi, value))
-
-
-def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
 
 
 def generate_problem(rng: random.Random, level: MathLevel, idx: int, split: str = "train") -> dict:
