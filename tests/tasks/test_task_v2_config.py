@@ -111,3 +111,20 @@ def test_sxs_reads_v2_steps():
     for r in generate_dataset(["V4", "V8"], 20, seed=0, split="eval", recheck_share=1.0):
         t = triple_from_row(r)
         assert len(t["reasoning"].split("\n\n")) == r["num_steps"] and t["label"] == r["label"]
+
+
+def test_main_job_checks_every_v2_reference(tmp_path):
+    """The data, tokenizer and check_references stages of configs/grpo_v2.yaml (small sizes): every eval
+    reference of the mixed pool scores 1, its corrupted copy 0, and no row is too long for the config."""
+    from slime_ext.orchestration.driver import main
+
+    rc = main([str(GRPO_V2), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+               "data.synthetic.n_train=450", "data.synthetic.n_eval=90", "tokenizer.n_training_texts=450",
+               "run.stages=[data,tokenizer,check_references]"])
+    assert rc == 0
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    stages = json.loads((run_dir / "summary.json").read_text())["stages"]
+    assert stages["check_references"]["rows"] == 90
+    assert stages["check_references"]["reference_correct"] == stages["check_references"]["corrupted_scored_zero"] == 1.0
+    assert stages["tokenizer"]["too_long_rows"] == {"train": 0, "eval": 0}
+    assert stages["tokenizer"]["max_tokens_prompt_plus_solution"] <= 256 + 480
