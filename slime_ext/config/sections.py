@@ -8,6 +8,7 @@ silently running defaults.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, ClassVar, Literal, Optional
 
 import json
@@ -15,10 +16,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-# The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.ALL_LEVELS: the curriculum L0-L5, then
-# the tools task's T1-T2; a test keeps the two equal). Named here because the config may not import the task
-# code, and a typo must fail at `--check`.
-SyntheticLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2"]
+# The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.ALL_LEVELS: the curriculum L0-L5, the
+# tools task's T1-T2, then task family v2's V2-V10; a test keeps the two equal). Named here because the config
+# may not import the task code, and a typo must fail at `--check`. StoryLevel: the v1 family, whose stories the
+# exact solver (`solve_story`, DA-GRPO's `solver:` cloud) reads.
+StoryLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2"]
+V2Level = Literal["V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9", "V10"]
+SyntheticLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2",
+                         "V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9", "V10"]
+V2_LEVEL_NAMES: frozenset[str] = frozenset(typing.get_args(V2Level))
+# The share of v2 references with a re-check tail when data.synthetic.recheck_share is null
+# (slime_ext.tasks.v2.recheck.DEFAULT_RECHECK_SHARE; a test keeps the two equal).
+DEFAULT_RECHECK_SHARE = 0.25
 
 
 class ConfigCheckError(ValueError):
@@ -130,6 +139,10 @@ class SyntheticDataConfig(Section):
     # tool-call format and its SFT does not train on the observation tokens. null: the step solutions. The
     # prompts and labels are the same either way (configs/grpo_tools.yaml vs grpo_tools_notools.yaml).
     solution_tool: Optional[Literal["calculator", "python"]] = None
+    # Task family v2 (levels V2-V10, docs/tasks.md): the share of reference solutions that end with a re-check
+    # tail ("Check: ... \boxed{N}" after the answer). null: 0.25. Only v2 rows have tails, so a value without
+    # a v2 level in train_levels or eval_levels is rejected.
+    recheck_share: Optional[float] = Field(None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _check_solution_tool(self) -> "SyntheticDataConfig":
@@ -140,12 +153,40 @@ class SyntheticDataConfig(Section):
                 "change nothing; remove one of them", ("step_separator", "solution_tool"))
         return self
 
+    @model_validator(mode="after")
+    def _check_v2_keys(self) -> "SyntheticDataConfig":
+        v2 = self.v2_levels()
+        if self.recheck_share is not None and not v2:
+            raise ConfigCheckError(
+                f"data.synthetic.recheck_share = {self.recheck_share} sets the share of re-check tails of task "
+                "family v2, but no level in data.synthetic.train_levels or eval_levels is a v2 level (V2-V10): it "
+                "would change nothing; remove it or use v2 levels", ("recheck_share", "train_levels", "eval_levels"))
+        if self.solution_tool is not None and v2:
+            raise ConfigCheckError(
+                f"data.synthetic.solution_tool = {self.solution_tool!r} rewrites v1 step solutions into a tool call; "
+                f"the v2 levels {v2} have no tool-call form: use levels T1/T2 or L0-L5 with it, or remove it",
+                ("solution_tool", "train_levels", "eval_levels"))
+        return self
+
+    def v2_levels(self) -> list[str]:
+        """The task family v2 levels among train_levels and eval_levels, in order, each once."""
+        return list(dict.fromkeys(x for x in [*self.train_levels, *self.eval_levels] if x in V2_LEVEL_NAMES))
+
+    def recheck_share_value(self) -> float:
+        """The share of v2 references with a re-check tail (`recheck_share`, or its default when null)."""
+        return DEFAULT_RECHECK_SHARE if self.recheck_share is None else self.recheck_share
+
     def cache_fields(self) -> dict[str, Any]:
         """The fields that key cached data and warm starts: all of them, except `solution_tool` while it is
-        null, so every cache written before the key existed stays valid (its rows are the same)."""
+        null and `recheck_share` without v2 levels, so every cache written before those keys existed stays
+        valid (its rows are the same). With v2 levels the share is keyed by its value (null = its default)."""
         fields = self.model_dump()
         if fields["solution_tool"] is None:
             del fields["solution_tool"]
+        if self.v2_levels():
+            fields["recheck_share"] = self.recheck_share_value()
+        else:
+            del fields["recheck_share"]
         return fields
 
 

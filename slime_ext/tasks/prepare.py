@@ -20,6 +20,9 @@ from slime_ext.tasks.tool_solutions import with_tool_solution
 
 logger = logging.getLogger(__name__)
 SYNTHETIC_FORMAT = "synthetic_math-v1"  # bump when the generator's output changes
+# Task family v2's own version, in the key only of data sets with v2 levels (v1 keys stay as they were): bump
+# when slime_ext/tasks/v2 changes its output.
+TASK_V2_FORMAT = "task_v2-1"
 
 
 @dataclass
@@ -47,7 +50,10 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
     if syn.solution_tool is not None and row_transform is not None:
         raise ValueError(f"data.synthetic.solution_tool = {syn.solution_tool!r} and the method's row transform "
                          f"{transform_key(row_transform)} both rewrite the reference solutions; use one")
-    key = json.dumps([SYNTHETIC_FORMAT, syn.cache_fields(), transform_key(row_transform)], sort_keys=True)
+    parts = [SYNTHETIC_FORMAT, syn.cache_fields(), transform_key(row_transform)]
+    if syn.v2_levels():
+        parts.append(TASK_V2_FORMAT)
+    key = json.dumps(parts, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     folder = cache_dir / "data" / f"synthetic-{digest}"
     train, evals = folder / "train.jsonl", folder / "eval.jsonl"
@@ -55,7 +61,7 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
         logger.info("generating synthetic math data into %s", folder)
         for levels, n, split, path in ((syn.eval_levels, syn.n_eval, "eval", evals),
                                        (syn.train_levels, syn.n_train, "train", train)):
-            rows = generate_dataset(levels, n, syn.seed, split)
+            rows = generate_dataset(levels, n, syn.seed, split, recheck_share=syn.recheck_share_value())
             if row_transform is not None:  # it gets the generator's rows (steps joined by "\n")
                 rows = [row_transform(r) for r in rows]
             elif syn.solution_tool is not None:  # one tool call instead of the steps (tasks/tool_solutions.py)

@@ -9,6 +9,11 @@ Every problem is a short story about one person and one kind of object. The
 reference solution has one ``Step k:`` line per operation, each ending with the
 explicit equation ``a op b = c``, then a ``\\boxed{N}`` line.
 
+Two families share this module's loader path: v1 (levels ``L0``-``L5`` and the tools task's ``T1``-``T2``,
+defined here, one fixed step phrasing) and task family v2 (``V2``-``V10``, `slime_ext.tasks.v2`: exactly
+that many steps, varied phrasing, exact division, an optional re-check tail). `generate_dataset` mixes any
+of them by name.
+
 Generation is a pure function of ``(levels, n, seed, split)``: every candidate
 problem draws from its own ``random.Random`` seeded with a string, never the
 global RNG. Held-out splits ("eval", "test") are generated first, in their own
@@ -31,12 +36,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from slime_ext.tasks.story_vocab import (
+    CONNECTORS as _CONNECTORS,
+    OBJECTS as _OBJECTS,
+    OP_PHRASES as _OP_PHRASES,
+    PEOPLE as _PEOPLE,
+    QUESTION_TEMPLATES as _QUESTION_TEMPLATES,
+    START_TEMPLATES as _START_TEMPLATES,
+    cap as _cap,
+)
+from slime_ext.tasks.v2.generator import generate_v2_problem
+from slime_ext.tasks.v2.levels import V2_LEVELS, StepLevel
+from slime_ext.tasks.v2.recheck import DEFAULT_RECHECK_SHARE
+
 __all__ = [
     "MathLevel",
     "LEVELS",
     "TOOL_LEVELS",
     "ALL_LEVELS",
+    "V2_LEVELS",
     "DEFAULT_LEVEL",
+    "DEFAULT_RECHECK_SHARE",
     "HELDOUT_SPLITS",
     "generate_problem",
     "generate_dataset",
@@ -109,57 +129,12 @@ TOOL_LEVELS: dict[str, MathLevel] = {
         MathLevel("T2", 3, 4, 1000, 9999, ("+", "-", "*"), mult_min=11, mult_max=99, max_value=9_999_999),
     )
 }
-ALL_LEVELS: dict[str, MathLevel] = {**LEVELS, **TOOL_LEVELS}
+# Task family v2 (slime_ext/tasks/v2): V2..V10, the number of steps of every row; phrasing and a re-check tail vary.
+ALL_LEVELS: dict[str, MathLevel | StepLevel] = {**LEVELS, **TOOL_LEVELS, **V2_LEVELS}
 DEFAULT_LEVEL = "L2"
 HELDOUT_SPLITS: tuple[str, ...] = ("eval", "test")
 DEFAULT_HELDOUT_RESERVE = 2000
 
-# --- closed vocabulary -------------------------------------------------------
-# (name, subject pronoun). Small on purpose: the tokenizer is trained on this text.
-_PEOPLE: tuple[tuple[str, str], ...] = (
-    ("Mia", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"),
-    ("Ava", "she"), ("Leo", "he"), ("Zoe", "she"), ("Sam", "he"),
-    ("Nina", "she"), ("Omar", "he"), ("Lily", "she"), ("Ben", "he"),
-)
-_OBJECTS: tuple[str, ...] = (
-    "apples", "marbles", "stickers", "coins", "books", "pencils",
-    "cookies", "stamps", "shells", "cards", "balloons", "candies",
-)
-_START_TEMPLATES: tuple[str, ...] = (
-    "{name} has {n} {obj}.",
-    "{name} starts with {n} {obj}.",
-    "{name} owns {n} {obj}.",
-    "{name} keeps {n} {obj} in a box.",
-)
-# Verb phrases per operation; {b} is the operand. Used verbatim in the story and
-# in the solution step, so the model can copy the operation it has to perform.
-_OP_PHRASES: dict[str, tuple[str, ...]] = {
-    "+": (
-        "finds {b} more",
-        "buys {b} more",
-        "gets {b} more from a friend",
-        "wins {b} more",
-        "picks up {b} more",
-    ),
-    "-": (
-        "gives {b} to a friend",
-        "loses {b}",
-        "sells {b}",
-        "uses {b}",
-        "gives away {b}",
-    ),
-    "*": (
-        "ends up with {b} times as many",
-        "makes the pile {b} times as big",
-        "trades them for {b} times as many",
-    ),
-}
-_CONNECTORS: tuple[str, ...] = ("Then", "Next,", "After that,", "Later,")
-_QUESTION_TEMPLATES: tuple[str, ...] = (
-    "How many {obj} does {name} have now?",
-    "How many {obj} does {name} have in the end?",
-    "How many {obj} does {name} have at the end?",
-)
 _SYMBOL_TO_FN = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -186,10 +161,6 @@ def _choose_op(rng: random.Random, level: MathLevel, value: int) -> tuple[str, i
     if op == "+":
         return "+", rng.randint(lo, hi if cap is None else min(hi, cap - value))
     return "-", rng.randint(lo, min(hi, value))
-
-
-def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
 
 
 def generate_problem(rng: random.Random, level: MathLevel, idx: int, split: str = "train") -> dict:
@@ -268,7 +239,7 @@ def solve_story(text: str) -> str | None:
     return "\n".join([*steps, f"\\boxed{{{value}}}"])
 
 
-def _resolve_levels(level_names: Sequence[str] | str) -> list[MathLevel]:
+def _resolve_levels(level_names: Sequence[str] | str) -> list[MathLevel | StepLevel]:
     names = [level_names] if isinstance(level_names, str) else list(level_names)
     if not names:
         raise ValueError("level_names is empty")
@@ -278,12 +249,14 @@ def _resolve_levels(level_names: Sequence[str] | str) -> list[MathLevel]:
     return [ALL_LEVELS[n] for n in names]
 
 
-def _level_stream(level: MathLevel, seed: int, split: str, n: int, exclude: frozenset[str]) -> list[dict]:
+def _level_stream(level: MathLevel | StepLevel, seed: int, split: str, n: int, exclude: frozenset[str],
+                  recheck_share: float = 0.0) -> list[dict]:
     """First ``n`` unique prompts of one level's candidate stream.
 
     Candidate ``k`` uses its own RNG, and acceptance depends only on earlier
     candidates, so a stream of length n is a prefix of every longer stream:
     the eval set with n=500 is exactly the first 500 rows of the one with n=2000.
+    A v2 level's prompts do not depend on ``recheck_share`` (v1 levels ignore it).
     """
     rows: list[dict] = []
     seen: set[str] = set()
@@ -297,7 +270,10 @@ def _level_stream(level: MathLevel, seed: int, split: str, n: int, exclude: froz
             )
         rng = random.Random(f"synthetic_math:{seed}:{split}:{level.name}:{k}")
         k += 1
-        row = generate_problem(rng, level, len(rows), split)
+        if isinstance(level, StepLevel):
+            row = generate_v2_problem(rng, level, len(rows), split, recheck_share)
+        else:
+            row = generate_problem(rng, level, len(rows), split)
         if row["prompt"] in seen or row["prompt"] in exclude:
             continue
         seen.add(row["prompt"])
@@ -322,6 +298,7 @@ def generate_dataset(
     split: str,
     *,
     heldout_reserve: int = DEFAULT_HELDOUT_RESERVE,
+    recheck_share: float = DEFAULT_RECHECK_SHARE,
 ) -> list[dict]:
     """``n`` rows interleaving ``level_names`` round-robin, deterministic in all args.
 
@@ -329,7 +306,11 @@ def generate_dataset(
     first ``heldout_reserve`` rows per level of every held-out split (same seed)
     are excluded, so train is disjoint from any eval/test set of up to that
     size; a held-out request larger than the reserve is refused for that reason.
+    ``recheck_share``: the share of v2 rows (levels V2..V10) whose reference ends with a re-check tail
+    (`slime_ext.tasks.v2.recheck`); v1 levels have none.
     """
+    if not 0.0 <= recheck_share <= 1.0:
+        raise ValueError(f"recheck_share must be in [0, 1], got {recheck_share}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not split or any(c in split for c in ":/\\ "):
@@ -345,7 +326,7 @@ def generate_dataset(
     streams = []
     for level, count in zip(levels, per_level):
         exclude = frozenset() if heldout else _heldout_prompts(level.name, seed, heldout_reserve)
-        streams.append(_level_stream(level, seed, split, count, exclude))
+        streams.append(_level_stream(level, seed, split, count, exclude, recheck_share))
     rows: list[dict] = []
     for i in range(n):
         rows.append(streams[i % len(levels)][i // len(levels)])
@@ -389,9 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="train")
     p.add_argument("--heldout-reserve", type=int, default=DEFAULT_HELDOUT_RESERVE)
+    p.add_argument("--recheck-share", type=float, default=DEFAULT_RECHECK_SHARE,
+                   help="share of v2 rows (V2..V10) with a re-check tail")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    rows = generate_dataset(args.level, args.n, args.seed, args.split, heldout_reserve=args.heldout_reserve)
+    rows = generate_dataset(args.level, args.n, args.seed, args.split, heldout_reserve=args.heldout_reserve,
+                            recheck_share=args.recheck_share)
     out = write_jsonl(rows, args.out)
     print(f"wrote {len(rows)} rows ({','.join(args.level)}, seed={args.seed}, split={args.split}) to {out}",
           file=sys.stderr)

@@ -29,7 +29,7 @@ def problem(config, *overrides: str) -> str:
 
 # -- the four cases of the issue, through the CLI that scripts run before a job -----------------------------
 @pytest.mark.parametrize("config, override, expected", [
-    (GRPO, "data.synthetic.train_levels=[L9]", "Input should be 'L0', 'L1', 'L2', 'L3', 'L4', 'L5', 'T1' or 'T2'"),
+    (GRPO, "data.synthetic.train_levels=[L9]", "Input should be 'L0', 'L1', 'L2', 'L3', 'L4', 'L5', 'T1', 'T2', 'V2',"),
     (CONFIGS / "dagrpo.yaml", "dagrpo.cloud_url=null", "method dagrpo needs dagrpo.cloud_url"),
     (GRPO, "rollout.temperature=.inf", "Input should be a finite number"),
     (GRPO, "rollout.max_response_len=5000", "256 + 5000 = 5256 exceeds the model's context "

@@ -26,7 +26,7 @@ def test_tool_levels_are_deterministic_recorded_and_need_long_arithmetic(level):
 
 def test_tool_levels_stay_out_of_the_curriculum():
     assert list(LEVELS) == ["L0", "L1", "L2", "L3", "L4", "L5"]
-    assert list(ALL_LEVELS) == [*LEVELS, "T1", "T2"]
+    assert list(ALL_LEVELS)[:8] == [*LEVELS, "T1", "T2"]  # then task family v2's V2-V10 (test_task_v2.py)
 
 
 @pytest.mark.parametrize("level", list(TOOL_LEVELS))

@@ -6,12 +6,13 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from slime_ext.config.sections import ConfigCheckError, Section, SyntheticLevel
+from slime_ext.config.sections import ConfigCheckError, Section, StoryLevel
 
 
 class DAGRPOPhase(Section):
     name: str
-    levels: list[SyntheticLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
+    # v1 levels only: the exact solver behind `solver:` cloud URLs reads v1 stories, not task family v2's
+    levels: list[StoryLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
     train_path: Optional[str] = None
     eval_path: Optional[str] = None
     steps: int = Field(100, ge=0)

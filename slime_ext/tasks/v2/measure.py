@@ -1,0 +1,88 @@
+"""Token lengths per level with the tokenizer a run trains: how long the references of each level are.
+
+Why: the levels are sized in tokens (the hard ones should need 200-400 response tokens), and what counts is
+the run's own tokenizer, a byte-level BPE trained on that run's data (per-digit numbers, so lengths grow with
+the digits). This builds it as the pipeline's tokenizer stage does (`tokenizer.path: embedded`: the first
+`tokenizer.n_training_texts` prepared train rows, prompt + "\\n" + solution, `tokenizer.vocab_size`) and
+reports, per level of the eval rows, the response length (solution + EOS, what `rollout.max_response_len`
+must hold) and the templated prompt's length. A method's row transform (SxS, Tandem's paragraphs) is not
+applied.
+
+    python -m slime_ext.tasks.v2.measure configs/grpo_v2.yaml [key=value ...] [--per-level 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from slime_ext.tasks.lengths import prompt_token_ids, sft_token_ids
+from slime_ext.tasks.prepare import prepare_data
+from slime_ext.tasks.synthetic_math import generate_dataset
+
+__all__ = ["level_lengths", "pipeline_tokenizer", "format_table", "main"]
+
+
+def level_lengths(rows: Sequence[dict], tokenizer: Any, template: str) -> dict[str, dict[str, float]]:
+    """Per level (in order of first appearance): rows, response tokens (solution + EOS) mean/min/max, prompt
+    tokens mean/max, and the share of rows with a re-check tail."""
+    by_level: dict[str, list[dict]] = {}
+    for row in rows:
+        by_level.setdefault(str(row.get("level")), []).append(row)
+    out = {}
+    for level, group in by_level.items():
+        response = [len(sft_token_ids(tokenizer, r)) for r in group]
+        prompt = [len(prompt_token_ids(tokenizer, template, r["prompt"])) for r in group]
+        out[level] = {"rows": len(group), "response_mean": round(statistics.mean(response), 1),
+                      "response_min": min(response), "response_max": max(response),
+                      "prompt_mean": round(statistics.mean(prompt), 1), "prompt_max": max(prompt),
+                      "recheck_share": round(sum(bool(r.get("recheck")) for r in group) / len(group), 3)}
+    return out
+
+
+def pipeline_tokenizer(config: Any, cache_dir: str | Path) -> Any:
+    """The run's embedded tokenizer, built (cached) from its prepared train rows as the tokenizer stage does."""
+    from slime_ext.tokenizer import build_embedded_tokenizer, load_tokenizer
+
+    tok = config.tokenizer
+    if tok.path != "embedded":
+        return load_tokenizer(tok.path)
+    data = prepare_data(config.data, cache_dir)
+    texts = [r["prompt"] + "\n" + str(r.get("solution", r["label"])) for r in data.train[: tok.n_training_texts]]
+    return load_tokenizer(build_embedded_tokenizer(Path(cache_dir) / "tokenizers", texts, tok.vocab_size))
+
+
+def format_table(stats: dict[str, dict[str, float]]) -> str:
+    """A markdown table of `level_lengths`."""
+    head = ("| level | rows | response tokens mean | min | max | prompt tokens mean | max | re-check share |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = [f"| {lvl} | {s['rows']} | {s['response_mean']} | {s['response_min']} | {s['response_max']} | "
+             f"{s['prompt_mean']} | {s['prompt_max']} | {s['recheck_share']} |" for lvl, s in stats.items()]
+    return "\n".join([head, *lines])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: the table for a config's eval levels (`--per-level` eval rows of each)."""
+    from slime_ext.config import load_config
+
+    p = argparse.ArgumentParser(prog="python -m slime_ext.tasks.v2.measure", description=__doc__.splitlines()[0])
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--per-level", type=int, default=200)
+    p.add_argument("--cache-dir", default=None, help="default: the config's run.cache_dir")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides).config
+    syn = cfg.data.synthetic
+    tokenizer = pipeline_tokenizer(cfg, args.cache_dir or cfg.run.cache_dir)
+    rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for level in syn.eval_levels
+            for r in generate_dataset(level, args.per_level, syn.seed, "eval", recheck_share=syn.recheck_share_value())]
+    print(format_table(level_lengths(rows, tokenizer, cfg.data.template)))
+    print(f"# tokenizer: {len(tokenizer)} tokens; {args.per_level} eval rows per level, seed {syn.seed}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Task family v2 in the config and data path: level names, data.synthetic.recheck_share, the cache keys,
+configs/grpo_v2.yaml, and the rows through prepare_data and the loader."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from slime_ext.config import ConfigError, load_config
+from slime_ext.config.__main__ import main as config_main
+from slime_ext.config.sections import DEFAULT_RECHECK_SHARE, DataConfig, SyntheticDataConfig
+from slime_ext.orchestration.driver import _corrupt_final_answer
+from slime_ext.rewards import get_verifier
+from slime_ext.tasks import prepare
+from slime_ext.tasks.prepare import SYNTHETIC_FORMAT, prepare_data
+from slime_ext.tasks.v2 import recheck
+from tests.conftest import CONFIGS
+
+GRPO, GRPO_V2 = CONFIGS / "grpo.yaml", CONFIGS / "grpo_v2.yaml"
+SMALL = {"train_levels": ["V2", "V5", "V9"], "eval_levels": ["V3", "V10"], "n_train": 60, "n_eval": 40}
+
+
+def problem(config, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(config, list(overrides))
+    (msg,) = info.value.problems
+    return msg
+
+
+def test_grpo_v2_config_checks_and_selects_the_v2_pool(capsys):
+    assert config_main(["--check", str(GRPO_V2)]) == 0
+    cfg = load_config(GRPO_V2).config
+    syn = cfg.data.synthetic
+    assert syn.train_levels == syn.eval_levels == [f"V{k}" for k in range(2, 11)]
+    assert syn.recheck_share_value() == 0.25 and cfg.rollout.max_response_len >= 448
+
+
+def test_default_share_is_the_generators():
+    assert DEFAULT_RECHECK_SHARE == recheck.DEFAULT_RECHECK_SHARE
+    assert SyntheticDataConfig(train_levels=["V4"]).recheck_share_value() == DEFAULT_RECHECK_SHARE
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["data.synthetic.recheck_share=0.5"], "data.synthetic.recheck_share = 0.5"),  # no v2 level: does nothing
+    (["data.synthetic.recheck_share=1.5"], "data.synthetic.recheck_share"),  # out of [0, 1]
+    (["data.synthetic.train_levels=[V11]"], "data.synthetic.train_levels.0"),
+])
+def test_bad_v2_keys_are_rejected_with_the_key_named(overrides, named):
+    assert named in problem(GRPO, *overrides)
+
+
+def test_a_tool_solution_on_v2_levels_is_rejected():
+    msg = problem(GRPO_V2, "data.synthetic.solution_tool=calculator", "rollout.env=tools",
+                  "rollout.env_settings={tools: [calculator]}")
+    assert "data.synthetic.solution_tool = 'calculator'" in msg and "v2 levels" in msg
+
+
+def test_dagrpo_phases_keep_to_the_levels_its_solver_reads():
+    msg = problem(CONFIGS / "dagrpo.yaml", "dagrpo.phases=[{name: a, levels: [V4], steps: 40}]")
+    assert "dagrpo.phases.0.levels.0" in msg
+
+
+# -- cache keys ---------------------------------------------------------------------------------------------
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_v1_cache_keys_are_unchanged():
+    """The default job's data key and warm-start data fields, as computed on the commit before v2 (a12838f)."""
+    data = DataConfig()
+    assert _digest([SYNTHETIC_FORMAT, data.synthetic.cache_fields(), None]) == "dae49a6b3563e3ee"
+    assert _digest(data.cache_fields()) == "c34c40dca7276d53"
+    assert "recheck_share" not in data.synthetic.cache_fields()
+
+
+def test_v2_keys_follow_the_share():
+    null, default, half = (SyntheticDataConfig(**SMALL, recheck_share=s) for s in (None, 0.25, 0.5))
+    assert null.cache_fields() == default.cache_fields() != half.cache_fields()  # keyed by the value used
+    assert DataConfig(synthetic=SMALL).cache_fields() != DataConfig(synthetic=dict(SMALL, recheck_share=0.5)).cache_fields()
+
+
+def test_prepared_v2_rows_load_and_verify(tmp_path):
+    a = prepare_data(DataConfig(synthetic=SMALL), tmp_path)
+    b = prepare_data(DataConfig(synthetic=dict(SMALL, recheck_share=1.0)), tmp_path)
+    assert a.train_path != b.train_path and a.train_path.parent.name != b.train_path.parent.name
+    parts = [SYNTHETIC_FORMAT, SyntheticDataConfig(**SMALL).cache_fields(), None, prepare.TASK_V2_FORMAT]
+    assert a.train_path.parent.name == f"synthetic-{_digest(parts)}"  # a v2 key carries the v2 version
+    assert [r["level"] for r in a.eval[:4]] == ["V3", "V10", "V3", "V10"]
+    assert {r["level"] for r in a.train} == {"V2", "V5", "V9"}
+    assert [(r["prompt"], r["label"]) for r in a.train] == [(r["prompt"], r["label"]) for r in b.train]
+    assert all(r["recheck"] for r in b.train + b.eval) and 0 < sum(r["recheck"] for r in a.train) < len(a.train)
+    verify = get_verifier("math")
+    for r in a.eval + b.eval:  # what the check_references stage does
+        assert verify(r["solution"], r["label"]).score == 1.0
+        assert verify(_corrupt_final_answer(r["solution"], r["label"]), r["label"]).score == 0.0
+
+
+def test_paragraph_steps_apply_to_v2_rows(tmp_path):
+    data = prepare_data(DataConfig(synthetic=dict(SMALL, step_separator="\n\n", recheck_share=1.0)), tmp_path)
+    r = data.eval[0]
+    assert "\n\nStep 2:" in r["solution"] and f"\n\n{recheck.RECHECK_MARKER}" in r["solution"]
+
+
+def test_sxs_reads_v2_steps():
+    """Every v2 step line is `Step k: ... = c.`, so SxS's triples (and its interleaving) take v2 rows."""
+    from slime_ext.methods.sxs.synthetic import triple_from_row
+    from slime_ext.tasks.synthetic_math import generate_dataset
+
+    for r in generate_dataset(["V4", "V8"], 20, seed=0, split="eval", recheck_share=1.0):
+        t = triple_from_row(r)
+        assert len(t["reasoning"].split("\n\n")) == r["num_steps"] and t["label"] == r["label"]
+
+
+def test_main_job_checks_every_v2_reference(tmp_path):
+    """The data, tokenizer and check_references stages of configs/grpo_v2.yaml (small sizes): every eval
+    reference of the mixed pool scores 1, its corrupted copy 0, and no row is too long for the config."""
+    from slime_ext.orchestration.driver import main
+
+    rc = main([str(GRPO_V2), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+               "data.synthetic.n_train=450", "data.synthetic.n_eval=90", "tokenizer.n_training_texts=450",
+               "run.stages=[data,tokenizer,check_references]"])
+    assert rc == 0
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    stages = json.loads((run_dir / "summary.json").read_text())["stages"]
+    assert stages["check_references"]["rows"] == 90
+    assert stages["check_references"]["reference_correct"] == stages["check_references"]["corrupted_scored_zero"] == 1.0
+    assert stages["tokenizer"]["too_long_rows"] == {"train": 0, "eval": 0}
+    assert stages["tokenizer"]["max_tokens_prompt_plus_solution"] <= 256 + 480
