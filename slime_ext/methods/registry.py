@@ -41,6 +41,11 @@ class MethodEntry:
     # extra evaluations of `tools/eval_checkpoint.py`: flag name -> "module:function", each a `--NAME ARG` option
     # called as function(checkpoint, ARG, tokenizer, rows, config, out_path, load_engine) (Tandem's axes)
     checkpoint_evaluations: dict[str, str] = field(default_factory=dict)
+    # tools the method lends to the `tools` environment (docs/environments.md): tool name -> "module:Class" (a
+    # slime_ext.envs.toolbox.Tool built as Class(method) by `Method.env_tools`, so it shares the method's state:
+    # DA-GRPO's cloud client and its calls of the step); `rollout.env_settings.tools` may name it in this
+    # method's runs only
+    tools: dict[str, str] = field(default_factory=dict)
 
 
 _TANDEM = {"tandem": "slime_ext.methods.tandem.config:TandemConfig"}
@@ -127,6 +132,17 @@ def serving_extensions() -> dict[str, str]:
 def checkpoint_evaluations() -> dict[str, str]:
     """Extra evaluations of `eval_checkpoint`, flag name -> "module:function"."""
     return _named_extensions("checkpoint_evaluations")
+
+
+def lent_tools() -> dict[str, str]:
+    """Tools the registered methods lend to the `tools` environment, tool name -> "module:Class"."""
+    return _named_extensions("tools")
+
+
+def method_tools(name: str) -> dict[str, str]:
+    """The tools method `name` lends (none for an unregistered name)."""
+    entry = METHODS.get(name)
+    return dict(entry.tools) if entry is not None else {}
 
 
 def run_sampler_modules(config: Any) -> list[str]:
