@@ -33,8 +33,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "slime_ext.clients": BASE,
     "slime_ext.engine": BASE + ("slime_ext.engine", "megatron_glue"),
     # environments and the multi-turn loop: any engine object is handed in, so no engine module
-    "slime_ext.envs": BASE + ("slime_ext.envs",),
-    "slime_ext.methods": BASE + ("slime_ext.methods", "slime_ext.evaluation", "megatron_glue"),
+    # the registry learns from the method registry which tools methods lend (it names code, imports none)
+    "slime_ext.envs": BASE + ("slime_ext.envs", "slime_ext.methods.registry"),
+    "slime_ext.methods": BASE + ("slime_ext.envs", "slime_ext.methods", "slime_ext.evaluation", "megatron_glue"),
     "slime_ext.evaluation": BASE + ("slime_ext.evaluation",),
     # the server: HTTP over any engine object it is given, so it needs no engine module
     "slime_ext.serving": BASE + ("slime_ext.serving", "slime_ext.methods.registry"),

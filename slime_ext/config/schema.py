@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import Field, create_model, field_validator, model_validator
 
+from slime_ext.config.sections import ConfigCheckError
 from slime_ext.config.sections import (  # noqa: F401  (re-exported: the sections are part of the schema)
     ClusterConfig, CoreConfig, DataConfig, EvalConfig, GRPOConfig, LoggingConfig, ModelConfig, ParallelConfig, RewardConfig,
     RolloutConfig, RunConfig, Section, SFTConfig, SGLangConfig, SyntheticDataConfig, TokenizerConfig, TrainConfig,
@@ -44,6 +45,25 @@ class _MethodChecked(CoreConfig):
             raise ValueError(f"method {method!r} reads the sections {sorted(wanted)}, but this config model holds "
                              f"{sorted(own)} (build it with slime_ext.config.schema.config_model({method!r}))")
         return method
+
+    @model_validator(mode="after")
+    def _check_lent_tools(self) -> "_MethodChecked":
+        """A tool that a method lends (its registry entry's `tools`) is built by that method: another method's
+        run cannot offer it."""
+        if self.rollout.env != "tools":
+            return self
+        from slime_ext.envs import registry as envs
+
+        offered = envs.settings_model("tools").model_validate(self.rollout.env_settings).tools
+        own = registry.method_tools(self.method)
+        foreign = [t for t in offered if t in envs.lent_tools() and t not in own]
+        if foreign:
+            lenders = sorted(m for m, e in registry.METHODS.items() if set(foreign) & set(e.tools))
+            raise ConfigCheckError(
+                f"rollout.env_settings.tools offers {foreign}, which only methods {lenders} lend (their method objects "
+                f"build it); method {self.method!r} lends {sorted(own) or 'no tools'}: remove it or change method",
+                ("rollout.env_settings.tools", "method"))
+        return self
 
     @model_validator(mode="after")
     def _check_method_sections(self) -> "_MethodChecked":

@@ -10,7 +10,7 @@ turns and tool calls (the evaluation's `response_metrics`: their means land in t
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from slime_ext.data.generation import GenerateRequest, GenerateResult
 from slime_ext.envs.base import Environment
@@ -46,14 +46,16 @@ class EpisodeEngine:
 
 
 def episode_evaluation(engine: Any, rollout: Any, tokenizer: Any, row_of: Callable[[str], dict[str, Any]],
-                       options: dict[str, Any]) -> tuple[EpisodeEngine, dict[str, Any]]:
+                       options: dict[str, Any], tools: Optional[dict[str, Any]] = None
+                       ) -> tuple[EpisodeEngine, dict[str, Any]]:
     """(the engine to evaluate with, the evaluation's keyword options) of a run with `rollout.env` (a
     `RolloutConfig`): episodes of its environment under its limits, the last turn scored, each episode's
-    turns and tool calls added to the method's per-response metrics. `row_of` maps a request id to its row."""
+    turns and tool calls added to the method's per-response metrics. `row_of` maps a request id to its row;
+    `tools` are the tool objects the run's method lends (`Method.env_tools`)."""
     if "project" in options:
         raise ValueError("the method projects its responses before scoring, which multi-turn episodes "
                          "(rollout.env) do not support")
-    episodes = EpisodeEngine(engine, build_env(rollout.env, rollout.env_settings, tokenizer), tokenizer,
+    episodes = EpisodeEngine(engine, build_env(rollout.env, rollout.env_settings, tokenizer, tools), tokenizer,
                              EpisodeLimits.of_rollout(rollout), row_of)
     method_metrics = options.get("response_metrics")
 

@@ -7,6 +7,7 @@ Reading a registry imports no environment code, so the config layer validates `r
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -43,6 +44,23 @@ def register_tool(name: str, path: str) -> None:
     TOOLS[name] = path
 
 
+def lent_tools() -> dict[str, str]:
+    """Tools that methods lend (their registry entries' `tools`): name -> "module:Class". A method builds these
+    itself (`Method.env_tools`), since they share its state; the environment gets the objects."""
+    from slime_ext.methods.registry import lent_tools as by_methods
+
+    lent = by_methods()
+    clash = sorted(set(lent) & set(TOOLS))
+    if clash:
+        raise ValueError(f"tools {clash} are both registered tools and lent by a method: rename one")
+    return lent
+
+
+def known_tools() -> list[str]:
+    """Every tool name the `tools` environment may offer: registered (TOOLS) and lent by a method."""
+    return sorted(set(TOOLS) | set(lent_tools()))
+
+
 def env_entry(name: str) -> EnvEntry:
     if name not in ENVS:
         raise ValueError(f"environment {name!r} is not registered (registered: {sorted(ENVS)})")
@@ -55,9 +73,13 @@ def settings_model(name: str) -> Optional[type]:
     return load_object(entry.settings) if entry.settings else None
 
 
-def build_env(name: str, settings: dict[str, Any], tokenizer: Any) -> Any:
-    """The environment `name` with its settings validated from the `rollout.env_settings` mapping."""
+def build_env(name: str, settings: dict[str, Any], tokenizer: Any, tools: Optional[dict[str, Any]] = None) -> Any:
+    """The environment `name` with its settings validated from the `rollout.env_settings` mapping. `tools`: the
+    tool objects the run's method lends (`Method.env_tools`), passed to an environment whose constructor takes a
+    `tools` argument (the `tools` environment); one that takes none offers no tools and needs none."""
     model = settings_model(name)
     if model is None and settings:
         raise ValueError(f"environment {name!r} takes no settings, got {sorted(settings)}")
-    return load_object(env_entry(name).env)(model.model_validate(settings) if model else None, tokenizer)
+    cls = load_object(env_entry(name).env)
+    extra = {"tools": dict(tools)} if tools and "tools" in inspect.signature(cls).parameters else {}
+    return cls(model.model_validate(settings) if model else None, tokenizer, **extra)

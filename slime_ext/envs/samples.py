@@ -19,3 +19,10 @@ def apply_episode(sample: Sample, episode: EpisodeResult) -> Sample:
     sample.metadata["env"] = episode.stats()
     sample.validate()
     return sample
+
+
+def generated_tokens(sample: Sample) -> int:
+    """The tokens the policy generated for `sample`: every turn's generated tokens of an episode (its observation
+    tokens are the environment's, not generated), else the whole response. What a token budget counts."""
+    env = sample.metadata.get("env")
+    return int(env["generated_tokens"]) if env is not None else sample.response_len

@@ -51,6 +51,11 @@ def parse_tool_call(text: str) -> Optional[ToolCall]:
     return ToolCall(found.group(1), arg)
 
 
+def without_calls(text: str) -> str:
+    """`text` with every complete tool call taken out: what the model wrote besides its requests."""
+    return _CALL.sub("", text)
+
+
 def format_call(name: str, arg: str) -> str:
     """A call written in the format (warm-start data, tests, docs)."""
     return f"<tool>{name}</tool><input>{arg}</input>"

@@ -32,7 +32,9 @@ class Tool:
     """A tool: `run(arg) -> output text`, raising ToolError for a failure the model should read.
 
     Built as `cls(settings)` with the tool's settings section (timeout_s, max_concurrency, max_output_chars and
-    anything of its own). `run` may be called from several threads at once (up to max_concurrency)."""
+    anything of its own); a tool a method lends (`slime_ext.methods.registry`, `MethodEntry.tools`) is built by
+    the method and carries the same limits in `settings`. `run` may be called from several threads at once (up
+    to max_concurrency)."""
 
     name = "tool"
 
@@ -41,6 +43,12 @@ class Tool:
 
     def run(self, arg: str) -> str:
         raise NotImplementedError
+
+    def run_for(self, episode: Any, arg: str) -> str:
+        """`run` for one episode (`slime_ext.envs.base.Episode`, to read, not to change). A tool whose answer
+        depends on the episode's data row overrides this (a stronger model asked the prompt's question, say);
+        the others ignore the episode."""
+        return self.run(arg)
 
 
 @dataclass(frozen=True)
@@ -65,16 +73,16 @@ def truncate(text: str, limit: int) -> str:
 class _Call:
     """One call running in its own thread; the thread frees the tool's slot when the call ends."""
 
-    def __init__(self, tool: Tool, arg: str, slot: threading.Semaphore, done_hook: Any):
+    def __init__(self, tool: Tool, arg: str, episode: Any, slot: threading.Semaphore, done_hook: Any):
         self.done = threading.Event()
         self.output: Optional[str] = None
         self.exc: Optional[BaseException] = None
-        self._tool, self._arg, self._slot, self._done_hook = tool, arg, slot, done_hook
+        self._tool, self._arg, self._episode, self._slot, self._done_hook = tool, arg, episode, slot, done_hook
         threading.Thread(target=self._run, name=f"tool-{tool.name}", daemon=True).start()
 
     def _run(self) -> None:
         try:
-            self.output = self._tool.run(self._arg)
+            self.output = self._tool.run_for(self._episode, self._arg)
         except BaseException as exc:  # noqa: BLE001 - reported to the model, never raised in the rollout
             self.exc = exc
         finally:
@@ -102,8 +110,8 @@ class ToolBox:
         with self._lock:
             self.in_flight[name] -= 1
 
-    def call(self, name: str, arg: str) -> ToolResult:
-        """Run tool `name` on `arg` within its limits; never raises."""
+    def call(self, name: str, arg: str, episode: Any = None) -> ToolResult:
+        """Run tool `name` on `arg` (for `episode`, when the call comes from one) within its limits; never raises."""
         start = time.monotonic()
         tool = self.tools.get(name)
         if tool is None:
@@ -114,7 +122,7 @@ class ToolBox:
             return ToolResult(f"tool {name!r} is busy: {limits.max_concurrency} call(s) in flight, none ended within "
                               f"{limits.timeout_s:g} s", BUSY, time.monotonic() - start)
         self._started(name)
-        call = _Call(tool, arg, self._slots[name], lambda: self._ended(name))
+        call = _Call(tool, arg, episode, self._slots[name], lambda: self._ended(name))
         finished = call.done.wait(timeout=max(deadline - time.monotonic(), 0.0))
         took = time.monotonic() - start
         if not finished:

@@ -31,11 +31,12 @@ class ToolsSettings(Section):
 
     @model_validator(mode="after")
     def _check_tools(self) -> "ToolsSettings":
-        from slime_ext.envs.registry import TOOLS
+        from slime_ext.envs.registry import known_tools
 
-        unknown = [t for t in self.tools if t not in TOOLS]
+        known = known_tools()
+        unknown = [t for t in self.tools if t not in known]
         if unknown:
-            raise ValueError(f"tools {unknown} are not registered (registered: {sorted(TOOLS)})")
+            raise ValueError(f"tools {unknown} are not registered (registered, or lent by a method: {known})")
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"tools lists a tool twice: {self.tools}")
         unused = [k for k in ("python", "calculator") if k in self.model_fields_set and k not in self.tools]

@@ -12,6 +12,8 @@ Per run (the loop, the engine and the trainer know no method by name; they ask t
     partner_dir / kl_reference_dir -> which checkpoints those are
     warm_start_rows / warm_start_key -> what the SFT warm start trains on and what its cache key includes
     eval_options / evaluate_after_step / final_evaluations -> what a method adds to evaluation
+    env_tools()                -> the tool objects it lends to a multi-turn `tools` environment (its registry
+                                  entry's `tools`), for the rollouts and the episode evaluations
 
 None of them knows which engine or trainer host runs the step. Controller state is saved with
 checkpoints (`state_dict`), so a resumed run continues exactly. A run has one method object; during RL the
@@ -112,6 +114,18 @@ class Method:
             return {}
         tokenizer = self.tokenizer
         return {"response_metrics": lambda result: metrics(tokenizer, result.output_ids)}
+
+    def env_tools(self) -> dict[str, Any]:
+        """The tools this method lends to the run's `tools` environment: its registry entry's `tools`, each built
+        once per process as `Class(self)` (they share the method's state, e.g. a client and its counts of the
+        step). The rollout manager and the episode evaluations hand them to the environment they build."""
+        from slime_ext.methods import registry
+
+        built = self.__dict__.get("_env_tools")
+        if built is None:
+            built = {name: registry.load_object(path)(self) for name, path in registry.method_tools(self.name).items()}
+            self._env_tools = built
+        return built
 
     def evaluate_after_step(self, row: dict[str, float], engine: Any, run_dir: Path) -> None:
         """Evaluation the method runs between steps (DA-GRPO: after each continual phase); it runs in the

@@ -41,6 +41,11 @@ class MethodEntry:
     # extra evaluations of `tools/eval_checkpoint.py`: flag name -> "module:function", each a `--NAME ARG` option
     # called as function(checkpoint, ARG, tokenizer, rows, config, out_path, load_engine) (Tandem's axes)
     checkpoint_evaluations: dict[str, str] = field(default_factory=dict)
+    # tools the method lends to the `tools` environment (docs/environments.md): tool name -> "module:Class" (a
+    # slime_ext.envs.toolbox.Tool built as Class(method) by `Method.env_tools`, so it shares the method's state:
+    # DA-GRPO's cloud client and its calls of the step); `rollout.env_settings.tools` may name it in this
+    # method's runs only
+    tools: dict[str, str] = field(default_factory=dict)
 
 
 _TANDEM = {"tandem": "slime_ext.methods.tandem.config:TandemConfig"}
@@ -53,6 +58,7 @@ _AXES = ("slime_ext.methods.tandem.eval_axes:final_evaluation",)
 _AXES_SECTION = {"tandem_axes": "slime_ext.methods.tandem.config:TandemAxesConfig"}
 _JUNIOR = {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
 _SPEAK = {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
+_CLOUD = {"cloud": "slime_ext.methods.dagrpo.cloud_tool:CloudTool"}
 
 METHODS: dict[str, MethodEntry] = {
     # plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)
@@ -72,9 +78,9 @@ METHODS: dict[str, MethodEntry] = {
     "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS | _AXES_SECTION, ("sglang_patches.sxs",), _AXES,
                           serving=_SPEAK),
     "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO | _AXES_SECTION, ("sglang_patches.dagrpo",),
-                          _AXES),
+                          _AXES, tools=_CLOUD),
     "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO | _AXES_SECTION,
-                               ("sglang_patches.dagrpo",), _AXES),
+                               ("sglang_patches.dagrpo",), _AXES, tools=_CLOUD),
 }
 
 
@@ -127,6 +133,17 @@ def serving_extensions() -> dict[str, str]:
 def checkpoint_evaluations() -> dict[str, str]:
     """Extra evaluations of `eval_checkpoint`, flag name -> "module:function"."""
     return _named_extensions("checkpoint_evaluations")
+
+
+def lent_tools() -> dict[str, str]:
+    """Tools the registered methods lend to the `tools` environment, tool name -> "module:Class"."""
+    return _named_extensions("tools")
+
+
+def method_tools(name: str) -> dict[str, str]:
+    """The tools method `name` lends (none for an unregistered name)."""
+    entry = METHODS.get(name)
+    return dict(entry.tools) if entry is not None else {}
 
 
 def run_sampler_modules(config: Any) -> list[str]:

@@ -286,8 +286,8 @@ class RolloutManager:
         if with_samplers:
             raise ValueError(f"rollout.env = {r.env!r} but requests {with_samplers[:3]} carry per-request samplers, "
                              "whose state would restart every turn; multi-turn episodes take methods without samplers")
-        if self._env is None:
-            self._env = build_env(r.env, r.env_settings, self.tokenizer)
+        if self._env is None:  # with the tools the method lends (registry `tools`), sharing its state
+            self._env = build_env(r.env, r.env_settings, self.tokenizer, self.method.env_tools())
         calls: list[tuple[GenerateRequest, GenerateResult]] = []
         by_rid: dict[str, list[int]] = {}
         resumed = 0

@@ -355,7 +355,7 @@ class TrainingJob:
             from slime_ext.evaluation import request_row
 
             engine, options = episode_evaluation(engine, self.cfg.rollout, self.tokenizer,
-                                                 lambda rid: rows[request_row(rid)], options)
+                                                 lambda rid: rows[request_row(rid)], options, self.method.env_tools())
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
                           seed=self.cfg.run.seed, progress=True, **options)

@@ -165,7 +165,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if cfg.rollout.env is not None:  # a multi-turn run: every request an episode of its environment
         from slime_ext.envs.episode_engine import episode_evaluation
 
-        engine, options = episode_evaluation(engine, cfg.rollout, tokenizer, lambda rid: rows[request_row(rid)], {})
+        tools = None
+        if registry.method_tools(cfg.method):  # the tools the run's method lends are built by its method object
+            from slime_ext.orchestration.local_endpoints import build_run_method
+
+            tools = build_run_method(cfg, tokenizer).env_tools()
+        engine, options = episode_evaluation(engine, cfg.rollout, tokenizer, lambda rid: rows[request_row(rid)], {},
+                                             tools)
     report = evaluate(
         engine, tokenizer, rows, cfg.eval, reward_type=cfg.reward.type, template=cfg.data.template,
         max_new_tokens=cfg.rollout.max_response_len, seed=cfg.run.seed, progress=not args.no_progress,

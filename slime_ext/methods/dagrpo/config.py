@@ -49,8 +49,10 @@ class DAGRPOConfig(Section):
     local_only: bool = False
 
     def check_run(self, config: Any) -> None:
-        """The phases run back to back (the RL steps must be exactly their steps), and a run that may ask
-        needs somewhere to send the question (only the local-only baseline never calls the cloud)."""
+        """The phases run back to back (the RL steps must be exactly their steps), a run that may ask
+        needs somewhere to send the question (only the local-only baseline never calls the cloud), and a
+        multi-turn run asks through the `cloud` tool (the trigger sampler cannot span turns)."""
+        self._check_tool_path(config)
         if self.phases:
             total = sum(p.steps for p in self.phases)
             if total != config.train.steps:
@@ -63,3 +65,28 @@ class DAGRPOConfig(Section):
                 f"method {config.method} needs dagrpo.cloud_url (an OpenAI-compatible endpoint, e.g. python -m "
                 "slime_ext.tools.serve --model STRONGER_MODEL, or solver:synthetic_math_answer); only "
                 "dagrpo.local_only=true runs without one", ("dagrpo.cloud_url",))
+
+    def _check_tool_path(self, config: Any) -> None:
+        """With `rollout.env` the model asks by calling the `cloud` tool of the `tools` environment (the
+        trigger is a per-request sampler, whose state would restart every turn): the tool must be offered,
+        except to the local-only baseline, which must not offer it."""
+        env = config.rollout.env
+        if env is None:
+            return
+        if env != "tools":
+            raise ConfigCheckError(
+                f"method {config.method} with rollout.env = {env!r}: in multi-turn episodes DA-GRPO asks the cloud "
+                "through the `cloud` tool of the `tools` environment (rollout.env=tools, rollout.env_settings.tools "
+                "offering cloud); its trigger sampler cannot span turns", ("rollout.env",))
+        from slime_ext.envs.registry import settings_model
+
+        offered = settings_model("tools").model_validate(config.rollout.env_settings).tools
+        if self.local_only and "cloud" in offered:
+            raise ConfigCheckError(
+                f"dagrpo.local_only = true but rollout.env_settings.tools = {offered} offers cloud: the local-only "
+                "baseline never asks; remove cloud from the tools", ("dagrpo.local_only", "rollout.env_settings.tools"))
+        if not self.local_only and "cloud" not in offered:
+            raise ConfigCheckError(
+                f"method {config.method} with rollout.env = tools needs the cloud tool, but rollout.env_settings.tools "
+                f"= {offered}: the model could never ask (its trigger sampler cannot span turns); add cloud "
+                "(configs/dagrpo_tools.yaml), or set dagrpo.local_only=true", ("rollout.env_settings.tools",))

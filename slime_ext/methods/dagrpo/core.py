@@ -118,16 +118,32 @@ def spliced_routing(routed_experts: Any, prompt_len: int, local_ids: Sequence[in
     return splice_routed_experts(routed_experts, kept, prompt_len + new_response_len)
 
 
-def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, seed: int = 0) -> list[dict]:
+def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, seed: int = 0,
+                          tool: Optional[str] = None) -> list[dict]:
     """SFT rows where a deterministic `fraction` of solutions stop after their first step with the trigger,
-    so the local model asks for help sometimes before RL (the behaviour RL then prices with lambda)."""
+    so the local model asks for help sometimes before RL (the behaviour RL then prices with lambda).
+
+    `tool` (the cloud as a tool): the solution asks by calling that tool with the trigger as its argument, reads
+    the cloud's answer as the environment's observation and writes it as its final line. The answer shown is
+    the reference's last line (`\\boxed{N}`: what `solver:synthetic_math_answer` answers); the SFT builder gives
+    the observation loss mask 0 (`slime_ext.envs.warm_start`)."""
     import hashlib
 
     out = []
     for row in rows:
         key = hashlib.blake2b(f"{seed}:{row.get('id', row['prompt'])}".encode(), digest_size=8).digest()
         if int.from_bytes(key, "little") / 2**64 < fraction and row.get("solution"):
-            first = str(row["solution"]).split("\n")[0]
-            row = dict(row, solution=f"{first}\n{trigger}")
+            lines = str(row["solution"]).split("\n")
+            row = dict(row, solution=asking_solution(lines[0], trigger, lines[-1], tool))
         out.append(row)
     return out
+
+
+def asking_solution(first: str, trigger: str, final: str, tool: Optional[str] = None) -> str:
+    """A warm-start solution that asks after its first line: the trigger (splice path), or a call of `tool`,
+    the cloud's answer `final` as its observation, and `final` written by the model (tool path)."""
+    if tool is None:
+        return f"{first}\n{trigger}"
+    from slime_ext.envs.tool_call import format_call, format_observation
+
+    return f"{first}\n{format_call(tool, trigger)}{format_observation(final, False)}{final}"

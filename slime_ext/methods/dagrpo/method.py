@@ -6,6 +6,11 @@ finish: per group, one cloud call if any response asked; the completion is splic
         with the format rule; cost c = asked; advantages are the dual advantages with the current
         lambda (DA-GRPO) or GRPO advantages of r + hierarchical_reward x asked-and-correct... (collab).
 update: lambda <- max(0, lambda + eta (C_hat - tau_t)); lambda is saved with checkpoints.
+
+The cloud as a tool (`rollout.env: tools` offering `cloud`, `cloud_tool.py`): no sampler; the episode asks by
+calling the tool, which answers with the cloud's completion (one call per group and step, as above) as an
+observation the model reads before its next turn. finish reads c from the episode's tool calls and scores
+the model's own text of all turns (`episodes.py`); reward, cost, advantages and lambda are the same functions.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from typing import Any, Optional
 from slime_ext.algo import grouped_advantages
 from slime_ext.config.schema import Config
 from slime_ext.methods.dagrpo.cloud import CloudHelper, CloudTally, warn_if_cloud_degraded
+from slime_ext.methods.dagrpo.cloud_tool import NAME as CLOUD_TOOL
 from slime_ext.methods.dagrpo.continual import evaluate_phases
 from slime_ext.methods.dagrpo.core import (composed_reward, dual_advantages, dual_update, format_ok, splice, spliced_routing,
                                            tau_at, with_trigger_examples)
+from slime_ext.methods.dagrpo.episodes import asked_cloud, cloud_answered, model_text, turn_records
 from slime_ext.data import Sample, SampleStatus
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo.method import GRPO
@@ -124,19 +131,31 @@ class DAGRPO(GRPO):
         p = self.phase
         return tau_at(self.step_in_phase, p.tau, p.tau_schedule) if p is not None else 0.0
 
+    @property
+    def tool_path(self) -> bool:
+        """Multi-turn episodes (`rollout.env`): the model asks by calling the `cloud` tool, no trigger sampler
+        (config validation requires the tool there, unless local_only)."""
+        return self.config.rollout.env is not None
+
+    def cloud_tool(self) -> Any:
+        """The `cloud` tool this method lends to the `tools` environment (one object per process)."""
+        return self.env_tools()[CLOUD_TOOL]
+
     # -- the warm start: every phase's data, some solutions ending in the help trigger ------------------
     def warm_start_key(self) -> Any:
         """The SFT rows depend on the phases' data only (not their order, steps, tau or local_only), so
         every arm of a study over the same tasks shares one warm start."""
         d = self.config.dagrpo
-        return (phase_data_sources(self.config), d.trigger, d.sft_trigger_fraction)
+        key = (phase_data_sources(self.config), d.trigger, d.sft_trigger_fraction)
+        return key + (CLOUD_TOOL,) if self.tool_path else key  # the tool path's rows ask by a call
 
     def warm_start_rows(self, train_rows: list[dict], seed: int) -> list[dict]:
         d = self.config.dagrpo
         if not d.phases:
             return train_rows
         rows = [r for source in phase_data_sources(self.config) for r in load_source_rows(self.config, source)[0]]
-        return with_trigger_examples(rows, d.trigger, d.sft_trigger_fraction, seed)
+        return with_trigger_examples(rows, d.trigger, d.sft_trigger_fraction, seed,
+                                     tool=CLOUD_TOOL if self.tool_path else None)
 
     def evaluate_after_step(self, row: dict[str, float], engine: Any, run_dir: Path) -> None:
         """After each phase: every phase's held-out set, then the continual table so far."""
@@ -161,9 +180,10 @@ class DAGRPO(GRPO):
 
     def evaluate_rows(self, engine: Any, rows: list[dict], template: str, seed: int = 0,
                       baselines: bool = True, records: Optional[list[dict]] = None) -> dict[str, float]:
-        """Greedy local answers with the trigger; the cloud answers the prompts that asked (one call
-        each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud rate. `records`,
-        when given, receives one record per prompt (id, level, asked, cloud answered, correct, length)."""
+        """Greedy local answers with the trigger (or episodes with the cloud tool); the cloud answers the prompts
+        that asked (one call each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud
+        rate. `records`, when given, receives one record per prompt (id, level, asked, cloud answered, correct,
+        length: the tokens the local model generated)."""
         from sglang_patches.decoding import SamplingParams
         from slime_ext.data.generation import GenerateRequest
         from slime_ext.tasks.templates import get_template
@@ -172,15 +192,10 @@ class DAGRPO(GRPO):
         sp = SamplingParams(temperature=0.0, max_new_tokens=self.config.rollout.max_response_len)
         reqs = [GenerateRequest(f"dg-eval-{i}", self.tokenizer(fmt.format(r["prompt"]))["input_ids"], sp, seed + i,
                                 self.specs(), return_logprob=False) for i, r in enumerate(rows)]
-        results = engine.generate(reqs)
-        asked = [any(a.get("asked_for_help") for a in res.annotations) for res in results]
-        completions, tally = self.cloud.ask([r["prompt"] if a else None for r, a in zip(rows, asked)])
-        eos = self.tokenizer.eos_token_id
+        answer = self._episode_answers if self.tool_path else self._spliced_answers
+        asked, texts, completions, tally, lengths = answer(engine, reqs, rows)
         correct, local = [], []
-        for row, res, a, cloud_text in zip(rows, results, asked, completions):
-            text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
-            if a:
-                text = splice(res.output_ids, text, self.config.dagrpo.trigger, cloud_text, self.tokenizer, eos).scored_text
+        for row, a, cloud_text, text, length in zip(rows, asked, completions, texts, lengths):
             ok = float(self.verify(text, row["label"]).score > 0)
             correct.append(ok)
             if not a:
@@ -188,7 +203,7 @@ class DAGRPO(GRPO):
             if records is not None:
                 records.append({"prompt_id": str(row.get("id", len(records))), "level": row.get("level"),
                                 "asked": bool(a), "cloud_answered": bool(a and cloud_text is not None),
-                                "correct": ok, "length": len(res.output_ids)})
+                                "correct": ok, "length": length})
         out = {"joint_accuracy": mean(correct), "local_only_accuracy": mean(local) if local else float("nan"),
                "cloud_rate": mean(asked), "n": float(len(rows))}
         out.update(_rate_by_level([r.get("level") for r in rows], asked, "cloud_rate/"))
@@ -198,6 +213,38 @@ class DAGRPO(GRPO):
             tally = tally + baseline_tally
         out.update(tally.as_dict("cloud_"))  # cloud_calls, cloud_failures, cloud_skipped, cloud_failure_rate
         return out
+
+    def _spliced_answers(self, engine: Any, reqs: list[Any], rows: list[dict]) -> tuple:
+        """(asked, scored texts, cloud completions, tally, lengths) of one response per request: the trigger ends
+        it, and the cloud's completion takes the trigger's place."""
+        results = engine.generate(reqs)
+        asked = [any(a.get("asked_for_help") for a in res.annotations) for res in results]
+        completions, tally = self.cloud.ask([r["prompt"] if a else None for r, a in zip(rows, asked)])
+        eos = self.tokenizer.eos_token_id
+        texts = []
+        for res, a, cloud_text in zip(results, asked, completions):
+            text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+            if a:
+                text = splice(res.output_ids, text, self.config.dagrpo.trigger, cloud_text, self.tokenizer, eos).scored_text
+            texts.append(text)
+        return asked, texts, completions, tally, [len(res.output_ids) for res in results]
+
+    def _episode_answers(self, engine: Any, reqs: list[Any], rows: list[dict]) -> tuple:
+        """The same from one episode per request of the run's environment, the cloud a tool (`rollout.env`)."""
+        from slime_ext.envs.registry import build_env
+        from slime_ext.envs.rollout import EpisodeLimits, run_episodes
+
+        r = self.config.rollout
+        env = build_env(r.env, r.env_settings, self.tokenizer, self.env_tools())
+        tool = self.cloud_tool()
+        tool.new_batch()
+        episodes = run_episodes(engine.generate, reqs, rows, env, self.tokenizer, EpisodeLimits.of_rollout(r))
+        turns = [e.stats()["turn_records"] for e in episodes]
+        asked = [asked_cloud(t) for t in turns]
+        answers = tool.answers()
+        completions = [answers.get(str(row["prompt"])) if a else None for row, a in zip(rows, asked)]
+        texts = [model_text(e.response_ids, t, self.tokenizer) for e, t in zip(episodes, turns)]
+        return asked, texts, completions, tool.tally(), [e.generated_tokens for e in episodes]
 
     def _router_baselines(self, rows: list[dict], correct: list[float], asked: list[bool],
                           completions: list[Optional[str]], seed: int) -> tuple[dict[str, float], CloudTally]:
@@ -230,24 +277,48 @@ class DAGRPO(GRPO):
                 "cloud_alone_accuracy": float(cloud.mean()), "local_alone_accuracy": float(local.mean())}, tally
 
     def specs(self) -> list[dict]:
-        return [] if self.config.dagrpo.local_only else [dict(self.spec)]
+        """The trigger sampler, except for the local-only baseline and on the tool path (no sampler: the
+        episode asks by calling the cloud tool)."""
+        return [] if self.config.dagrpo.local_only or self.tool_path else [dict(self.spec)]
 
     def plan(self, prompts: list[dict], step: int) -> list[PromptPlan]:
         n = self.config.rollout.n_samples_per_prompt
+        if self.tool_path:
+            self.cloud_tool().new_batch()  # one cloud call per prompt group and step
         return [PromptPlan(n, self.sampling, self.specs()) for _ in prompts]
 
     def score(self, groups: list[list[Sample]]) -> ReasonCounter:
         d = self.config.dagrpo
         limit = self.phase.step_limit if self.phase is not None else 4
-        eos = self.tokenizer.eos_token_id
         reasons = ReasonCounter()
+        asked, texts, tally = self._asked_from_episodes(groups) if self.tool_path else self._splice_cloud(groups)
+        self._step = {"groups": len(groups), "tally": tally}
+        for group, flags, group_texts in zip(groups, asked, texts):
+            for s, a, text in zip(group, flags, group_texts):
+                s.cost = 1.0 if a else 0.0
+                s.response_text = text
+                if s.status == SampleStatus.FAILED:
+                    s.reward = 0.0
+                    continue
+                result = self.verify(text, s.label)
+                correct = result.score > 0
+                s.rewards.update(correct=float(correct), format=float(format_ok(text, limit, d.require_tags)))
+                s.reward = composed_reward(correct, bool(s.rewards["format"]), d.badly_formatted_reward)
+                reasons.add(result)
+        return reasons
+
+    def _splice_cloud(self, groups: list[list[Sample]]) -> tuple[list[list[bool]], list[list[str]], CloudTally]:
+        """(asked, scored texts, the step's cloud calls) of single responses: one call per group that asked, its
+        completion spliced into every response that asked (local tokens trained, cloud tokens masked)."""
+        d = self.config.dagrpo
+        eos = self.tokenizer.eos_token_id
         asked = [[any(n.get("asked_for_help") for n in (s.metadata.get("annotations") or [])) for s in g] for g in groups]
         questions = [g[0].metadata.get("question") if any(a) else None for g, a in zip(groups, asked)]
         completions, tally = self.cloud.ask(questions)
-        self._step = {"groups": len(groups), "tally": tally}
+        texts = []
         for group, flags, cloud_text in zip(groups, asked, completions):
+            texts.append([])
             for s, a in zip(group, flags):
-                s.cost = 1.0 if a else 0.0
                 text = s.response_text or ""
                 if a:
                     sp = splice(s.response_ids, self.tokenizer.decode(s.response_ids, skip_special_tokens=True),
@@ -260,16 +331,21 @@ class DAGRPO(GRPO):
                     s.logprobs = lps + [0.0] * (len(sp.response_ids) - local)
                     s.metadata.update(asked=True, cloud_answered=cloud_text is not None)
                     text = sp.scored_text
-                s.response_text = text
-                if s.status == SampleStatus.FAILED:
-                    s.reward = 0.0
-                    continue
-                result = self.verify(text, s.label)
-                correct = result.score > 0
-                s.rewards.update(correct=float(correct), format=float(format_ok(text, limit, d.require_tags)))
-                s.reward = composed_reward(correct, bool(s.rewards["format"]), d.badly_formatted_reward)
-                reasons.add(result)
-        return reasons
+                texts[-1].append(text)
+        return asked, texts, tally
+
+    def _asked_from_episodes(self, groups: list[list[Sample]]) -> tuple[list[list[bool]], list[list[str]], CloudTally]:
+        """(asked, scored texts, the step's cloud calls) of episodes: asked is a cloud call among the episode's
+        tool calls, the text is the model's own of every turn; the tool made the calls while the episodes ran."""
+        asked, texts = [], []
+        for group in groups:
+            records = [turn_records(s) for s in group]
+            asked.append([asked_cloud(t) for t in records])
+            texts.append([model_text(s.response_ids, t, self.tokenizer) for s, t in zip(group, records)])
+            for s, t, a in zip(group, records, asked[-1]):
+                if a:
+                    s.metadata.update(asked=True, cloud_answered=cloud_answered(t))
+        return asked, texts, self.cloud_tool().tally()
 
     def advantages(self, samples: list[Sample]) -> list[float]:
         g = self.config.grpo

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -29,6 +29,32 @@ class DuetConfig(Section):
     bisection_iters: int = Field(10, ge=1)
     s_floor_cold: float = Field(0.01, gt=0)
     trim_entropy: float = Field(0.3, ge=0)  # after the marker, EOS at the first step below this entropy (nats)
+
+    # the keys that act only through the marker-gated abort (the sampler) and its K1/K2 window
+    GATE_KEYS: ClassVar[tuple[str, ...]] = ("eps_abort", "grace", "poll", "marker_window", "trim_entropy",
+                                            "length_window", "refit_every", "k1_quantile", "k2_quantile")
+
+    def check_run(self, config: Any) -> None:
+        """Multi-turn episodes (`rollout.env`) run without the gate (slime_ext/methods/duet/method.py): a key
+        that acts only through it would change nothing, and a method whose plans carry another per-request
+        sampler (DUET on Tandem: the tandem sampler authors every token) cannot run episodes at all."""
+        if config.rollout.env is None:
+            return
+        from slime_ext.methods.registry import METHODS
+
+        others = [m for m in METHODS[config.method].samplers if m != "sglang_patches.duet"]
+        if others:
+            raise ConfigCheckError(
+                f"method {config.method} with rollout.env = {config.rollout.env!r}: its plans carry the per-request "
+                f"sampler(s) of {others}, whose state would restart every turn; multi-turn episodes take DUET "
+                "without them (method: duet) or no rollout.env", ("rollout.env",))
+        gate = sorted(k for k in self.model_fields_set if k in self.GATE_KEYS)
+        if gate:
+            keys = tuple(f"duet.{k}" for k in gate)
+            raise ConfigCheckError(
+                f"duet.{gate[0]} is set but rollout.env = {config.rollout.env!r}: in multi-turn episodes DUET runs "
+                f"without its marker-gated abort (a per-request sampler cannot span turns), so {list(keys)} would "
+                "change nothing; remove them (configs/duet_tools.yaml)", keys + ("rollout.env",))
 
     @model_validator(mode="after")
     def _check(self) -> "DuetConfig":

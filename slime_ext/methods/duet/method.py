@@ -21,6 +21,14 @@ Guarantees per step:
   len_i   <= min(L_max, k2 + 2G + 1) for every rollout that is not eps-kept (the gate's caps)
   E[budgeted tokens | plan] = sum_q n_q E[budgeted length of q]  ~= planned <= B  (L_q calibrated)
 and generated = budgeted + the eps-kept rollouts' excess (logged as duet/eps_kept_excess_tokens).
+
+Multi-turn episodes (`rollout.env`). A rollout's cost is the tokens the policy generated in all its turns
+(`slime_ext.envs.samples.generated_tokens`): observation tokens are the environment's, appended without a
+decode step, so neither B, L_q nor the metrics count them. The gate is not run: it is a per-request sampler
+whose position, marker window and coin stream would restart every turn, and the answer it waits for is the
+final turn's, which earlier turns (tool calls) cannot show. So every episode is kept (p_keep 1, weight
+1 / s_pre) and L_q is the mean generated length of whole episodes; the gate's keys are config errors there
+(`DuetConfig.check_run`).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from slime_ext.methods.duet.allocation import bisect_allocation, knapsack_alloca
 from slime_ext.methods.duet.stats import LengthWindow, PromptStats, unbiasing_weight, within_step_sigma
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample
+from slime_ext.envs.samples import generated_tokens
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo.method import GRPO
 
@@ -91,7 +100,8 @@ class Duet(GRPO):
         self._step_info = {"budget": budget, "keys": keys, "n": alloc.n, "k1": self.window.k1, "k2": self.window.k2,
                            "lam": alloc.lam, "saturated": alloc.saturated, "planned": alloc.cost,
                            "plan_s": time.perf_counter() - t0}
-        return [PromptPlan(n, self.sampling, [dict(spec)]) for n in alloc.n]
+        gate = [] if self.config.rollout.env is not None else [dict(spec)]  # no gate across turns (module doc)
+        return [PromptPlan(n, self.sampling, list(gate)) for n in alloc.n]
 
     def finish(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
         samples = [s for g in groups for s in g]
@@ -100,8 +110,9 @@ class Duet(GRPO):
             did_abort, propensity, marker = gate_outcome(notes)
             drawn = gate_drawn_at(notes)
             eps_kept = drawn is not None and not did_abort
+            n = generated_tokens(s)  # the response, or an episode's generated tokens of every turn
             s.metadata.update(did_abort=did_abort, keep_propensity=propensity, marker_at=marker, eps_kept=eps_kept,
-                              budgeted_len=min(s.response_len, drawn + 1) if eps_kept else s.response_len)
+                              generated_len=n, budgeted_len=min(n, drawn + 1) if eps_kept else n)
         metrics = super().finish(groups, step)  # rewards and the group baseline over ALL rollouts
         t0 = time.perf_counter()
         d = self.config.duet
@@ -118,12 +129,12 @@ class Duet(GRPO):
                 s.weight = unbiasing_weight(False, s.metadata["keep_propensity"], s_pre[q])
                 kept.append(s)
                 if s.metadata.get("finish_reason") == "stop":
-                    natural.append(s.response_len)
+                    natural.append(s.metadata["generated_len"])
             sigma = within_step_sigma([s.advantage for s in kept], [self.trained_logprob_sum(s) for s in kept])
             self.stats.observe(keys[q], sigma, [s.metadata["budgeted_len"] for s in group])
         self.window.add(natural)
         info = self._step_info
-        generated = sum(s.response_len for s in samples)
+        generated = sum(s.metadata["generated_len"] for s in samples)
         budgeted = sum(s.metadata["budgeted_len"] for s in samples)
         weights = [s.weight for s in samples if not s.metadata["did_abort"]]
         metrics.update({
