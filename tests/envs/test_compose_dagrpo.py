@@ -16,16 +16,14 @@ from typing import Callable
 import pytest
 import torch
 
-from sglang_patches.decoding import StopChecker
-from sglang_patches.request_sampler import RequestView, SamplerChain
 from slime_ext.clients.openai_client import CallFailed, ChatResult
 from slime_ext.config import ConfigError, load_config
-from slime_ext.data.generation import GenerateResult
 from slime_ext.methods.dagrpo.cloud import CloudHelper
 from slime_ext.methods.dagrpo.method import DAGRPO
 from slime_ext.orchestration.rollout_manager import RolloutManager
 from tests.conftest import CONFIGS
 from tests.tools.test_eval_checkpoint import tiny_checkpoint  # noqa: F401 (a fixture of the checkpoint test)
+from tests.scripted_decode import decode_scripted
 
 EOS = 0
 TRIGGER = "I need external assistance."
@@ -96,17 +94,7 @@ class ScriptedEngine:
         logits = torch.zeros(8)
         for req in requests:
             stream = [ord(c) for c in self.policy(req.rid, TOK.decode(req.input_ids), req.seed)] + [EOS]
-            chain = SamplerChain.from_specs(req.sampler_specs, req.seed)
-            stop = StopChecker(req.sampling, EOS, TOK.decode)
-            ids, notes, reason = [], [], None
-            while reason is None:
-                view = RequestView(req.rid, req.seed, req.input_ids, ids, EOS, TOK.decode)
-                action = chain.adjust(logits, None, view)
-                token = action.force_token if action.force_token is not None else stream[len(ids)]
-                notes.append(chain.on_token(token, view))
-                ids.append(token)
-                reason = "sampler" if action.finish else stop.check(ids)
-            out.append(GenerateResult(req.rid, ids, [-0.1] * len(ids), reason, notes, 0, len(req.input_ids)))
+            out.append(decode_scripted(req, stream, logits, EOS, TOK.decode, -0.1))
         return out
 
 

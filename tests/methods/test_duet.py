@@ -11,14 +11,12 @@ from statistics import mean, stdev
 import pytest
 import torch
 
-from sglang_patches.request_sampler import RequestView, SamplerChain
-from sglang_patches.decoding import StopChecker
 from slime_ext.config import load_config
 from slime_ext.data import Sample
-from slime_ext.data.generation import GenerateResult
 from slime_ext.methods.registry import build_method
 from slime_ext.orchestration.rollout_manager import RolloutManager
 from tests.conftest import CONFIGS
+from tests.scripted_decode import decode_scripted
 
 
 def _cfg(name, *overrides):
@@ -106,17 +104,7 @@ class _ScriptedEngine:
         logits = torch.zeros(16)  # uniform: high entropy, so trims happen at tau + G at the latest
         for req in requests:
             stream = _natural_rollout(req.input_ids[1] - 100, req.seed)
-            chain = SamplerChain.from_specs(req.sampler_specs, req.seed)
-            stop = StopChecker(req.sampling, EOS, _decode)
-            ids, notes, reason = [], [], None
-            while reason is None:
-                view = RequestView(req.rid, req.seed, req.input_ids, ids, EOS, _decode)
-                action = chain.adjust(logits, None, view)
-                token = action.force_token if action.force_token is not None else stream[len(ids)]
-                notes.append(chain.on_token(token, view))
-                ids.append(token)
-                reason = "sampler" if action.finish else stop.check(ids)
-            results.append(GenerateResult(req.rid, ids, [-0.5] * len(ids), reason, notes, 0, len(req.input_ids)))
+            results.append(decode_scripted(req, stream, logits, EOS, _decode, -0.5))
         return results
 
 
