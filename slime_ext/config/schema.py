@@ -50,11 +50,11 @@ class _MethodChecked(CoreConfig):
     def _check_lent_tools(self) -> "_MethodChecked":
         """A tool that a method lends (its registry entry's `tools`) is built by that method: another method's
         run cannot offer it."""
-        if self.rollout.env != "tools":
+        offered = self.rollout.offered_tools()
+        if not offered:
             return self
         from slime_ext.envs import registry as envs
 
-        offered = envs.settings_model("tools").model_validate(self.rollout.env_settings).tools
         own = registry.method_tools(self.method)
         foreign = [t for t in offered if t in envs.lent_tools() and t not in own]
         if foreign:

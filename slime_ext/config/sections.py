@@ -22,8 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 # exact solver (`solve_story`, DA-GRPO's `solver:` cloud) reads.
 StoryLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2"]
 V2Level = Literal["V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9", "V10"]
-SyntheticLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2",
-                         "V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9", "V10"]
+SyntheticLevel = Literal[StoryLevel, V2Level]
 V2_LEVEL_NAMES: frozenset[str] = frozenset(typing.get_args(V2Level))
 # The share of v2 references with a re-check tail when data.synthetic.recheck_share is null
 # (slime_ext.tasks.v2.recheck.DEFAULT_RECHECK_SHARE; a test keeps the two equal).
@@ -315,6 +314,15 @@ class RolloutConfig(Section):
             raise ConfigCheckError(f"rollout.{key}: {err['msg']} (environment {self.env!r}; {len(exc.errors())} "
                                    "error(s))", (key,)) from None
         return self
+
+    def offered_tools(self) -> list[str]:
+        """The tools the run's `tools` environment offers (`env_settings.tools`, its default when unset); none
+        for another environment or none."""
+        if self.env != "tools":
+            return []
+        from slime_ext.envs import registry as envs
+
+        return list(envs.settings_model("tools").model_validate(self.env_settings).tools)
 
     @property
     def episode_turns(self) -> int:
@@ -628,9 +636,7 @@ class CoreConfig(Section):
                 f"data.synthetic.solution_tool = {tool!r} teaches the model to call a tool, but rollout.env = "
                 f"{self.rollout.env!r}: no environment would answer the calls; set rollout.env=tools (or "
                 "data.synthetic.solution_tool=null for the same problems without tools)", keys)
-        from slime_ext.envs import registry as envs
-
-        offered = envs.settings_model("tools").model_validate(self.rollout.env_settings).tools
+        offered = self.rollout.offered_tools()
         if tool not in offered:
             raise ConfigCheckError(
                 f"data.synthetic.solution_tool = {tool!r} but rollout.env_settings.tools = {offered} does not offer "

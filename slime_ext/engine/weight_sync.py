@@ -216,9 +216,8 @@ class Sender:
         bucket in parts of about a quarter of its engine-dtype bytes, each tensor converted and encoded only
         when its part is built: the sender never holds a whole converted bucket plus its whole payload (plus
         the transport's copy of it) on top of the gathered bucket."""
-        itemsize = None if self.dtype is None else torch.empty((), dtype=self.dtype).element_size()
         elements = sum(t.numel() for _, t in bucket)
-        full = sum(t.numel() * (itemsize or t.element_size()) for _, t in bucket)
+        full = sum(t.numel() * (self.dtype or t.dtype).itemsize for _, t in bucket)
         self.stats["buckets"] += 1
         self.stats["tensors"] += len(bucket)
         self.stats["elements"] += elements

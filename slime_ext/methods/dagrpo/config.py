@@ -78,9 +78,7 @@ class DAGRPOConfig(Section):
                 f"method {config.method} with rollout.env = {env!r}: in multi-turn episodes DA-GRPO asks the cloud "
                 "through the `cloud` tool of the `tools` environment (rollout.env=tools, rollout.env_settings.tools "
                 "offering cloud); its trigger sampler cannot span turns", ("rollout.env",))
-        from slime_ext.envs.registry import settings_model
-
-        offered = settings_model("tools").model_validate(config.rollout.env_settings).tools
+        offered = config.rollout.offered_tools()
         if self.local_only and "cloud" in offered:
             raise ConfigCheckError(
                 f"dagrpo.local_only = true but rollout.env_settings.tools = {offered} offers cloud: the local-only "
