@@ -142,6 +142,10 @@ class SyntheticDataConfig(Section):
     # tail ("Check: ... \boxed{N}" after the answer). null: 0.25. Only v2 rows have tails, so a value without
     # a v2 level in train_levels or eval_levels is rejected.
     recheck_share: Optional[float] = Field(None, ge=0, le=1)
+    # Rows of the train pool per level in these proportions, one positive weight per entry of train_levels
+    # (e.g. more of the easy levels, so a warm start learns the format and RL sees mixed groups on the hard
+    # ones); interleaved through the pool. null: equal shares. The eval pool keeps equal shares per level.
+    train_level_weights: Optional[list[float]] = None
 
     @model_validator(mode="after")
     def _check_solution_tool(self) -> "SyntheticDataConfig":
@@ -167,6 +171,23 @@ class SyntheticDataConfig(Section):
                 ("solution_tool", "train_levels", "eval_levels"))
         return self
 
+    @model_validator(mode="after")
+    def _check_level_weights(self) -> "SyntheticDataConfig":
+        w = self.train_level_weights
+        if w is None:
+            return self
+        if len(w) != len(self.train_levels):
+            raise ConfigCheckError(
+                f"data.synthetic.train_level_weights has {len(w)} values but data.synthetic.train_levels has "
+                f"{len(self.train_levels)} levels {self.train_levels}: give one weight per level",
+                ("train_level_weights", "train_levels"))
+        bad = [x for x in w if not (0 < x < float("inf"))]
+        if bad:
+            raise ConfigCheckError(
+                f"data.synthetic.train_level_weights = {w}: every weight must be positive and finite (got {bad})",
+                ("train_level_weights",))
+        return self
+
     def v2_levels(self) -> list[str]:
         """The task family v2 levels among train_levels and eval_levels, in order, each once."""
         return list(dict.fromkeys(x for x in [*self.train_levels, *self.eval_levels] if x in V2_LEVEL_NAMES))
@@ -176,12 +197,13 @@ class SyntheticDataConfig(Section):
         return DEFAULT_RECHECK_SHARE if self.recheck_share is None else self.recheck_share
 
     def cache_fields(self) -> dict[str, Any]:
-        """The fields that key cached data and warm starts: all of them, except `solution_tool` while it is
-        null and `recheck_share` without v2 levels, so every cache written before those keys existed stays
+        """The fields that key cached data and warm starts: all of them, except `solution_tool` and
+        `train_level_weights` while they are null, and `recheck_share` without v2 levels, so every cache written before those keys existed stays
         valid (its rows are the same). With v2 levels the share is keyed by its value (null = its default)."""
         fields = self.model_dump()
-        if fields["solution_tool"] is None:
-            del fields["solution_tool"]
+        for key in ("solution_tool", "train_level_weights"):
+            if fields[key] is None:
+                del fields[key]
         if self.v2_levels():
             fields["recheck_share"] = self.recheck_share_value()
         else:

@@ -59,9 +59,11 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
     train, evals = folder / "train.jsonl", folder / "eval.jsonl"
     if not (train.is_file() and evals.is_file()):
         logger.info("generating synthetic math data into %s", folder)
-        for levels, n, split, path in ((syn.eval_levels, syn.n_eval, "eval", evals),
-                                       (syn.train_levels, syn.n_train, "train", train)):
-            rows = generate_dataset(levels, n, syn.seed, split, recheck_share=syn.recheck_share_value())
+        for levels, n, split, path, weights in ((syn.eval_levels, syn.n_eval, "eval", evals, None),
+                                                (syn.train_levels, syn.n_train, "train", train,
+                                                 syn.train_level_weights)):
+            rows = generate_dataset(levels, n, syn.seed, split, recheck_share=syn.recheck_share_value(),
+                                    level_weights=weights)
             if row_transform is not None:  # it gets the generator's rows (steps joined by "\n")
                 rows = [row_transform(r) for r in rows]
             elif syn.solution_tool is not None:  # one tool call instead of the steps (tasks/tool_solutions.py)

@@ -60,6 +60,8 @@ __all__ = [
     "HELDOUT_SPLITS",
     "generate_problem",
     "generate_dataset",
+    "level_row_counts",
+    "weighted_level_order",
     "solve_story",
     "write_jsonl",
     "main",
@@ -291,6 +293,36 @@ def _heldout_prompts(level_name: str, seed: int, reserve: int) -> frozenset[str]
     return frozenset(out)
 
 
+def level_row_counts(n: int, weights: Sequence[float]) -> list[int]:
+    """``n`` split over levels in proportion to ``weights`` by largest remainder (ties to the earlier level), so
+    counts differ from the exact shares by less than one row; equal weights give ``n // L`` plus one for the
+    first ``n % L`` levels."""
+    if not weights or any(not (w > 0) or w == float("inf") for w in weights):
+        raise ValueError(f"level weights must be positive and finite, got {list(weights)}")
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda j: (-(exact[j] - counts[j]), j))
+    for j in by_remainder[: n - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def weighted_level_order(counts: Sequence[int]) -> list[int]:
+    """The level index of each row: at every row the level furthest behind its share of the rows so far (ties to
+    the earlier level). Why not blocks: a run that reads a prefix of the pool (SFT steps, RL steps) sees the
+    mixture, not the first level. Equal counts give plain round-robin."""
+    n = sum(counts)
+    taken = [0] * len(counts)
+    order: list[int] = []
+    for i in range(n):
+        j = max((k for k in range(len(counts)) if taken[k] < counts[k]),
+                key=lambda k: ((i + 1) * counts[k] - taken[k] * n, -k))  # the deficit times n: exact ties
+        taken[j] += 1
+        order.append(j)
+    return order
+
+
 def generate_dataset(
     level_names: Sequence[str] | str,
     n: int,
@@ -299,6 +331,7 @@ def generate_dataset(
     *,
     heldout_reserve: int = DEFAULT_HELDOUT_RESERVE,
     recheck_share: float = DEFAULT_RECHECK_SHARE,
+    level_weights: Sequence[float] | None = None,
 ) -> list[dict]:
     """``n`` rows interleaving ``level_names`` round-robin, deterministic in all args.
 
@@ -308,6 +341,9 @@ def generate_dataset(
     size; a held-out request larger than the reserve is refused for that reason.
     ``recheck_share``: the share of v2 rows (levels V2..V10) whose reference ends with a re-check tail
     (`slime_ext.tasks.v2.recheck`); v1 levels have none.
+    ``level_weights``: rows per level in these proportions (`level_row_counts`), interleaved so every stretch of
+    the pool holds the levels in about those proportions (`weighted_level_order`); None: equal shares, which
+    gives the same rows as equal weights.
     """
     if not 0.0 <= recheck_share <= 1.0:
         raise ValueError(f"recheck_share must be in [0, 1], got {recheck_share}")
@@ -316,7 +352,8 @@ def generate_dataset(
     if not split or any(c in split for c in ":/\\ "):
         raise ValueError(f"bad split name {split!r}")
     levels = _resolve_levels(level_names)
-    per_level = [n // len(levels) + (1 if i < n % len(levels) else 0) for i in range(len(levels))]
+    weights = [1.0] * len(levels) if level_weights is None else [float(w) for w in level_weights]
+    per_level = level_row_counts(n, weights)
     heldout = split in HELDOUT_SPLITS
     if heldout and max(per_level) > heldout_reserve:
         raise ValueError(
@@ -327,9 +364,11 @@ def generate_dataset(
     for level, count in zip(levels, per_level):
         exclude = frozenset() if heldout else _heldout_prompts(level.name, seed, heldout_reserve)
         streams.append(_level_stream(level, seed, split, count, exclude, recheck_share))
+    taken = [0] * len(levels)
     rows: list[dict] = []
-    for i in range(n):
-        rows.append(streams[i % len(levels)][i // len(levels)])
+    for j in weighted_level_order(per_level):
+        rows.append(streams[j][taken[j]])
+        taken[j] += 1
     if len(levels) > 1:
         # The same level listed twice would otherwise repeat prompts.
         seen: set[str] = set()
@@ -372,10 +411,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--heldout-reserve", type=int, default=DEFAULT_HELDOUT_RESERVE)
     p.add_argument("--recheck-share", type=float, default=DEFAULT_RECHECK_SHARE,
                    help="share of v2 rows (V2..V10) with a re-check tail")
+    p.add_argument("--level-weights", type=float, nargs="+", default=None,
+                   help="rows per level in these proportions, one weight per --level (default: equal)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.level_weights is not None and len(args.level_weights) != len(args.level):
+        p.error(f"--level-weights has {len(args.level_weights)} values for {len(args.level)} levels")
     rows = generate_dataset(args.level, args.n, args.seed, args.split, heldout_reserve=args.heldout_reserve,
-                            recheck_share=args.recheck_share)
+                            recheck_share=args.recheck_share, level_weights=args.level_weights)
     out = write_jsonl(rows, args.out)
     print(f"wrote {len(rows)} rows ({','.join(args.level)}, seed={args.seed}, split={args.split}) to {out}",
           file=sys.stderr)

@@ -128,3 +128,63 @@ def test_main_job_checks_every_v2_reference(tmp_path):
     assert stages["check_references"]["reference_correct"] == stages["check_references"]["corrupted_scored_zero"] == 1.0
     assert stages["tokenizer"]["too_long_rows"] == {"train": 0, "eval": 0}
     assert stages["tokenizer"]["max_tokens_prompt_plus_solution"] <= 256 + 480
+
+
+# -- level weights -----------------------------------------------------------------------------------------
+def test_level_row_counts_by_largest_remainder():
+    from slime_ext.tasks.synthetic_math import level_row_counts
+
+    assert level_row_counts(10, [1, 1, 1]) == [4, 3, 3]  # equal weights: n // L, one more for the first n % L
+    assert level_row_counts(100, [6, 3, 1]) == [60, 30, 10]
+    # exact shares 45.45, 36.36, 18.18: floors 45+36+18 = 99, the one left goes to the largest remainder (0.45)
+    assert level_row_counts(100, [5, 4, 2]) == [46, 36, 18]
+    with pytest.raises(ValueError, match="positive"):
+        level_row_counts(10, [1, 0])
+
+
+def test_weighted_order_keeps_the_mixture_in_every_prefix():
+    from slime_ext.tasks.synthetic_math import weighted_level_order
+
+    assert weighted_level_order([3, 3, 2]) == [0, 1, 2, 0, 1, 2, 0, 1]  # equal shares: round-robin
+    order = weighted_level_order([60, 30, 10])
+    assert order[:10] == [0, 1, 0, 0, 1, 0, 2, 0, 1, 0]
+    for end in range(1, 101):  # every prefix within one row of its share
+        for j, share in enumerate((0.6, 0.3, 0.1)):
+            assert abs(order[:end].count(j) - share * end) < 1
+
+
+def test_equal_weights_give_the_unweighted_rows():
+    from slime_ext.tasks.synthetic_math import generate_dataset
+
+    plain = generate_dataset(["V2", "V3", "V4"], 50, seed=0, split="train")
+    assert generate_dataset(["V2", "V3", "V4"], 50, seed=0, split="train", level_weights=[2, 2, 2]) == plain
+
+
+def test_weighted_pool_takes_longer_prefixes_of_the_same_streams(tmp_path):
+    syn = dict(SMALL, train_level_weights=[6, 3, 1], n_train=100)
+    weighted = prepare_data(DataConfig(synthetic=syn), tmp_path)
+    plain = prepare_data(DataConfig(synthetic=SMALL), tmp_path)
+    levels = [r["level"] for r in weighted.train]
+    assert [levels.count(x) for x in ("V2", "V5", "V9")] == [60, 30, 10]
+    assert weighted.eval == plain.eval  # the eval pool keeps equal shares
+    for name in ("V2", "V5", "V9"):  # 60/30/10 rows against the plain pool's 20 each: one stream's prefixes
+        w = [r["prompt"] for r in weighted.train if r["level"] == name]
+        p = [r["prompt"] for r in plain.train if r["level"] == name]
+        shorter = min(len(w), len(p))
+        assert shorter in (10, 20) and w[:shorter] == p[:shorter]
+    assert weighted.train_path != plain.train_path
+    assert "train_level_weights" not in SyntheticDataConfig(**SMALL).cache_fields()  # null keeps old keys
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["data.synthetic.train_level_weights=[1, 2]"], "has 2 values but data.synthetic.train_levels has 9"),
+    (["data.synthetic.train_level_weights=[1, 1, 1, 1, 0, 1, 1, 1, 1]"], "positive and finite (got [0.0])"),
+])
+def test_bad_level_weights_are_rejected_with_the_key_named(overrides, named):
+    msg = problem(GRPO_V2, *overrides)
+    assert "data.synthetic.train_level_weights" in msg and named in msg
+
+
+def test_dagrpo_phases_refuse_level_weights():
+    msg = problem(CONFIGS / "dagrpo.yaml", "data.synthetic.train_level_weights=[1]")
+    assert "data.synthetic.train_level_weights" in msg and "dagrpo.phases" in msg

@@ -54,6 +54,12 @@ class DAGRPOConfig(Section):
         multi-turn run asks through the `cloud` tool (the trigger sampler cannot span turns)."""
         self._check_tool_path(config)
         if self.phases:
+            if config.data.synthetic.train_level_weights is not None:
+                raise ConfigCheckError(
+                    "data.synthetic.train_level_weights weights the levels of data.synthetic.train_levels, but "
+                    "dagrpo.phases sets each phase's levels, in equal shares: remove the weights, or drop dagrpo.phases "
+                    "to train on the weighted pool",
+                    ("data.synthetic.train_level_weights", "dagrpo.phases"))
             total = sum(p.steps for p in self.phases)
             if total != config.train.steps:
                 raise ConfigCheckError(

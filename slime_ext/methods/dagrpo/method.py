@@ -74,6 +74,7 @@ def load_rows(config: Config, levels: list[str], train_path: Optional[str] = Non
         data_cfg.source, data_cfg.train_path, data_cfg.eval_path = "jsonl", train_path, eval_path
     else:
         data_cfg.synthetic.train_levels = list(levels)
+        data_cfg.synthetic.train_level_weights = None  # a phase's levels come in equal shares
         data_cfg.synthetic.eval_levels = list(levels)
     prepared = prepare_data(data_cfg, config.run.cache_dir, data_transform(config))
     return prepared.train, prepared.eval
