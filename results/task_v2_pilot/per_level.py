@@ -9,43 +9,12 @@ standard error over prompts; greedy is the greedy sample's accuracy; lengths are
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import re
+import sys
 from pathlib import Path
 
-import numpy as np
-
-
-def read_records(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def level_key(level: str) -> tuple:
-    m = re.fullmatch(r"([A-Z]+)(\d+)", level or "")
-    return (m.group(1), int(m.group(2))) if m else (str(level), 0)
-
-
-def table(records: list[dict]) -> list[dict]:
-    by: dict[str, list[dict]] = {}
-    for r in records:
-        by.setdefault(r.get("level") or "?", []).append(r)
-    rows = []
-    for level in sorted(by, key=level_key):
-        rs = by[level]
-        per_prompt = np.array([np.mean(r["scores"]) for r in rs])
-        lengths = np.array([n for r in rs for n in r["lengths"]])
-        greedy = [r["greedy_score"] for r in rs if r.get("greedy_score") is not None]
-        truncated = np.mean([f == "length" for r in rs for f in r["finish_reasons"]])
-        rows.append({"level": level, "n_prompts": len(rs), "mean@1": float(per_prompt.mean()),
-                     "mean@1_se": float(per_prompt.std(ddof=1) / np.sqrt(len(rs))) if len(rs) > 1 else None,
-                     "pass@k": float(np.mean([max(r["scores"]) for r in rs])),
-                     "greedy": float(np.mean(greedy)) if greedy else None,
-                     "mean_len": float(lengths.mean()), "max_len": int(lengths.max()),
-                     "truncated": float(truncated)})
-    return rows
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: slime_ext
+from slime_ext.studies import per_level_table, read_records  # noqa: E402
 
 
 def to_markdown(rows: list[dict], k: int) -> str:
@@ -65,7 +34,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     records = read_records(args.records)
-    rows = table(records)
+    rows = per_level_table(records)
     md = to_markdown(rows, len(records[0]["scores"]))
     print(md)
     if args.out:

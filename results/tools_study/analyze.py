@@ -19,10 +19,13 @@ import gzip
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: slime_ext
+from slime_ext.studies import ci_text, paired_over_prompts, per_prompt_scores, read_records, t_interval  # noqa: E402
 
 ARMS = ("tools", "notools")
 KEPT = ("config.yaml", "summary.json", "metrics.jsonl", "eval_warm_start.json", "eval_final.json", "final_table.md")
@@ -40,14 +43,6 @@ def find_runs(runs: Path) -> dict[tuple[str, int], Path]:
     return found
 
 
-def per_prompt(records: Path) -> dict[str, float]:
-    out = {}
-    for line in records.read_text().splitlines():
-        r = json.loads(line)
-        out[r["prompt_id"]] = float(np.mean(r["scores"]))
-    return out
-
-
 def keep(run: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name in KEPT:
@@ -56,23 +51,6 @@ def keep(run: Path, dest: Path) -> None:
     for rec in run.glob("eval_*.records.jsonl"):
         with open(rec, "rb") as src, gzip.open(dest / (rec.name + ".gz"), "wb") as dst:
             shutil.copyfileobj(src, dst)
-
-
-def t_interval(values: list[float]) -> dict:
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        return {"mean": float(v.mean()), "se": None, "ci95": None, "n": len(v)}
-    se = float(v.std(ddof=1) / np.sqrt(len(v)))
-    h = float(stats.t.ppf(0.975, len(v) - 1) * se)
-    return {"mean": float(v.mean()), "se": se, "ci95": [float(v.mean() - h), float(v.mean() + h)], "n": len(v)}
-
-
-def paired(a: dict[str, float], b: dict[str, float]) -> dict:
-    keys = sorted(set(a) & set(b))
-    d = np.array([a[k] - b[k] for k in keys])
-    se = float(d.std(ddof=1) / np.sqrt(len(d)))
-    return {"diff": float(d.mean()), "se": se, "ci95": [float(d.mean() - 1.96 * se), float(d.mean() + 1.96 * se)],
-            "n_prompts": len(keys)}
 
 
 def metrics(run: Path) -> list[dict]:
@@ -86,14 +64,6 @@ def last_mean(rows: list[dict], key: str, n: int = 5) -> float | None:
 
 def pct(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{100 * x:.{nd}f}"
-
-
-def ci_text(d: dict) -> str:
-    if d.get("ci95") is None:
-        return f"{100 * d['mean']:+.1f} (one seed)"
-    lo, hi = d["ci95"]
-    verdict = "" if lo > 0 or hi < 0 else " (no measured difference)"
-    return f"{100 * d['mean']:+.1f} ± {100 * d['se']:.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]{verdict}"
 
 
 def main() -> None:
@@ -110,8 +80,8 @@ def main() -> None:
         final, warm = (json.loads((run / f"eval_{n}.json").read_text()) for n in ("final", "warm_start"))
         rm = final["meta"]["response_metrics"]
         m = metrics(run)
-        evals[(arm, seed)] = {"final": per_prompt(run / "eval_final.records.jsonl"),
-                              "warm": per_prompt(run / "eval_warm_start.records.jsonl")}
+        evals[(arm, seed)] = {"final": per_prompt_scores(read_records(run / "eval_final.records.jsonl")),
+                              "warm": per_prompt_scores(read_records(run / "eval_warm_start.records.jsonl"))}
         row = {"arm": arm, "seed": seed, "warm_accuracy": warm["mean_score"], "final_accuracy": final["mean_score"],
                "final_accuracy_stderr": final["mean_score_stderr"], "final_greedy": final["greedy"],
                "warm_greedy": warm["greedy"], "eval_tool_calls": rm.get("tool_calls"), "eval_turns": rm.get("turns"),
@@ -120,13 +90,13 @@ def main() -> None:
                "train_tool_error_rate_last5": last_mean(m, "env/tool_error_rate"),
                "train_reward_first": m[0]["reward/mean"], "train_reward_last5": last_mean(m, "reward/mean"),
                "steps": len(m), "n_prompts": final["n_prompts"], "n_samples": final["n_samples"],
-               "rl_gain": paired(evals[(arm, seed)]["final"], evals[(arm, seed)]["warm"])}
+               "rl_gain": paired_over_prompts(evals[(arm, seed)]["final"], evals[(arm, seed)]["warm"])}
         per_seed.append(row)
     summary: dict = {"seeds": seeds, "per_seed": per_seed, "paired_by_seed": {}, "across_seeds": {}}
     diffs = []
     for seed in seeds:
         if ("tools", seed) in evals and ("notools", seed) in evals:
-            d = paired(evals[("tools", seed)]["final"], evals[("notools", seed)]["final"])
+            d = paired_over_prompts(evals[("tools", seed)]["final"], evals[("notools", seed)]["final"])
             summary["paired_by_seed"][seed] = d
             diffs.append(d["diff"])
     summary["across_seeds"]["tools_minus_notools_accuracy"] = t_interval(diffs) if diffs else None

@@ -1,0 +1,54 @@
+"""Per-prompt evaluation records (`eval_*.records.jsonl[.gz]`, written by `slime_ext.evaluation`) as tables."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["read_records", "per_prompt_scores", "level_key", "per_level_table"]
+
+
+def read_records(path: Path | str) -> list[dict]:
+    """The records of one evaluation, gzipped or not."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def per_prompt_scores(records: list[dict], level: str | None = None) -> dict[str, float]:
+    """Each prompt's mean score over its samples, by prompt id (optionally one level's prompts only)."""
+    return {r["prompt_id"]: float(np.mean(r["scores"])) for r in records
+            if level is None or r.get("level") == level}
+
+
+def level_key(level: str) -> tuple:
+    """Sort key putting V2 before V10 (letters, then the number)."""
+    m = re.fullmatch(r"([A-Z]+)(\d+)", level or "")
+    return (m.group(1), int(m.group(2))) if m else (str(level), 0)
+
+
+def per_level_table(records: list[dict]) -> list[dict]:
+    """Per level: prompts, mean@1 (mean over prompts of each prompt's mean over samples) with its standard error
+    over prompts, pass@k (k = samples per prompt), greedy accuracy, generated tokens per sample (mean, max) and
+    the share of samples cut at the length limit."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r.get("level") or "?", []).append(r)
+    rows = []
+    for level in sorted(by, key=level_key):
+        rs = by[level]
+        scores = np.array([np.mean(r["scores"]) for r in rs])
+        lengths = np.array([n for r in rs for n in r["lengths"]])
+        greedy = [r["greedy_score"] for r in rs if r.get("greedy_score") is not None]
+        rows.append({"level": level, "n_prompts": len(rs), "mean@1": float(scores.mean()),
+                     "mean@1_se": float(scores.std(ddof=1) / np.sqrt(len(rs))) if len(rs) > 1 else None,
+                     "pass@k": float(np.mean([max(r["scores"]) for r in rs])),
+                     "greedy": float(np.mean(greedy)) if greedy else None,
+                     "mean_len": float(lengths.mean()), "max_len": int(lengths.max()),
+                     "truncated": float(np.mean([f == "length" for r in rs for f in r["finish_reasons"]]))})
+    return rows

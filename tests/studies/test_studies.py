@@ -1,0 +1,67 @@
+"""slime_ext.studies: the intervals and tables every study's numbers go through, against hand-computed values."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from slime_ext.studies import (ci_text, min_detectable_difference, paired_over_prompts, per_level_table,
+                               per_prompt_scores, read_records, t_interval)
+
+
+def test_t_interval_on_three_seeds():
+    r = t_interval([1.0, 2.0, 3.0])  # sd 1, se 1/sqrt(3), t(0.975, 2) = 4.302653
+    assert r["mean"] == 2.0 and r["n"] == 3
+    assert r["se"] == pytest.approx(0.5773503)
+    assert r["ci95"] == pytest.approx([2 - 2.484138, 2 + 2.484138], abs=1e-5)
+    assert t_interval([0.4]) == {"mean": 0.4, "se": None, "ci95": None, "n": 1}
+    with pytest.raises(ValueError):
+        t_interval([])
+
+
+def test_paired_over_prompts_uses_only_shared_prompts():
+    a = {"p1": 1.0, "p2": 0.5, "p3": 0.0}
+    b = {"p1": 0.5, "p2": 0.5, "p3": 0.5, "p4": 1.0}
+    r = paired_over_prompts(a, b)  # differences 0.5, 0, -0.5: mean 0, sd 0.5
+    assert r["n_prompts"] == 3 and r["diff"] == pytest.approx(0.0)
+    assert r["se"] == pytest.approx(0.5 / 3 ** 0.5)
+    assert r["ci95"] == pytest.approx([-1.96 * 0.2886751, 1.96 * 0.2886751])
+    with pytest.raises(ValueError, match="2 shared prompts"):
+        paired_over_prompts({"p1": 1.0}, {"p1": 0.0})
+
+
+def test_min_detectable_difference_of_two_three_seed_arms():
+    # t(0.975, 4) = 2.776445; sd 2; sqrt(2/3) = 0.8164966
+    assert min_detectable_difference(2.0, 3) == pytest.approx(2.776445 * 2 * 0.8164966, rel=1e-6)
+    with pytest.raises(ValueError):
+        min_detectable_difference(1.0, 1)
+
+
+def test_ci_text_says_when_the_interval_holds_zero():
+    assert ci_text({"mean": 0.02, "se": 0.005, "ci95": [0.01, 0.03]}) == "+2.0 ± 0.5 [+1.0, +3.0]"
+    assert ci_text({"diff": 0.01, "se": 0.01, "ci95": [-0.01, 0.03]}).endswith("(no measured difference)")
+    assert ci_text({"mean": -0.031, "se": None, "ci95": None}) == "-3.1 (one seed)"
+
+
+def test_per_level_table_from_gzipped_records(tmp_path):
+    recs = [
+        {"prompt_id": "a", "level": "V10", "scores": [1, 0], "lengths": [300, 320], "finish_reasons": ["stop", "length"],
+         "greedy_score": 0},
+        {"prompt_id": "b", "level": "V2", "scores": [1, 1], "lengths": [50, 60], "finish_reasons": ["stop", "stop"],
+         "greedy_score": 1},
+        {"prompt_id": "c", "level": "V2", "scores": [0, 1], "lengths": [40, 70], "finish_reasons": ["stop", "stop"],
+         "greedy_score": 0},
+    ]
+    path = tmp_path / "eval_final.records.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in recs) + "\n")
+    rows = read_records(path)
+    assert per_prompt_scores(rows) == {"a": 0.5, "b": 1.0, "c": 0.5}
+    assert per_prompt_scores(rows, level="V2") == {"b": 1.0, "c": 0.5}
+    v2, v10 = per_level_table(rows)  # V2 sorts before V10
+    assert (v2["level"], v2["n_prompts"], v2["mean@1"], v2["pass@k"], v2["greedy"]) == ("V2", 2, 0.75, 1.0, 0.5)
+    assert v2["mean@1_se"] == pytest.approx(0.25)  # per-prompt 1.0 and 0.5: sd 0.3536 / sqrt 2
+    assert (v2["mean_len"], v2["max_len"], v2["truncated"]) == (55.0, 70, 0.0)
+    assert (v10["level"], v10["mean@1"], v10["mean@1_se"], v10["truncated"]) == ("V10", 0.5, None, 0.5)
