@@ -20,8 +20,9 @@ def _final_answer_only(text: str) -> Optional[str]:
     return solution.rsplit("\n", 1)[-1] if solution else None
 
 
-# synthetic_math: the whole reference solution; synthetic_math_answer: its `\boxed{N}` line only, so a
-# DA-GRPO composition (local steps, then the cloud in place of the trigger) stays a well-formed solution
+# synthetic_math: the whole solution; synthetic_math_answer: its `\boxed{N}` line only, so a DA-GRPO
+# composition (local steps, then the cloud in place of the trigger) stays a well-formed solution. Both read
+# v1 and task family v2 stories (`solve_story` is the one place that tells them apart).
 SOLVERS: dict[str, Callable[[str], Optional[str]]] = {"synthetic_math": solve_story,
                                                       "synthetic_math_answer": _final_answer_only}
 UNSOLVED = "I cannot solve this."

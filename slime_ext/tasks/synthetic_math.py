@@ -48,6 +48,7 @@ from slime_ext.tasks.story_vocab import (
 from slime_ext.tasks.v2.generator import generate_v2_problem
 from slime_ext.tasks.v2.levels import V2_LEVELS, StepLevel
 from slime_ext.tasks.v2.recheck import DEFAULT_RECHECK_SHARE
+from slime_ext.tasks.v2.solver import solve_v2_story
 
 __all__ = [
     "MathLevel",
@@ -213,11 +214,22 @@ def _story_patterns() -> tuple[re.Pattern, re.Pattern, dict[tuple[str, str], str
 
 
 def solve_story(text: str) -> str | None:
-    """The reference solution (``Step k:`` lines, then ``\\boxed{N}``) of the last problem in ``text``.
+    """The solution (``Step k:`` lines, then ``\\boxed{N}``) of the last problem in ``text``, of either family:
+    the exact "cloud model" of DA-GRPO's embedded studies (`slime_ext.engine.solver.SOLVERS`) answers through it.
 
-    The inverse of `generate_problem` on its closed vocabulary: an exact "cloud model" for DA-GRPO's
-    embedded study answers through it. None when no story is recognised.
+    The one place that dispatches between the families. A story in the generators' grammar is read by
+    `solve_v2_story` (strict; v2's vocabulary holds v1's and its solution line is v1's step line, so a v1
+    story gets v1's reference byte for byte, and a V2/V3 story, which may be word for word a v1 story, needs
+    no family decision). Text it refuses goes to v1's lenient reader as before (`_solve_v1_story`: the v1
+    phrases between the last start sentence and the next "?"). None when neither finds a story.
     """
+    solution = solve_v2_story(text)
+    return solution if solution is not None else _solve_v1_story(text)
+
+
+def _solve_v1_story(text: str) -> str | None:
+    """v1's reader: the inverse of `generate_problem` on its closed vocabulary, lenient about the text between
+    the operation phrases. None when no story is recognised."""
     start_re, phrase_re, phrase_op = _story_patterns()
     starts = list(start_re.finditer(text))
     if not starts:
