@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 # The synthetic task's difficulty levels (slime_ext.tasks.synthetic_math.ALL_LEVELS: the curriculum L0-L5, the
 # tools task's T1-T2, then task family v2's V2-V10; a test keeps the two equal). Named here because the config
-# may not import the task code, and a typo must fail at `--check`. StoryLevel: the v1 family, whose stories the
-# exact solver (`solve_story`, DA-GRPO's `solver:` cloud) reads.
+# may not import the task code, and a typo must fail at `--check`. StoryLevel: the v1 family (one step phrasing,
+# the form `solution_tool` rewrites); V2Level: task family v2. The exact solver (`solve_story`, DA-GRPO's
+# `solver:` cloud) reads both.
 StoryLevel = Literal["L0", "L1", "L2", "L3", "L4", "L5", "T1", "T2"]
 V2Level = Literal["V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9", "V10"]
 SyntheticLevel = Literal[StoryLevel, V2Level]

@@ -266,6 +266,62 @@ def test_warm_start_rows_include_trigger_examples():
     assert with_trigger_examples(rows, TRIGGER, 0.0) == rows
 
 
+def test_v2_references_through_the_warm_start_trigger_splice_and_format_rule():
+    """Task family v2's rows end with `\\boxed{N}` or with a re-check tail after it (`Check: ... \\boxed{N}`): the
+    warm start's asking rows show the answer line, never the tail, and a response that asks after its first step
+    and gets the exact solver's answer scores as right and well formatted at the level's step limit."""
+    from slime_ext.engine.solver import SOLVERS
+    from slime_ext.envs.tool_call import format_call, format_observation
+    from slime_ext.methods.dagrpo.core import answer_line, with_trigger_examples
+    from slime_ext.rewards.math_verifier import verify_math
+    from slime_ext.tasks.synthetic_math import generate_dataset
+
+    tok = CharTokenizer()
+    rows = generate_dataset(["V3", "V6", "V10"], 60, seed=0, split="eval", recheck_share=0.5)
+    assert 0 < sum(r["recheck"] for r in rows) < len(rows)
+    splice_rows = with_trigger_examples(rows, TRIGGER, 1.0)
+    tool_rows = with_trigger_examples(rows, TRIGGER, 1.0, tool="cloud")
+    for row, asks, calls in zip(rows, splice_rows, tool_rows):
+        boxed, first = f"\\boxed{{{row['label']}}}", row["solution"].split("\n")[0]
+        assert answer_line(row["solution"]) == boxed
+        assert answer_line(row["solution"].replace("\n", "\n\n")) == boxed  # step_separator "\n\n"
+        assert asks["solution"] == f"{first}\n{TRIGGER}"
+        assert calls["solution"] == f"{first}\n{format_call('cloud', TRIGGER)}{format_observation(boxed, False)}{boxed}"
+        # a full reference (tail or not) meets the format rule at exactly its step count
+        n = row["num_steps"]
+        assert format_ok(row["solution"], n, require_tags=False) and not format_ok(row["solution"], n - 1, False)
+        # the trigger, then the `solver:synthetic_math_answer` cloud's completion in its place
+        cloud = SOLVERS["synthetic_math_answer"](row["prompt"])
+        assert cloud == boxed
+        ids = tok(asks["solution"])["input_ids"] + [tok.eos_token_id]
+        sp = splice(ids, asks["solution"], TRIGGER, cloud, tok, tok.eos_token_id)
+        assert sp.scored_text == f"{first}\n{boxed}" and verify_math(sp.scored_text, row["label"]).score == 1.0
+        assert format_ok(sp.scored_text, n, require_tags=False)
+
+
+def test_v2_phases_build_their_warm_start_rows(tmp_path):
+    """A DA-GRPO config whose phases are v2 levels builds its warm start from the phases' rows, on both paths."""
+    from slime_ext.config import load_config
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.methods.dagrpo.method import DAGRPO
+    from tests.conftest import CONFIGS
+
+    overrides = [f"run.cache_dir={tmp_path}", "data.synthetic.n_train=30", "data.synthetic.n_eval=8",
+                 "data.synthetic.train_levels=[V3, V7]", "data.synthetic.eval_levels=[V3, V7]",
+                 "data.synthetic.recheck_share=1.0", "dagrpo.sft_trigger_fraction=0.5",
+                 "dagrpo.phases=[{name: easy, levels: [V3], steps: 20, step_limit: 3}, "
+                 "{name: hard, levels: [V7], steps: 20, step_limit: 7}]"]
+    for config, asked in (("dagrpo.yaml", TRIGGER), ("dagrpo_tools.yaml", "<tool>cloud</tool>")):
+        cfg = load_config(CONFIGS / config, overrides).config
+        rows = DAGRPO(cfg, CharTokenizer(), cloud=CloudHelper(None)).warm_start_rows([], seed=0)
+        assert len(rows) == 60 and {r["level"] for r in rows} == {"V3", "V7"}
+        asking = [r for r in rows if asked in r["solution"]]
+        assert 0 < len(asking) < len(rows)
+        assert all("Check:" in r["solution"] for r in rows if r not in asking)  # share 1.0: every reference has a tail
+        assert all("Check:" not in r["solution"] for r in asking)
+        assert all(r["solution"].endswith(f"\\boxed{{{r['label']}}}") for r in asking if asked != TRIGGER)
+
+
 def test_router_baselines():
     from slime_ext.methods.dagrpo.routers import (LogisticRouter, prompt_features, random_route, route_by_score,
                                           routed_scores)

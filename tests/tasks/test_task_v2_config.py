@@ -57,9 +57,25 @@ def test_a_tool_solution_on_v2_levels_is_rejected():
     assert "data.synthetic.solution_tool = 'calculator'" in msg and "v2 levels" in msg
 
 
-def test_dagrpo_phases_keep_to_the_levels_its_solver_reads():
-    msg = problem(CONFIGS / "dagrpo.yaml", "dagrpo.phases=[{name: a, levels: [V4], steps: 40}]")
-    assert "dagrpo.phases.0.levels.0" in msg
+V2_PHASES = ("dagrpo.phases=[{name: easy, levels: [V2, V3], steps: 20, step_limit: 3}, "
+             "{name: hard, levels: [V6], steps: 20, step_limit: 6}]")
+
+
+def test_a_dagrpo_config_with_v2_phases_checks(capsys):
+    """DA-GRPO's `solver:` cloud reads v2 stories (`solve_story`), so its phases take v2 levels."""
+    overrides = [V2_PHASES, "data.synthetic.train_levels=[V2, V3, V6]", "data.synthetic.eval_levels=[V2, V3, V6]",
+                 "data.synthetic.recheck_share=1.0"]
+    assert config_main(["--check", str(CONFIGS / "dagrpo.yaml"), *overrides]) == 0
+    cfg = load_config(CONFIGS / "dagrpo.yaml", overrides).config
+    assert [p.levels for p in cfg.dagrpo.phases] == [["V2", "V3"], ["V6"]]
+    assert cfg.dagrpo.cloud_url == "solver:synthetic_math_answer"
+    mixed = "dagrpo.phases=[{name: a, levels: [L1, V4], steps: 40, step_limit: 4}]"  # families mix too
+    assert load_config(CONFIGS / "collab_grpo.yaml", [mixed]).config.dagrpo.phases[0].levels == ["L1", "V4"]
+
+
+def test_a_v2_phase_needs_a_step_limit_for_its_longest_level():
+    msg = problem(CONFIGS / "dagrpo.yaml", "dagrpo.phases=[{name: a, levels: [V3, V6], steps: 40}]")  # default 4
+    assert "dagrpo.phases.0" in msg and "step_limit = 4" in msg and "V6 has 6 steps" in msg
 
 
 # -- cache keys ---------------------------------------------------------------------------------------------

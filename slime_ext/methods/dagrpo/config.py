@@ -4,21 +4,34 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from slime_ext.config.sections import ConfigCheckError, Section, StoryLevel
+from slime_ext.config.sections import V2_LEVEL_NAMES, ConfigCheckError, Section, SyntheticLevel
 
 
 class DAGRPOPhase(Section):
     name: str
-    # v1 levels only: the exact solver behind `solver:` cloud URLs reads v1 stories, not task family v2's
-    levels: list[StoryLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
+    # any synthetic level: the exact solver behind `solver:` cloud URLs (`solve_story`) reads both families
+    levels: list[SyntheticLevel] = Field(default_factory=lambda: ["L2"], min_length=1)
     train_path: Optional[str] = None
     eval_path: Optional[str] = None
     steps: int = Field(100, ge=0)
     tau: float = Field(0.2, ge=0, le=1)
     tau_schedule: Optional[list[tuple[int, float]]] = None  # (step within phase, tau) points
-    step_limit: int = Field(4, ge=1)
+    step_limit: int = Field(4, ge=1)  # the format rule's most `Step k:` lines (core.format_ok)
+
+    @model_validator(mode="after")
+    def _check_step_limit(self) -> "DAGRPOPhase":
+        """A v2 level's references have exactly as many steps as its name says (V6: 6): below that, every
+        full solution, the reference's included, would be scored as badly formatted. (v1 levels vary in
+        length and their names do not say it, so they are not checked here.)"""
+        longest = max((int(lvl[1:]) for lvl in self.levels if lvl in V2_LEVEL_NAMES), default=0)
+        if not self.train_path and longest > self.step_limit:
+            raise ConfigCheckError(
+                f"dagrpo phase {self.name!r}: step_limit = {self.step_limit} but its level V{longest} has {longest} "
+                f"steps, so every full solution would break the format rule; set step_limit to at least {longest}",
+                ("step_limit", "levels"))
+        return self
 
 
 class DAGRPOConfig(Section):

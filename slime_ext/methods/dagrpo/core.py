@@ -125,8 +125,9 @@ def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, s
 
     `tool` (the cloud as a tool): the solution asks by calling that tool with the trigger as its argument, reads
     the cloud's answer as the environment's observation and writes it as its final line. The answer shown is
-    the reference's last line (`\\boxed{N}`: what `solver:synthetic_math_answer` answers); the SFT builder gives
-    the observation loss mask 0 (`slime_ext.envs.warm_start`)."""
+    the reference's answer line (`\\boxed{N}`: what `solver:synthetic_math_answer` answers), not a v2
+    reference's re-check tail after it; the SFT builder gives the observation loss mask 0
+    (`slime_ext.envs.warm_start`)."""
     import hashlib
 
     out = []
@@ -134,9 +135,17 @@ def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, s
         key = hashlib.blake2b(f"{seed}:{row.get('id', row['prompt'])}".encode(), digest_size=8).digest()
         if int.from_bytes(key, "little") / 2**64 < fraction and row.get("solution"):
             lines = str(row["solution"]).split("\n")
-            row = dict(row, solution=asking_solution(lines[0], trigger, lines[-1], tool))
+            row = dict(row, solution=asking_solution(lines[0], trigger, answer_line(str(row["solution"])), tool))
         out.append(row)
     return out
+
+
+def answer_line(solution: str) -> str:
+    """The last line of a reference up to its answer: a task family v2 reference may end with a re-check tail
+    (``Check: ... \\boxed{N}``, `slime_ext.tasks.v2.recheck`) after its ``\\boxed{N}`` line; v1's end there."""
+    from slime_ext.tasks.v2.recheck import split_tail
+
+    return split_tail(solution)[0].rsplit("\n", 1)[-1]
 
 
 def asking_solution(first: str, trigger: str, final: str, tool: Optional[str] = None) -> str:
