@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The noise floor on task family v2 (issue 30, item 2): GRPO from three SFT warm starts (sft.seed = run.seed = 0,
 # 1, 2) of configs/grpo_v2.yaml, and each warm start sampled at lower temperatures without RL (the "sharpening"
-# baseline: how much of an RL gain a cooler sampler gives for free). Sized to a 2-core machine: 32 prompts x 8
-# samples per step, STEPS RL steps, evaluation on 1026 held-out prompts (114 per level V2-V10; 4 samples + greedy)
-# before RL and after it. Run from a git worktree at a fixed commit, one run at a time; a finished run leaves
+# baseline: how much of an RL gain a cooler sampler gives for free). The config's RL recipe (64 prompts x 8
+# samples per step, lr 3e-5), STEPS RL steps, evaluation on 1026 held-out prompts (114 per level V2-V10; 4 samples
+# + greedy) before RL and after it. (32 prompts per step at the same lr moved nothing in 40 steps: README.md.) Run from a git worktree at a fixed commit, one run at a time; a finished run leaves
 # OUT/<name>.done and is skipped when the script runs again (the warm starts resume from their cache).
 set -euo pipefail
 OUT="${OUT:-results/noise_floor_v2/runs}"
@@ -24,7 +24,7 @@ run() {  # name, then the run's arguments
   fi
 }
 for s in $SEEDS; do
-  run "grpo_s$s" sft.seed="$s" run.seed="$s" rollout.prompts_per_step=32 train.steps="$STEPS" eval.every="$STEPS"
+  run "grpo_s$s" sft.seed="$s" run.seed="$s" train.steps="$STEPS" eval.every="$STEPS"
   for t in $TEMPS; do
     run "sharpen_s${s}_T$t" sft.seed="$s" run.seed="$s" "run.stages=[data,tokenizer,sft,eval]" \
       eval.temperature="$t" eval.greedy=false
