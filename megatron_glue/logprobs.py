@@ -28,13 +28,7 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
 )
 
-DEFAULT_CHUNK_MB = 512.0
-FP32_BYTES = 4
-
-
-def tokens_per_chunk(local_vocab: int, chunk_mb: float) -> int:
-    """Tokens whose fp32 logits over this rank's vocabulary slice fit in `chunk_mb` MiB (at least one)."""
-    return max(1, int(chunk_mb * 2**20) // (FP32_BYTES * local_vocab))
+from megatron_glue.logprob_chunks import DEFAULT_CHUNK_MB, tokens_per_chunk
 
 
 def _tp_group() -> Optional[dist.ProcessGroup]:

@@ -154,10 +154,11 @@ compose_config() {
   } > "$out"
 }
 
+# The plan validates the config as `python -m slime_ext.config --check` does (exit 2 on a config or layout
+# error, 3 when the layout does not fit), so one interpreter does both.
 check_and_plan() {
   local config="$1"
   log "validating $config ${OVERRIDES[*]-}"
-  "$PY" -m slime_ext.config --check "$config" ${OVERRIDES[@]+"${OVERRIDES[@]}"} > /dev/null
   "$PY" -m slime_ext.orchestration.plan "$config" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 }
 

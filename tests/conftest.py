@@ -20,3 +20,12 @@ CONFIGS = REPO / "configs"
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def job_cache(tmp_path_factory) -> Path:
+    """One `run.cache_dir` for the session's end-to-end jobs. Its data, tokenizers and SFT warm starts are keyed
+    by what determines them (`slime_ext.tasks.prepare`, `build_embedded_tokenizer`, `TrainingJob.warm_start_key`),
+    so a job whose settings match an earlier job's reuses them, as a user's second run does, instead of training
+    the same tokenizer and warm start again. The first job of each key still builds them."""
+    return tmp_path_factory.mktemp("job-cache")

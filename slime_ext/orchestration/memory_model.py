@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from megatron_glue.logprobs import tokens_per_chunk
+from megatron_glue.logprob_chunks import tokens_per_chunk  # no torch / megatron.core import
 
 if TYPE_CHECKING:  # the plan's dataclasses; imported for types only (the plan imports this module)
     from slime_ext.orchestration.plan_layout import RolloutLayout, TrainerLayout

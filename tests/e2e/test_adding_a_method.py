@@ -35,7 +35,7 @@ def test_the_page_has_the_three_parts():
 
 
 @pytest.mark.timeout(900)
-def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch):
+def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch, job_cache):
     from slime_ext.orchestration.driver import main
 
     blocks = doc_blocks()
@@ -51,7 +51,7 @@ def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch
 
     # the method lives in this process's sys.path, so the rollout manager runs in the driver
     rc = main([str(tmp_path / "length_penalty.yaml"), f"run.output_dir={tmp_path / 'runs'}",
-               f"run.cache_dir={tmp_path / 'cache'}", "rollout.manager=driver", *TINY])
+               f"run.cache_dir={job_cache}", "rollout.manager=driver", *TINY])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -85,7 +85,7 @@ def install_second_example(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("engine", [pytest.param("embedded", marks=pytest.mark.slow), "sglang"])
-def test_a_method_with_a_sampler_runs_on_each_engine(tmp_path, monkeypatch, engine):
+def test_a_method_with_a_sampler_runs_on_each_engine(tmp_path, monkeypatch, engine, job_cache):
     """Two RL steps of the second example; every response holds at most max_sentences sentence ends, one the
     cap ended holds exactly that many, and the cap ended some: the sampler ran where the tokens were chosen."""
     from slime_ext.orchestration.driver import main
@@ -103,14 +103,13 @@ def test_a_method_with_a_sampler_runs_on_each_engine(tmp_path, monkeypatch, engi
 
     monkeypatch.setattr(SentenceCapGRPO, "finish", recording_finish)
     extra = ["rollout.engine=sglang", "sglang.num_engines=1"] if engine == "sglang" else []
-    rc = main([str(config), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+    rc = main([str(config), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={job_cache}",
                "rollout.manager=driver", *TINY, *extra])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
-    (tok_dir,) = (tmp_path / "cache" / "tokenizers").iterdir()
-    tok = load_tokenizer(tok_dir)
+    tok = load_tokenizer(json.loads((run_dir / "summary.json").read_text())["stages"]["tokenizer"]["path"])
     ends = {i for i in range(len(tok)) if tok.decode([i]).strip().endswith(SENTENCE_ENDS)}
     assert len(seen) == 2 * 4 * 8 and ends
     capped = 0

@@ -33,11 +33,11 @@ def cluster():
         c.shutdown()
 
 
-def _args(tmp: Path, cluster, steps: int, *extra: str) -> list[str]:
+def _args(tmp: Path, cluster, steps: int, *extra: str, cache: Path | None = None) -> list[str]:
     return job_args(tmp, f"cluster.ray_address={cluster.address}", "cluster.trainer_resources={trainer_node: 0.01}",
                     "cluster.engine_resources={engine_node: 0.01}", "rollout.engine=sglang", "sglang.host=node",
                     "sglang.weight_sync=distributed", "sglang.num_engines=1", "sft.steps=3", f"train.steps={steps}",
-                    "run.stages=[data,tokenizer,sft,rl]", *extra)
+                    "run.stages=[data,tokenizer,sft,rl]", *extra, cache=cache)
 
 
 def _engine_log(run_dir: Path) -> str:
@@ -45,10 +45,10 @@ def _engine_log(run_dir: Path) -> str:
 
 
 @pytest.mark.timeout(600)
-def test_trainer_and_engines_on_different_nodes_sync_over_the_nodes_addresses(tmp_path, cluster):
+def test_trainer_and_engines_on_different_nodes_sync_over_the_nodes_addresses(tmp_path, cluster, job_cache):
     from slime_ext.orchestration.driver import main
 
-    assert main(_args(tmp_path, cluster, 2)) == 0
+    assert main(_args(tmp_path, cluster, 2, cache=job_cache)) == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1]

@@ -15,7 +15,7 @@ from tests.conftest import CONFIGS
 TINY = [
     "data.synthetic.n_train=600", "data.synthetic.n_eval=8", "tokenizer.n_training_texts=600",
     "model.hidden_size=64", "model.num_layers=2", "model.moe_intermediate_size=64", "model.intermediate_size=128",
-    "sft.steps=200", "sft.batch_size=16", "sft.lr=3e-3", "sft.warmup_steps=10",
+    "sft.steps=100", "sft.batch_size=16", "sft.lr=6e-3", "sft.warmup_steps=10",
     "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "train.micro_batch_size=16", "train.steps=2",
     "eval.n_prompts=8", "eval.n_samples=1", "eval.k=[1]", "eval.greedy=false",
     "run.stages=[data,tokenizer,check_references,sft,rl,eval]",
@@ -35,7 +35,7 @@ def run_tools_job(tmp_path, *extra: str) -> tuple[list[dict], dict]:
 def check_tool_path(rows: list[dict], final: dict) -> None:
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[0]["consistency/abs_diff_mean"] < 1e-3
-    for r in rows:  # 200 SFT steps: 75-88% of the episodes call the calculator (seed 0)
+    for r in rows:  # 100 SFT steps at lr 6e-3: 81-94% of the episodes call the calculator (seed 0; 88-100% at 1)
         assert r["env/tool_call_share"] > 0.25, r["env/tool_call_share"]
         assert r["env/turns_mean"] > 1 and r["env/observation_tokens_mean"] > 0
         assert r["env/cached_token_share_later_turns"] > 0.5  # later turns continue from the prefix cache

@@ -28,16 +28,53 @@ TINY = [
 ]
 
 
-def job_args(tmp: Path, *extra: str) -> list[str]:
-    return [str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp / 'runs'}", f"run.cache_dir={tmp / 'cache'}", *TINY, *extra]
+def job_args(tmp: Path, *extra: str, cache: Path | None = None) -> list[str]:
+    """The tiny GRPO job's arguments: runs under `tmp`, the cache in `cache` (default `tmp`/cache; the tests pass
+    the session's `job_cache`, so jobs with the same settings share their tokenizer and SFT warm start)."""
+    cache = cache or tmp / "cache"
+    return [str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp / 'runs'}", f"run.cache_dir={cache}", *TINY, *extra]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.fixture(scope="module")
+def _module_ray():
+    """Ends the module's shared Ray (`shared_ray`) after its last test."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def shared_ray(_module_ray, monkeypatch):
+    """One local Ray for this module's in-process jobs instead of a fresh one per `main()` call (about 5 s to
+    start and stop each): started as the driver starts it (`init_ray`, which returns at once when Ray is up),
+    and the driver's shutdown at the end of `main()` is skipped. Every job still kills its own actors and
+    placement groups (TrainingJob's `finally`), so a job that leaked one would starve the next of CPUs. The
+    driver's own shutdown is checked by the tests that run the CLI in a child process (Ctrl-C, actor death)."""
+    from slime_ext.config import load_config
+    from slime_ext.orchestration import driver
+    from slime_ext.orchestration.training_job import init_ray
+
+    init_ray(load_config(CONFIGS / "grpo.yaml", TINY).config)
+    monkeypatch.setattr(driver, "_shutdown_ray", lambda: None)
+
+
+@pytest.fixture
+def no_ray_here():
+    """The tests that kill a job's processes run it alone: no Ray of this process beside the child's own."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.mark.timeout(900)
-def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
+def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch, job_cache, shared_ray):
     """A trivially learnable reward (the first response token has an even id) must go up under GRPO.
 
     Separates a broken loop (signs, masks, weight sync) from a task too hard for the model."""
@@ -57,7 +94,7 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
     rc = main(job_args(tmp_path, "sft.steps=0", "train.steps=10", "train.lr=1e-2", "run.stages=[data,tokenizer,rl]",
                        "rollout.manager=driver",
                        "run.save_every=100", "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=16",
-                       "rollout.max_response_len=2"))
+                       "rollout.max_response_len=2", cache=job_cache))
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     rewards = [m["reward/mean"] for m in read_metrics(run_dir)]
@@ -73,25 +110,27 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(900)
-def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
+def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path, job_cache, shared_ray):
     """Tandem through the whole stack: authored rollouts, senior-only steps, the junior (the cached warm
     start) bit-identical afterwards, and the evaluation axes written."""
     import hashlib
 
     from slime_ext.orchestration.driver import main
 
-    args = [str(CONFIGS / "tandem.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+    args = [str(CONFIGS / "tandem.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={job_cache}",
             *TINY, "sft.steps=3", "train.steps=2", "tandem.kappa=4", "tandem_axes.prompts=4"]
     assert main(args + ["run.stages=[data,tokenizer,sft]"]) == 0
-    (warm,) = (tmp_path / "cache" / "warmstart").iterdir()
+    (sft_dir,) = (tmp_path / "runs").iterdir()
+    warm = Path(json.loads((sft_dir / "summary.json").read_text())["stages"]["sft"]["warm_start"])  # the HF dir
 
     def digest() -> str:
-        return hashlib.sha256(b"".join(p.read_bytes() for p in sorted((warm / "hf").iterdir()))).hexdigest()
+        return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(warm.iterdir()))).hexdigest()
 
     before = digest()
     assert main(args) == 0
     assert digest() == before
     run_dir = max((tmp_path / "runs").iterdir())
+    assert json.loads((run_dir / "summary.json").read_text())["stages"]["sft"]["warm_start"] == str(warm)
     metrics = read_metrics(run_dir)
     assert len(metrics) == 2
     for m in metrics:
@@ -104,10 +143,10 @@ def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
+def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path, job_cache, shared_ray):
     from slime_ext.orchestration.driver import main
 
-    common = [f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "train.steps=2"]
+    common = [f"run.cache_dir={job_cache}", *TINY, "sft.steps=3", "train.steps=2"]
     assert main([str(CONFIGS / "duet.yaml"), f"run.output_dir={tmp_path / 'duet'}", *common,
                  "duet.budget_fraction=0.5", "duet.grace=2", "duet.poll=2"]) == 0
     (duet_dir,) = (tmp_path / "duet").iterdir()
@@ -125,12 +164,12 @@ def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_sxs_sft_then_rl_jobs(tmp_path):
+def test_sxs_sft_then_rl_jobs(tmp_path, job_cache, shared_ray):
     """SxS stage 1 (SFT on interleaved data, evaluated on the visible answer with latency metrics) and
     stage 2 (RL with channel annotations) through the stack."""
     from slime_ext.orchestration.driver import main
 
-    common = [f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "rollout.max_response_len=48"]
+    common = [f"run.cache_dir={job_cache}", *TINY, "sft.steps=3", "rollout.max_response_len=48"]
     assert main([str(CONFIGS / "sxs_sft.yaml"), f"run.output_dir={tmp_path / 'sft'}", *common]) == 0
     (sft_dir,) = (tmp_path / "sft").iterdir()
     report = json.loads((sft_dir / "eval_sft.json").read_text())
@@ -144,7 +183,7 @@ def test_sxs_sft_then_rl_jobs(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
+def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path, job_cache, shared_ray):
     """DA-GRPO through the stack: a cloud served over HTTP, two task phases, lambda updated every step,
     every phase's held-out set evaluated after each phase, the continual table written."""
     from transformers import AutoModelForCausalLM
@@ -163,7 +202,7 @@ def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path):
     srv = serve(state)
     try:
         phases = "[{name: easy, levels: [L1], steps: 1, tau: 0.2}, {name: hard, levels: [L3], steps: 1, tau: 0.2}]"
-        rc = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}",
+        rc = main([str(CONFIGS / "dagrpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={job_cache}",
                    *TINY, "sft.steps=3", "train.steps=2", "eval.n_prompts=4", f"dagrpo.phases={phases}",
                    f"dagrpo.cloud_url=http://127.0.0.1:{srv.server_address[1]}", "dagrpo.lambda_init=0.5",
                    "dagrpo.eta_lambda=0.05"])
@@ -220,13 +259,13 @@ LONG_RUN = ["sft.steps=2", "train.steps=200", "run.stages=[data,tokenizer,sft,rl
 @pytest.mark.timeout(600)
 # the engine actor's death is the slow variant; the engine failure path also has fast tests (test_resume)
 @pytest.mark.parametrize("actor", [pytest.param("EmbeddedEngineActor", marks=pytest.mark.slow), "TrainWorker"])
-def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, actor):
+def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, actor, job_cache, no_ray_here):
     """An engine or a trainer rank killed mid-run (as Ray's memory monitor would): exit 1 with one message
     naming the intact checkpoint and the resume command, without Ray's traceback."""
     import psutil
 
     env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
-    proc = _run_cli(job_args(tmp_path, *LONG_RUN), env)
+    proc = _run_cli(job_args(tmp_path, *LONG_RUN, cache=job_cache), env)
     run_dir = _wait_for_steps(tmp_path / "runs", 2, proc)
     victims = [p for p in psutil.Process(proc.pid).children(recursive=True) if actor in " ".join(p.cmdline())]
     assert victims, f"no {actor} process found"
@@ -245,11 +284,11 @@ def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, a
 
 
 @pytest.mark.timeout(600)
-def test_ctrl_c_ends_every_ray_process_and_keeps_the_checkpoint(tmp_path):
+def test_ctrl_c_ends_every_ray_process_and_keeps_the_checkpoint(tmp_path, job_cache, no_ray_here):
     import psutil
 
     env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
-    proc = _run_cli(job_args(tmp_path, *LONG_RUN), env)
+    proc = _run_cli(job_args(tmp_path, *LONG_RUN, cache=job_cache), env)
     run_dir = _wait_for_steps(tmp_path / "runs", 1, proc)
     started = psutil.Process(proc.pid).children(recursive=True)
     assert any("TrainWorker" in " ".join(p.cmdline()) for p in started)
@@ -265,7 +304,7 @@ def test_ctrl_c_ends_every_ray_process_and_keeps_the_checkpoint(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_killed_run_resumes_and_continues_the_metrics(tmp_path):
+def test_killed_run_resumes_and_continues_the_metrics(tmp_path, no_ray_here):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
     common = ["sft.steps=4", "train.steps=6", "run.stages=[data,tokenizer,sft,rl]"]
     reference = _run_cli(job_args(tmp_path / "ref", *common), env)
@@ -292,11 +331,11 @@ def test_killed_run_resumes_and_continues_the_metrics(tmp_path):
         assert a["train/pg_loss"] == pytest.approx(b["train/pg_loss"], rel=1e-4, abs=1e-7)
 
 
-def test_missing_model_path_is_a_clear_error(tmp_path, capsys):
+def test_missing_model_path_is_a_clear_error(tmp_path, capsys, job_cache):
     from slime_ext.orchestration.driver import main
 
     with pytest.raises(FileNotFoundError, match="model.hf_path=/nonexistent/ckpt: no config.json"):
-        main(job_args(tmp_path, "model.hf_path=/nonexistent/ckpt", "run.stages=[data,tokenizer,sft]"))
+        main(job_args(tmp_path, "model.hf_path=/nonexistent/ckpt", "run.stages=[data,tokenizer,sft]", cache=job_cache))
 
 
 def test_method_config_errors_surface_before_sft(tmp_path, capsys):

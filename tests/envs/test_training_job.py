@@ -17,11 +17,11 @@ TINY = tiny_job(n_samples=4, max_response_len=64)
 
 
 @pytest.mark.timeout(900)
-def test_a_multi_turn_job_trains_with_observation_masks(tmp_path, monkeypatch):
+def test_a_multi_turn_job_trains_with_observation_masks(tmp_path, monkeypatch, job_cache):
     from slime_ext.orchestration.driver import main
 
     monkeypatch.setitem(registry.ENVS, "scripted", registry.EnvEntry("tests.envs.conftest:ScriptedEnv"))
-    rc = main([str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}",
+    rc = main([str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp_path / 'runs'}", f"run.cache_dir={job_cache}",
                "rollout.manager=driver", "rollout.env=scripted", "rollout.max_turns=3", "rollout.max_turn_tokens=12",
                "train.routing_replay=true", "train.check_consistency_at_start=true", *TINY])
     assert rc == 0

@@ -8,8 +8,6 @@ module-scoped `mp` fixture (one process, TP = PP = EP = 1).
 from __future__ import annotations
 
 import copy
-import json
-import os
 
 import pytest
 import torch
@@ -248,49 +246,39 @@ def test_error_gather_and_tied():
 # Real tensor- / expert-parallel models (2 processes, gloo): the shards load strictly and give HF's logits.
 
 
-def _parallel_worker(rank, world, port, kind, tp, ep, out_dir):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
+def _parallel_worker(rank, kind, tp, ep):
     import torch.distributed as dist
     from megatron.core import parallel_state as mps
 
     from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
-    from megatron_glue.parallel import init_distributed, init_model_parallel, teardown
+    from megatron_glue.parallel import init_model_parallel
 
-    init_distributed(rank, world, master_port=port)
-    try:
-        sizes = ParallelSizes(tp=tp, ep=ep, sequence_parallel=tp > 1)
-        init_model_parallel(sizes)
-        cfg = moe_cfg() if kind == "moe" else dense_cfg(True)
-        hf = hf_model(cfg)
-        toks = tokens(cfg, seq=12, seed=1 + mps.get_data_parallel_rank())
-        tc = transformer_config_from_hf(cfg, sizes)
-        model = build_gpt_model(cfg, tc).eval()
-        ranks = (mps.get_tensor_model_parallel_rank(), mps.get_expert_model_parallel_rank())
-        shard = sh.shard_megatron_state(wn.hf_to_megatron(hf.state_dict(), cfg), cfg, ranks[0], tp, ranks[1], ep)
-        model.load_state_dict(shard, strict=True)
-        pos = torch.arange(toks.shape[1])[None].expand(toks.shape[0], -1)
-        with torch.no_grad():
-            out = model(toks, pos, attention_mask=None)
-            if tp > 1:  # vocab-parallel logits
-                parts = [torch.empty_like(out) for _ in range(tp)]
-                dist.all_gather(parts, out.contiguous(), group=mps.get_tensor_model_parallel_group())
-                out = torch.cat(parts, -1)
-            ref = hf(toks).logits
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"ranks": ranks, "diff": (out - ref).abs().max().item(), "shape": list(out.shape)}, f)
-    finally:
-        teardown()
+    sizes = ParallelSizes(tp=tp, ep=ep, sequence_parallel=tp > 1)
+    init_model_parallel(sizes)
+    cfg = moe_cfg() if kind == "moe" else dense_cfg(True)
+    hf = hf_model(cfg)
+    toks = tokens(cfg, seq=12, seed=1 + mps.get_data_parallel_rank())
+    tc = transformer_config_from_hf(cfg, sizes)
+    model = build_gpt_model(cfg, tc).eval()
+    ranks = (mps.get_tensor_model_parallel_rank(), mps.get_expert_model_parallel_rank())
+    shard = sh.shard_megatron_state(wn.hf_to_megatron(hf.state_dict(), cfg), cfg, ranks[0], tp, ranks[1], ep)
+    model.load_state_dict(shard, strict=True)
+    pos = torch.arange(toks.shape[1])[None].expand(toks.shape[0], -1)
+    with torch.no_grad():
+        out = model(toks, pos, attention_mask=None)
+        if tp > 1:  # vocab-parallel logits
+            parts = [torch.empty_like(out) for _ in range(tp)]
+            dist.all_gather(parts, out.contiguous(), group=mps.get_tensor_model_parallel_group())
+            out = torch.cat(parts, -1)
+        ref = hf(toks).logits
+    return {"ranks": ranks, "diff": (out - ref).abs().max().item(), "shape": list(out.shape)}
 
 
 @pytest.mark.parametrize("kind,tp,ep", [("moe", 2, 1), ("moe", 1, 2), ("dense_tied", 2, 1)])
-def test_real_parallel_models_match_hf(tmp_path, kind, tp, ep):
-    import torch.multiprocessing as tmp
+def test_real_parallel_models_match_hf(kind, tp, ep):
+    from tests.distributed import run_ranks
 
-    from megatron_glue.parallel import free_port
-
-    tmp.spawn(_parallel_worker, args=(2, free_port(), kind, tp, ep, str(tmp_path)), nprocs=2, join=True)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    results = run_ranks(_parallel_worker, 2, kind, tp, ep)
     assert sorted(tuple(r["ranks"]) for r in results) == ([(0, 0), (1, 0)] if tp == 2 else [(0, 0), (0, 1)])
     for r in results:
         assert r["shape"] == [2, 12, 64]

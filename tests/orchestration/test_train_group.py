@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed import run_ranks
+from tests.distributed import kept_ranks, run_ranks
 from tests.megatron_fixtures import tiny_moe_config
 from tests.megatron_glue.test_parallel import _hf_weights
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kept_ranks():
+    """The layouts share two rank processes (spawned once, not per layout)."""
+    with kept_ranks():
+        yield
 
 
 def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes):
