@@ -18,21 +18,18 @@ over the same held-out prompts; across seeds, t intervals over the per-seed valu
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: slime_ext
-from slime_ext.studies import (ci_text, min_detectable_difference, paired_over_prompts,  # noqa: E402
-                               per_level_table, per_prompt_scores, read_records, t_interval)
+from slime_ext.studies import (ci_text, keep_run_files, min_detectable_difference,  # noqa: E402
+                               paired_over_prompts, per_level_table, per_prompt_scores, read_metrics, read_records,
+                               t_interval)
 
-KEPT = ("config.yaml", "summary.json", "metrics.jsonl", "eval_warm_start.json", "eval_final.json", "eval_sft.json",
-        "final_table.md")
 CURVES = [("reward/mean", "reward (training rollouts)"), ("reward/all_wrong_groups", "all-wrong groups (no signal)"),
           ("reward/all_correct_groups", "all-correct groups (no signal)"), ("response_len/mean", "response tokens"),
           ("train/entropy", "policy entropy"), ("train/approx_kl_old", "approx KL to the sampler")]
@@ -51,20 +48,6 @@ def find_runs(runs: Path) -> tuple[dict[int, Path], dict[tuple[int, str], Path]]
     return grpo, sharpen
 
 
-def keep(run: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in KEPT:
-        if (run / name).is_file():
-            shutil.copyfile(run / name, dest / name)
-    for rec in run.glob("eval_*.records.jsonl"):
-        with open(rec, "rb") as src, gzip.open(dest / (rec.name + ".gz"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
@@ -74,7 +57,7 @@ def summarise(grpo: dict[int, Path], sharpen: dict[tuple[int, str], Path]) -> di
     for seed, run in sorted(grpo.items()):
         warm_recs, final_recs = (read_records(run / f"eval_{n}.records.jsonl") for n in ("warm_start", "final"))
         warm, final = (json.loads((run / f"eval_{n}.json").read_text()) for n in ("warm_start", "final"))
-        row = {"seed": seed, "steps": len(metrics(run)), "n_prompts": final["n_prompts"],
+        row = {"seed": seed, "steps": len(read_metrics(run)), "n_prompts": final["n_prompts"],
                "n_samples": final["n_samples"], "warm": warm["mean_score"], "warm_se": warm["mean_score_stderr"],
                "final": final["mean_score"], "final_se": final["mean_score_stderr"], "warm_greedy": warm["greedy"],
                "final_greedy": final["greedy"], "warm_len": warm["mean_response_len"],
@@ -167,7 +150,7 @@ def plot(grpo: dict[int, Path], summary: dict, out: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     for ax, (key, title) in zip(axes.flat, CURVES):
         for seed, run in sorted(grpo.items()):
-            ys = [(r.get("step", i), r[key]) for i, r in enumerate(metrics(run)) if key in r]
+            ys = [(r.get("step", i), r[key]) for i, r in enumerate(read_metrics(run)) if key in r]
             if ys:
                 ax.plot(*zip(*ys), label=f"seed {seed}")
         ax.set_title(title)
@@ -203,9 +186,9 @@ def main() -> None:
     if not grpo:
         raise SystemExit(f"{args.runs}: no finished grpo_s<seed>-<stamp>/ run (eval_final.json) yet")
     for seed, run in grpo.items():
-        keep(run, args.out / "runs" / f"grpo_s{seed}")
+        keep_run_files(run, args.out / "runs" / f"grpo_s{seed}")
     for (seed, t), run in sharpen.items():
-        keep(run, args.out / "runs" / f"sharpen_s{seed}_T{t}")
+        keep_run_files(run, args.out / "runs" / f"sharpen_s{seed}_T{t}")
     summary = summarise(grpo, sharpen)
     (args.out / "table.json").write_text(json.dumps(summary, indent=1))
     md = markdown(summary)

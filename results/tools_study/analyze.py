@@ -15,17 +15,16 @@ standard error, is the uncertainty of a claim about the recipe.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: slime_ext
-from slime_ext.studies import ci_text, paired_over_prompts, per_prompt_scores, read_records, t_interval  # noqa: E402
+from slime_ext.studies import (ci_text, keep_run_files, paired_over_prompts, per_prompt_scores,  # noqa: E402
+                               read_metrics, read_records, t_interval)
 
 ARMS = ("tools", "notools")
 KEPT = ("config.yaml", "summary.json", "metrics.jsonl", "eval_warm_start.json", "eval_final.json", "final_table.md")
@@ -41,20 +40,6 @@ def find_runs(runs: Path) -> dict[tuple[str, int], Path]:
         if m and (d / "eval_final.json").is_file():
             found[(m.group(1), int(m.group(2)))] = d  # the latest complete run of an arm and seed
     return found
-
-
-def keep(run: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in KEPT:
-        if (run / name).is_file():
-            shutil.copyfile(run / name, dest / name)
-    for rec in run.glob("eval_*.records.jsonl"):
-        with open(rec, "rb") as src, gzip.open(dest / (rec.name + ".gz"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def last_mean(rows: list[dict], key: str, n: int = 5) -> float | None:
@@ -76,10 +61,10 @@ def main() -> None:
     per_seed, rows_md = [], []
     evals: dict[tuple[str, int], dict] = {}
     for (arm, seed), run in sorted(runs.items()):
-        keep(run, args.out / "runs" / f"{arm}_s{seed}")
+        keep_run_files(run, args.out / "runs" / f"{arm}_s{seed}", KEPT)
         final, warm = (json.loads((run / f"eval_{n}.json").read_text()) for n in ("final", "warm_start"))
         rm = final["meta"]["response_metrics"]
-        m = metrics(run)
+        m = read_metrics(run)
         evals[(arm, seed)] = {"final": per_prompt_scores(read_records(run / "eval_final.records.jsonl")),
                               "warm": per_prompt_scores(read_records(run / "eval_warm_start.records.jsonl"))}
         row = {"arm": arm, "seed": seed, "warm_accuracy": warm["mean_score"], "final_accuracy": final["mean_score"],
@@ -148,7 +133,7 @@ def plot(runs: dict[tuple[str, int], Path], path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     for ax, (key, title) in zip(axes.flat, MECHANISM):
         for (arm, seed), run in sorted(runs.items()):
-            m = metrics(run)
+            m = read_metrics(run)
             ys = [(r.get("step", i), r[key]) for i, r in enumerate(m) if key in r]
             if ys:
                 ax.plot(*zip(*ys), color="tab:blue" if arm == "tools" else "tab:orange",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_records", "per_prompt_scores", "level_key", "per_level_table"]
+__all__ = ["RUN_FILES", "read_records", "read_metrics", "per_prompt_scores", "level_key", "per_level_table",
+           "keep_run_files"]
 
 
 def read_records(path: Path | str) -> list[dict]:
@@ -52,3 +54,27 @@ def per_level_table(records: list[dict]) -> list[dict]:
                      "mean_len": float(lengths.mean()), "max_len": int(lengths.max()),
                      "truncated": float(np.mean([f == "length" for r in rs for f in r["finish_reasons"]]))})
     return rows
+
+
+# What a study keeps of a run directory: small files; per-prompt records go in gzipped (checkpoints do not).
+RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "eval_warm_start.json", "eval_final.json",
+             "eval_sft.json", "final_table.md")
+
+
+def read_metrics(run: Path | str) -> list[dict]:
+    """A run's `metrics.jsonl`, one dict per RL step."""
+    text = (Path(run) / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def keep_run_files(run: Path | str, dest: Path | str, names: tuple[str, ...] = RUN_FILES) -> None:
+    """Copy a run's small files (`names`, those that exist) and its evaluation records, gzipped, into `dest`:
+    what a study commits under `results/`."""
+    run, dest = Path(run), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (run / name).is_file():
+            shutil.copyfile(run / name, dest / name)
+    for rec in run.glob("eval_*.records.jsonl"):
+        with open(rec, "rb") as src, gzip.open(dest / (rec.name + ".gz"), "wb") as dst:
+            shutil.copyfileobj(src, dst)

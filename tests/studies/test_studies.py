@@ -65,3 +65,19 @@ def test_per_level_table_from_gzipped_records(tmp_path):
     assert v2["mean@1_se"] == pytest.approx(0.25)  # per-prompt 1.0 and 0.5: sd 0.3536 / sqrt 2
     assert (v2["mean_len"], v2["max_len"], v2["truncated"]) == (55.0, 70, 0.0)
     assert (v10["level"], v10["mean@1"], v10["mean@1_se"], v10["truncated"]) == ("V10", 0.5, None, 0.5)
+
+
+def test_keep_run_files_copies_small_files_and_gzips_records(tmp_path):
+    from slime_ext.studies import keep_run_files, read_metrics
+
+    run = tmp_path / "run"
+    (run / "hf").mkdir(parents=True)
+    (run / "hf" / "model.safetensors").write_bytes(b"x" * 10)
+    (run / "config.yaml").write_text("a: 1\n")
+    (run / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5}\n\n{"step": 1, "reward/mean": 0.75}\n')
+    (run / "eval_final.records.jsonl").write_text('{"prompt_id": "p", "scores": [1, 0]}\n')
+    keep_run_files(run, tmp_path / "kept")
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert kept == ["config.yaml", "eval_final.records.jsonl.gz", "metrics.jsonl"]  # no checkpoint, no hf/
+    assert read_records(tmp_path / "kept" / "eval_final.records.jsonl.gz") == [{"prompt_id": "p", "scores": [1, 0]}]
+    assert [m["reward/mean"] for m in read_metrics(tmp_path / "kept")] == [0.5, 0.75]
