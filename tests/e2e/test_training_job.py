@@ -253,7 +253,8 @@ def _wait_for_steps(runs: Path, n: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError(f"no {n} steps within {timeout} s")
 
 
-LONG_RUN = ["sft.steps=2", "train.steps=200", "run.stages=[data,tokenizer,sft,rl]"]
+# 3 SFT steps, as the other tiny GRPO jobs (test_multinode, DUET and DAPO): one warm start in `job_cache` for all
+LONG_RUN = ["sft.steps=3", "train.steps=200", "run.stages=[data,tokenizer,sft,rl]"]
 
 
 @pytest.mark.timeout(600)
