@@ -154,6 +154,27 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
+def _trim_heap(_self: Any = None) -> None:
+    """glibc `malloc_trim(0)` in this process (a no-op elsewhere)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def trim_heaps(workers: Any) -> None:
+    """Every rank's and the driver's heap trimmed before a sync is measured: the start level is then live
+    memory, not what the train step left in the heap, for the code before and after alike (a trimmed heap
+    cannot hide the sync's own transients under memory the heap kept from the step)."""
+    import ray
+
+    _trim_heap()
+    ray.get([w.__ray_call__.remote(_trim_heap) for w in workers])
+
+
 class DriverBytes:
     """Counts weight bytes in every object `ray.get` hands the driver while active."""
 
@@ -233,6 +254,7 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
             for r in range(repeats + 1):  # the first is the warm-up (group setup, first dense delta)
                 group.first("train_step", batch, "grpo")
                 version += 1
+                trim_heaps(group.workers)
                 with Sampler(pids) as mem, DriverBytes() as into_driver:
                     t0 = time.perf_counter()
                     if new_api:

@@ -50,6 +50,28 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 # -- memory and addresses ------------------------------------------------------------------------
+_LIBC: Any = None
+
+
+def return_freed_memory() -> None:
+    """Give the C heap's free pages back to the OS (glibc `malloc_trim`; a no-op elsewhere). Why: tensors
+    under glibc's mmap threshold live in the heap, which keeps what they freed; without a trim between
+    buckets a push's resident memory ratchets up to the heap's high-water mark across buckets (measured: a
+    sender's first sync grew 2x its two buckets), and an OOM killer reads resident memory, not live bytes."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 - glibc only
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
 def rss_bytes() -> int:
     import psutil
 

@@ -28,8 +28,9 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
     as it comes, so no process holds more than its shard plus a bucket in flight. Returns the sender's
     counts with its peak RSS growth and shard size (None on the other ranks)."""
     from megatron_glue.weight_export import is_bucket_sender, iter_hf_weight_buckets, sender_key
-    from slime_ext.engine.weight_sync import PeakRSS
+    from slime_ext.engine.weight_sync import PeakRSS, return_freed_memory
 
+    return_freed_memory()  # the start level counts live memory, not what earlier steps left in the heap
     with PeakRSS() as peak:
         sending = is_bucket_sender()
         sender = target.open(sender_key()) if sending else None
@@ -42,6 +43,7 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
                 peak.phase = "send"
                 sender.send(bucket)
             del bucket
+            return_freed_memory()
             peak.phase = "gather"
         peak.phase = "send"
         stats = sender.close() if sender is not None else None

@@ -238,3 +238,23 @@ def test_peak_rss_attributes_a_peak_to_its_phase_and_senders_merge_by_the_larges
                           {"peak_rss_growth": 5 << 20, "bytes_sent": 20, "seconds": 2.0}, None])
     assert merged["peak_rss_growth"] == 5 << 20 and merged["bytes_sent"] == 30 and merged["seconds"] == 2.0
     assert sync_metrics(merged)["memory/sync_sender_growth_mib"] == 5.0
+
+
+def test_return_freed_memory_gives_back_heap_pages_that_free_keeps():
+    """Tensors under glibc's mmap threshold live in the heap; freeing them between live small blocks leaves
+    the pages resident (the premise), and the trim a weight push runs between buckets returns them."""
+    from slime_ext.engine.weight_sync import return_freed_memory, rss_bytes
+
+    return_freed_memory()
+    base = rss_bytes()
+    held = []
+    for _ in range(3200):  # 200 MiB of 64 KiB tensors, each followed by a small one that stays alive
+        held += [torch.ones(16 * 1024), torch.ones(16)]
+    kept = held[1::2]
+    del held
+    after_free = rss_bytes() - base
+    return_freed_memory()
+    after_trim = rss_bytes() - base
+    assert len(kept) == 3200
+    assert after_free > 150 * 2**20, after_free  # free() alone kept the pages
+    assert after_trim < 50 * 2**20, after_trim
