@@ -6,7 +6,7 @@
 set -euo pipefail
 OUT="${OUT:-results/tools_study/runs}"
 SEEDS="${SEEDS:-0 1 2}"
-COMMON=(sft.seed=0 rollout.prompts_per_step=32 train.steps=30 eval.every=15 eval.n_prompts=1024
+COMMON=(sft.seed=0 rollout.prompts_per_step=32 train.steps=30 eval.n_prompts=1024
         data.synthetic.n_eval=1024 run.output_dir="$OUT")
 for s in $SEEDS; do
   for arm in tools notools; do

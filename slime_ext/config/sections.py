@@ -505,7 +505,8 @@ class GRPOConfig(Section):
 
 
 class EvalConfig(Section):
-    every: int = Field(25, ge=1)
+    # null: the warm start and the final weights only; N: also after every N RL steps (eval_step<N>.json)
+    every: Optional[int] = Field(None, ge=1)
     n_prompts: int = Field(512, ge=1)
     n_samples: int = Field(4, ge=1)
     k: list[int] = Field(default_factory=lambda: [1, 4])
@@ -689,6 +690,19 @@ class CoreConfig(Section):
                 "trainer trains, so the next rollout cannot run beside it; set cluster.colocate=false (engines on "
                 "their own GPUs) or rollout.off_policy_steps=0",
                 ("rollout.off_policy_steps", "cluster.colocate", "cluster.gpus_per_node"),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_periodic_eval(self) -> "CoreConfig":
+        """An evaluation between steps needs the engine to itself: off-policy, the next rollout is already
+        generating on it when a step ends, so the evaluation would share it and wait for it."""
+        if self.eval.every is not None and self.rollout.off_policy_steps:
+            raise ConfigCheckError(
+                f"eval.every = {self.eval.every} with rollout.off_policy_steps = {self.rollout.off_policy_steps}: "
+                "an evaluation between steps would share the engines with the next rollout already in flight; set "
+                "eval.every=null (evaluate the checkpoints instead) or rollout.off_policy_steps=0",
+                ("eval.every", "rollout.off_policy_steps"),
             )
         return self
 

@@ -244,6 +244,7 @@ class TrainingJob:
         self.peak_gib: Optional[float] = None  # GiB; None until a step measured it (or a resumed run's rows did)
         self.sft_report: Optional[LoadReport] = None  # set when the SFT rows are built
         self._method: Optional[Method] = build_run_method(config, tokenizer)  # None while the manager holds it
+        self._eval_hooks: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
         self.method_name = self._method.name
         self.actors = actor_groups(config)
 
@@ -349,18 +350,28 @@ class TrainingJob:
 
         cached = self.run_dir / f"eval_{name}.json"
         rows = self.eval_rows[: self.cfg.eval.n_prompts]
-        options = self.method.eval_options()
+        options, tools = self._evaluation_hooks()
         if self.cfg.rollout.env is not None:  # every request an episode, as in the RL rollouts
             from slime_ext.envs.episode_engine import episode_evaluation
             from slime_ext.evaluation import request_row
 
             engine, options = episode_evaluation(engine, self.cfg.rollout, self.tokenizer,
-                                                 lambda rid: rows[request_row(rid)], options, self.method.env_tools())
+                                                 lambda rid: rows[request_row(rid)], options, tools)
         report = evaluate(engine, self.tokenizer, rows, self.cfg.eval, reward_type=self.cfg.reward.type,
                           template=self.cfg.data.template, max_new_tokens=self.cfg.rollout.max_response_len,
                           seed=self.cfg.run.seed, progress=True, **options)
         save_report(report, cached)  # aggregates + per-prompt records (eval_<name>.records.jsonl)
         return report
+
+    def _evaluation_hooks(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The method's evaluation options and environment tools, taken while the driver holds the method and
+        kept: they come from its config (sampler specs, a projection, response metrics), so the evaluations
+        between RL steps (`eval.every`), while the rollout manager holds the method, use the same ones."""
+        if self._method is not None:
+            self._eval_hooks = (self._method.eval_options(), self._method.env_tools())
+        if self._eval_hooks is None:
+            raise RuntimeError("evaluation before the method's hooks were taken")
+        return self._eval_hooks
 
     def evaluate_checkpoint(self, hf_dir: Path, name: str) -> Any:
         """Evaluate an HF checkpoint in this process (SFT-only runs have no engine actor)."""
@@ -432,6 +443,7 @@ class TrainingJob:
         """The rollout manager (in this process or as an actor) and its actor handle (None in-process). The
         method moves to it: `self.method` is None until the manager's `release_method` hands it back."""
         cfg = self.cfg
+        self._evaluation_hooks()  # kept for the evaluations between steps
         method, self._method = self.method, None
         if cfg.rollout.manager != "actor":
             return RolloutManager(cfg, self.train_rows, self.tokenizer, engine, method=method), None
@@ -490,7 +502,12 @@ class TrainingJob:
                     manager.evaluate_after_step(row, self.run_dir)  # where the method lives, with its engine
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",
                                 tok_s=f"{row['perf/tokens_per_s']:.0f}")
-                if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.train.steps:
+                done = step + 1
+                if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
+                    # before the checkpoint: a run killed during it redoes the step and then this evaluation
+                    with self._stopping(f"the evaluation after step {step}", ckpt_dir):
+                        self.evaluate(engine, f"step{done}")
+                if done % cfg.run.save_every == 0 or done == cfg.train.steps:
                     with self._stopping(f"the checkpoint save after step {step}", ckpt_dir):
                         group.call("save", str(ckpt_dir), {"step": step + 1, "manager": manager.state_dict()})
                     _prune_checkpoints(ckpt_dir)

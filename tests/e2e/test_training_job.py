@@ -174,8 +174,16 @@ def test_sxs_sft_then_rl_jobs(tmp_path, job_cache, shared_ray):
     (sft_dir,) = (tmp_path / "sft").iterdir()
     report = json.loads((sft_dir / "eval_sft.json").read_text())
     assert set(report["meta"]["response_metrics"]) >= {"ari", "abo", "airw", "think_blocks", "first_disclosure"}
-    assert main([str(CONFIGS / "sxs_rl.yaml"), f"run.output_dir={tmp_path / 'rl'}", *common, "train.steps=2"]) == 0
+    assert main([str(CONFIGS / "sxs_rl.yaml"), f"run.output_dir={tmp_path / 'rl'}", *common, "train.steps=2",
+                 "eval.every=1"]) == 0
     (rl_dir,) = (tmp_path / "rl").iterdir()
+    # eval.every=1 of 2 steps: one evaluation between the steps, with the method's hooks (scored on the visible
+    # answer, latency metrics) although the rollout manager actor held the method then; none again at step 2
+    assert sorted(p.name for p in rl_dir.glob("eval_*.json")) == ["eval_final.json", "eval_step1.json",
+                                                                 "eval_warm_start.json"]
+    between = json.loads((rl_dir / "eval_step1.json").read_text())
+    assert set(between["meta"]["response_metrics"]) >= {"airw", "think_blocks"}
+    assert len((rl_dir / "eval_step1.records.jsonl").read_text().splitlines()) == 8  # eval.n_prompts
     for m in read_metrics(rl_dir):
         assert m["sxs/think_blocks"] >= 0 and m["sxs/shaped_groups"] == 0.0  # sxs_rl.yaml: no QP shaping
         dropped = m["sxs/dropped_groups"] * 4  # a share of the step's 4 prompt groups
