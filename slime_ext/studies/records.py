@@ -75,6 +75,8 @@ def keep_run_files(run: Path | str, dest: Path | str, names: tuple[str, ...] = R
     for name in names:
         if (run / name).is_file():
             shutil.copyfile(run / name, dest / name)
+    for report in run.glob("eval_step*.json"):  # the evaluations between steps (eval.every)
+        shutil.copyfile(report, dest / report.name)
     for rec in run.glob("eval_*.records.jsonl"):
         with open(rec, "rb") as src, gzip.open(dest / (rec.name + ".gz"), "wb") as dst:
             shutil.copyfileobj(src, dst)

@@ -76,8 +76,10 @@ def test_keep_run_files_copies_small_files_and_gzips_records(tmp_path):
     (run / "config.yaml").write_text("a: 1\n")
     (run / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5}\n\n{"step": 1, "reward/mean": 0.75}\n')
     (run / "eval_final.records.jsonl").write_text('{"prompt_id": "p", "scores": [1, 0]}\n')
+    (run / "eval_step20.json").write_text('{"mean@4": 0.5}')  # between steps (eval.every)
+    (run / "eval_other.json").write_text('{}')  # not a report the runner writes: not kept
     keep_run_files(run, tmp_path / "kept")
     kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
-    assert kept == ["config.yaml", "eval_final.records.jsonl.gz", "metrics.jsonl"]  # no checkpoint, no hf/
+    assert kept == ["config.yaml", "eval_final.records.jsonl.gz", "eval_step20.json", "metrics.jsonl"]  # no hf/
     assert read_records(tmp_path / "kept" / "eval_final.records.jsonl.gz") == [{"prompt_id": "p", "scores": [1, 0]}]
     assert [m["reward/mean"] for m in read_metrics(tmp_path / "kept")] == [0.5, 0.75]
