@@ -155,7 +155,8 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def _trim_heap(_self: Any = None) -> None:
-    """glibc `malloc_trim(0)` in this process (a no-op elsewhere)."""
+    """glibc `malloc_trim(0)` in this process (a no-op elsewhere). Not `weight_sync.return_freed_memory`: the
+    "before" column imports a checkout (`--src`) that lacks it, and both columns must be measured alike."""
     import ctypes
     import ctypes.util
 

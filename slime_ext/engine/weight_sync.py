@@ -356,14 +356,12 @@ class _DiskWire:
         self.count = 0
 
     def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
-        self.send([(n, t.contiguous()) for n, t in converted(bucket, dtype)])
-
-    def send(self, named: NamedTensors) -> None:
         from safetensors.torch import save_file
 
+        named = [(n, t.contiguous().cpu()) for n, t in converted(bucket, dtype)]
         fname = f"model-{self.key}-{self.count:05d}.safetensors"
         tmp = self.directory / f".{fname}.tmp"
-        save_file({n: t.cpu() for n, t in named}, str(tmp), metadata={"format": "pt"})
+        save_file(dict(named), str(tmp), metadata={"format": "pt"})
         tmp.replace(self.directory / fname)  # a reader never sees half a file
         self.weight_map.update({n: fname for n, _ in named})
         self.count += 1

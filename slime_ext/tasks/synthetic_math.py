@@ -345,7 +345,7 @@ def generate_dataset(
     recheck_share: float = DEFAULT_RECHECK_SHARE,
     level_weights: Sequence[float] | None = None,
 ) -> list[dict]:
-    """``n`` rows interleaving ``level_names`` round-robin, deterministic in all args.
+    """``n`` rows interleaving ``level_names`` (round-robin unless ``level_weights``), deterministic in all args.
 
     Prompts are unique within a split. For any split that is not held out, the
     first ``heldout_reserve`` rows per level of every held-out split (same seed)
