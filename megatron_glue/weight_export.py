@@ -10,7 +10,7 @@ whole model. Memory stays bounded by the bucket size, not the model size.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -55,13 +55,71 @@ def _bucket_tensor(tensor: torch.Tensor, gathered: bool, to_host: bool) -> torch
     return tensor.to(device, copy=True).contiguous()
 
 
-def _add_pieces(bucket: Bucket, pieces: list[tuple[str, torch.Tensor]], gathered: bool, to_host: bool) -> int:
-    """Appends one full tensor's HF pieces to the bucket; returns their bytes."""
+def _add_pieces(bucket: Bucket, pieces: list[tuple[str, torch.Tensor]], gathered: bool, to_host: bool,
+                alias: bool = False) -> int:
+    """Appends one full tensor's HF pieces to the bucket; returns their bytes. `alias`: pieces of a tensor
+    nobody changes while the bucket lives (a delta sender's held copy) go in as they are, on their device."""
     added = 0
     for hf_name, piece in pieces:
-        bucket.append((hf_name, _bucket_tensor(piece, gathered, to_host)))
+        if alias:
+            bucket.append((hf_name, piece.detach().to("cpu") if to_host else piece.detach()))
+        else:
+            bucket.append((hf_name, _bucket_tensor(piece, gathered, to_host)))
         added += piece.numel() * piece.element_size()
     return added
+
+
+def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Tensor]], bucket_bytes: int,
+                  to_host: bool, collect: bool) -> Iterator[list[Bucket]]:
+    """One bucket per source for each stretch of parameters: every source is a state dict in this rank's
+    local names (the trainer's own, or a copy of it), gathered and converted the same way, so the buckets
+    hold the same HF names in the same order. Sizes are counted on the first source."""
+    sizes = trainer.sizes
+    ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
+    buckets: list[Bucket] = [[] for _ in sources]
+    filled = 0
+    for param in rank_parameters(trainer.hf_config, ep_rank, sizes.ep, pp_rank, sizes.pp):
+        if param.expert_slot is None:
+            tp_group, ways = mpu.get_tensor_model_parallel_group(), sizes.tp
+        else:  # experts are split over the expert-TP group (1: whole on every TP rank)
+            tp_group, ways = mpu.get_expert_tensor_parallel_group(), sizes.expert_tp
+        joined = param.tp_split and ways > 1
+        spread = param.expert_slot is not None and sizes.ep > 1
+        first = sources[0][param.local_name]
+        incoming = first.numel() * first.element_size() * (ways if joined else 1) * (sizes.ep if spread else 1)
+        del first
+        if collect and buckets[0] and filled + incoming > bucket_bytes:
+            yield buckets
+            buckets, filled = [[] for _ in sources], 0
+        for i, source in enumerate(sources):
+            tensor = source[param.local_name].detach()
+            if joined:
+                parts = _all_gather(tensor, tp_group, ways)
+                # a rank that sends nothing needs the joined tensor only as its part of an expert gather
+                tensor = tp_join(param.full_name, parts, trainer.hf_config) if collect or spread else parts[0]
+                del parts
+            if spread:
+                owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
+                named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t)
+                         for r, t in enumerate(owners)]
+                del owners
+            else:
+                named = [(param.full_name, tensor)]
+            del tensor
+            if not collect:
+                continue
+            named.reverse()
+            while named:  # each gathered tensor is dropped once its pieces are in the bucket
+                full_name, full = named.pop()
+                added = _add_pieces(buckets[i], megatron_param_to_hf(full_name, full, trainer.hf_config),
+                                    joined or spread, to_host, alias=i > 0)
+                filled += added if i == 0 else 0
+                del full
+        if filled >= bucket_bytes:
+            yield buckets
+            buckets, filled = [[] for _ in sources], 0
+    if buckets[0]:
+        yield buckets
 
 
 def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20,
@@ -75,48 +133,32 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
     A bucket is handed out *before* the gather of the tensor that would overflow it, so while the consumer
     sends it the generator holds no gathered tensor: the sender's peak is one bucket plus what sending it
     takes, never a bucket plus a gathered tensor plus its copy."""
-    sizes = trainer.sizes
-    ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
-    local = trainer.local_state_dict()
-    bucket: Bucket = []
-    filled = 0
-    for param in rank_parameters(trainer.hf_config, ep_rank, sizes.ep, pp_rank, sizes.pp):
-        tensor = local[param.local_name].detach()
-        if param.expert_slot is None:
-            tp_group, ways = mpu.get_tensor_model_parallel_group(), sizes.tp
-        else:  # experts are split over the expert-TP group (1: whole on every TP rank)
-            tp_group, ways = mpu.get_expert_tensor_parallel_group(), sizes.expert_tp
-        joined = param.tp_split and ways > 1
-        spread = param.expert_slot is not None and sizes.ep > 1
-        incoming = tensor.numel() * tensor.element_size() * (ways if joined else 1) * (sizes.ep if spread else 1)
-        if collect and bucket and filled + incoming > bucket_bytes:
-            yield bucket
-            bucket, filled = [], 0
-        if joined:
-            parts = _all_gather(tensor, tp_group, ways)
-            # a rank that sends nothing needs the joined tensor only as its part of an expert gather
-            tensor = tp_join(param.full_name, parts, trainer.hf_config) if collect or spread else parts[0]
-            del parts
-        if spread:
-            owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
-            named = [(expert_full_name(param.full_name, trainer.hf_config, r, sizes.ep), t) for r, t in enumerate(owners)]
-            del owners
-        else:
-            named = [(param.full_name, tensor)]
-        del tensor
-        if not collect:
-            continue
-        named.reverse()
-        while named:  # each gathered tensor is dropped once its pieces are in the bucket
-            full_name, full = named.pop()
-            filled += _add_pieces(bucket, megatron_param_to_hf(full_name, full, trainer.hf_config), joined or spread,
-                                  to_host)
-            del full
-        if filled >= bucket_bytes:
-            yield bucket
-            bucket, filled = [], 0
-    if bucket:
+    for (bucket,) in _iter_buckets(trainer, [trainer.local_state_dict()], bucket_bytes, to_host, collect):
         yield bucket
+
+
+def iter_hf_weight_bucket_pairs(trainer: MegatronTrainer, held: Mapping[str, torch.Tensor],
+                                bucket_bytes: int = 512 << 20, to_host: bool = True,
+                                collect: bool = True) -> Iterator[tuple[Bucket, Bucket]]:
+    """As `iter_hf_weight_buckets`, each bucket paired with the same HF pieces of `held`: this rank's copy
+    of what the engines hold of its own shard (local names, the engines' dtype), gathered the same way. Why:
+    a delta sender needs the engines' values only for the bucket in hand, so each rank keeps a copy of its
+    own shard and the sender never holds a copy of the whole stage. Collective like the other."""
+    for bucket, before in _iter_buckets(trainer, [trainer.local_state_dict(), held], bucket_bytes, to_host,
+                                        collect):
+        yield bucket, before
+
+
+def all_ranks_agree(flag: bool) -> bool:
+    """True when `flag` is true on every rank of the trainer (one all-reduce; the flag itself without a
+    process group): ranks that walk their buckets together must take the same branch."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    if dist.get_backend() == "nccl":
+        value = value.cuda()
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
 
 
 def export_hf_state_dict(trainer: MegatronTrainer) -> dict[str, torch.Tensor]:

@@ -40,6 +40,7 @@ import torch
 
 from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
+from slime_ext.engine.held_weights import forget_held_weights, held_weights
 
 log = logging.getLogger(__name__)
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -146,7 +147,6 @@ def on_all_engines(clients: Sequence[Any], what: str, call: Callable[[int, Any],
 # -- what a sender keeps between syncs (per trainer-rank process) --------------------------------
 @dataclass
 class _SenderMemory:
-    previous: dict[str, torch.Tensor] = field(default_factory=dict)  # what the engines hold (delta)
     groups: dict[tuple, "DistributedGroup"] = field(default_factory=dict)
 
 
@@ -159,11 +159,13 @@ def _memory(key: str) -> _SenderMemory:
 
 
 def forget_sender_state() -> None:
-    """Drop every sender's delta copy and groups (tests; a trainer that reloads its weights)."""
+    """Drop every sender's groups and this process's delta copies (tests; a trainer that reloads its
+    weights)."""
     for memory in _MEMORY.values():
         for group in memory.groups.values():
             group.destroy()
     _MEMORY.clear()
+    forget_held_weights()
 
 
 # -- targets (driver side, picklable) ------------------------------------------------------------
@@ -176,6 +178,7 @@ class EmbeddedTarget:
     delta: bool = False
     kind: str = "embedded"
     identity: str = "embedded"
+    carries_deltas: bool = True  # payloads carry sparse deltas
 
     def open(self, key: str) -> "Sender":
         return Sender(self, key, _EmbeddedWire(self.handle))
@@ -198,6 +201,11 @@ class ServerTarget:
     @property
     def identity(self) -> str:
         return f"{self.kind}:{','.join(self.urls)}"
+
+    @property
+    def carries_deltas(self) -> bool:
+        """Only `/update_weights_from_tensor` payloads carry sparse deltas (disk and NCCL send dense)."""
+        return self.kind == "tensor"
 
     def clients(self) -> list[Any]:
         from slime_ext.engine.sglang_client import SGLangEngineClient
@@ -248,18 +256,18 @@ class Sender:
         self.dtype = getattr(torch, target.engine_dtype) if target.engine_dtype else None  # None: as trained
         self.memory = _memory(f"{key}|{target.identity}")
         self.delta = bool(target.delta) and wire.payloads
-        if not self.delta:
-            self.memory.previous.clear()
         self.stats = {"tensors": 0, "elements": 0, "changed": 0, "bytes_full": 0, "bytes_sent": 0, "buckets": 0,
                       "payloads": 0, "seconds": 0.0}
         self.t0 = time.perf_counter()
 
-    def send(self, bucket: NamedTensors) -> None:
+    def send(self, bucket: NamedTensors, before: Optional[NamedTensors] = None) -> None:
         """Takes the bucket's tensors out of the list as it converts them, so each source tensor is freed as
         soon as its engine-dtype copy exists (the caller's list is empty afterwards). Payload wires get the
         bucket in parts of about a quarter of its engine-dtype bytes, each tensor converted and encoded only
         when its part is built: the sender never holds a whole converted bucket plus its whole payload (plus
-        the transport's copy of it) on top of the gathered bucket."""
+        the transport's copy of it) on top of the gathered bucket. `before`: what the engines hold of the
+        bucket's tensors, in their dtype (`held_weights`); with delta sync on, a tensor found there is sent
+        as its changed elements, any other dense."""
         elements = sum(t.numel() for _, t in bucket)
         full = sum(t.numel() * (self.dtype or t.dtype).itemsize for _, t in bucket)
         self.stats["buckets"] += 1
@@ -272,15 +280,14 @@ class Sender:
             self.wire.send_bucket(bucket, self.dtype)
             return
         part_bytes = max(1, full // PAYLOAD_PARTS)
-        fresh = self._reserve_previous(bucket) if self.delta else {}
+        held = dict(before) if self.delta and before else {}
+        if before:
+            before.clear()
         payload: NamedTensors = []
         pending = 0
         for name, value in converted(bucket, self.dtype):
-            previous = None if name in fresh else self.memory.previous.get(name) if self.delta else None
-            entries, changed = weight_payload.encode(name, value, previous)
+            entries, changed = weight_payload.encode(name, value, held.pop(name, None))
             self.stats["changed"] += changed
-            if self.delta:  # what the engines hold once this part is applied
-                self.memory.previous[name].copy_(value)
             del value
             payload += entries
             pending += weight_payload.payload_bytes(entries)
@@ -290,26 +297,6 @@ class Sender:
                 payload, pending = [], 0
         if payload:
             self._send_payload(payload)
-
-    def _reserve_previous(self, bucket: NamedTensors) -> set[str]:
-        """Room for the delta copies of the bucket's tensors the engines' values are not known for yet (the
-        first sync, a changed shape or dtype): one flat buffer per dtype, each tensor a view into it. Why: a
-        copy per tensor puts thousands of long-lived small blocks between the sync's transient buffers in the
-        allocator's heap, which then cannot give the freed memory back (measured: a sender grew 1.1-1.5 GiB
-        in the first delta syncs at 556M, against about one bucket later). Returns the names reserved."""
-        wanted: dict[torch.dtype, list[tuple[str, torch.Size]]] = {}
-        for name, tensor in bucket:
-            dtype = self.dtype or tensor.dtype
-            held = self.memory.previous.get(name)
-            if held is None or held.shape != tensor.shape or held.dtype != dtype:
-                wanted.setdefault(dtype, []).append((name, tensor.shape))
-        for dtype, items in wanted.items():
-            flat = torch.empty(sum(shape.numel() for _, shape in items), dtype=dtype)
-            at = 0
-            for name, shape in items:
-                self.memory.previous[name] = flat[at:at + shape.numel()].view(shape)
-                at += shape.numel()
-        return {name for items in wanted.values() for name, _ in items}
 
     def _send_payload(self, payload: NamedTensors) -> None:
         self.stats["bytes_sent"] += weight_payload.payload_bytes(payload)
@@ -525,10 +512,16 @@ class LocalWeightSource:
             yield bucket
 
     def push_weights(self, target: Any, version: Any = None, expect_version: Any = None) -> list[dict]:
+        named = dict(self.named)
+        held = held_weights(target, self.key)
+        known = held is not None and held.matches(named)
         sender = target.open(self.key)
         for bucket in self.buckets():
-            sender.send(bucket)
-        return [sender.close()]
+            sender.send(bucket, [(n, held.values[n]) for n, _ in bucket] if known else None)
+        stats = sender.close()
+        if held is not None:  # what the engines hold now
+            held.record(named)
+        return [stats]
 
 
 def merge_stats(parts: Sequence[Optional[dict]]) -> dict:
@@ -557,6 +550,8 @@ def sync_metrics(stats: dict) -> dict[str, float]:
             out[f"memory/sync_{key.replace('peak_rss_', 'sender_')}_mib"] = stats[key] / 2**20
     if stats.get("elements") and stats.get("delta"):  # what the delta found changed (dense paths send all)
         out["sync/changed_share"] = stats.get("changed", 0) / stats["elements"]
+    if stats.get("held_bytes"):  # the senders' copies of what the engines hold (delta), kept between syncs
+        out["memory/sync_held_mib"] = stats["held_bytes"] / 2**20
     return out
 
 

@@ -25,12 +25,19 @@ from slime_ext.orchestration.placement import ActorGroup, Placement, ray_options
 def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> Optional[dict]:
     """One rank's part of a weight push. Every rank walks its buckets (the TP / expert gathers are
     collective); the stage's sender rank hands each bucket to `target.open(...)` (an engine or a directory)
-    as it comes, so no process holds more than its shard plus a bucket in flight. Returns the sender's
-    counts with its peak RSS growth and shard size (None on the other ranks)."""
-    from megatron_glue.weight_export import is_bucket_sender, iter_hf_weight_buckets, sender_key
+    as it comes, so no process holds more than its shard plus a bucket in flight. With delta sync every rank
+    keeps what the engines hold of its own shard (`held_weights`) and gathers it beside its weights, so the
+    sender compares bucket by bucket. Returns the sender's counts with its peak RSS growth and shard size
+    (None on the other ranks)."""
+    from megatron_glue.weight_export import (all_ranks_agree, is_bucket_sender, iter_hf_weight_bucket_pairs,
+                                             iter_hf_weight_buckets, sender_key)
+    from slime_ext.engine.held_weights import held_weights
     from slime_ext.engine.weight_sync import PeakRSS, return_freed_memory
 
     return_freed_memory()  # the start level counts live memory, not what earlier steps left in the heap
+    held = held_weights(target, sender_key())  # the same on every rank: one target, one config
+    # the branch is collective: every rank must hold its copy (a first delta sync has none: dense)
+    known = held is not None and all_ranks_agree(held.matches(trainer.local_state_dict()))
     with PeakRSS() as peak:
         sending = is_bucket_sender()
         sender = target.open(sender_key()) if sending else None
@@ -38,19 +45,28 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
         # are written from the host
         to_host = target.kind in ("disk", "embedded")
         peak.phase = "gather"
-        for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host, collect=sending):
+        if known:
+            pairs = iter_hf_weight_bucket_pairs(trainer, held.values, bucket_bytes, to_host=to_host,
+                                                collect=sending)
+        else:
+            pairs = ((bucket, None) for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host,
+                                                                         collect=sending))
+        for bucket, before in pairs:
             if sender is not None:
                 peak.phase = "send"
-                sender.send(bucket)
-            del bucket
+                sender.send(bucket, before)
+            del bucket, before
             return_freed_memory()
             peak.phase = "gather"
         peak.phase = "send"
         stats = sender.close() if sender is not None else None
+    if held is not None:  # what the engines hold now (a failed push stops the run before this)
+        held.record(trainer.local_state_dict())
     if stats is not None:
         shard = sum(t.numel() * t.element_size() for t in trainer.local_state_dict().values())
         stats.update(peak_rss_growth=peak.growth(), peak_rss_growth_gather=peak.growth("gather"),
-                     peak_rss_growth_send=peak.growth("send"), shard_bytes=shard)
+                     peak_rss_growth_send=peak.growth("send"), shard_bytes=shard,
+                     held_bytes=held.nbytes() if held is not None else 0)
     return stats
 
 

@@ -8,7 +8,8 @@ import torch
 
 from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
-from slime_ext.engine.weight_sync import EmbeddedTarget, LocalWeightSource, forget_sender_state, merge_stats
+from slime_ext.engine.held_weights import HeldWeights, held_weights
+from slime_ext.engine.weight_sync import EmbeddedTarget, LocalWeightSource, ServerTarget, forget_sender_state, merge_stats
 from tests.serving.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
 
 
@@ -95,6 +96,14 @@ def test_delta_sync_to_the_embedded_engine_lands_the_trainer_weights(model_dir):
     assert second["changed"] == 7 and second["bytes_sent"] == 7 * 8 + 8 * len(named)
     for name, value in moved:
         assert torch.equal(engine.parameter(name), value.float()), name
+    # a full sync (after an engine restart) drops the copy: the next delta sync knows nothing and is dense
+    LocalWeightSource(moved).push_weights(EmbeddedTarget(engine, "float32", delta=False))
+    third = merge_stats(LocalWeightSource(moved).push_weights(target))
+    assert third["changed"] == third["elements"]
+    assert held_weights(target, "local").nbytes() == 4 * third["elements"]
+    # only payloads carry deltas: disk and NCCL targets keep no copy
+    assert held_weights(ServerTarget("distributed", ["http://x"], delta=True), "pp0") is None
+    assert held_weights(ServerTarget("tensor", ["http://x"], delta=True), "pp0") is not None
     forget_sender_state()
 
 
@@ -133,22 +142,30 @@ def test_a_payload_wire_gets_each_bucket_in_parts_of_a_quarter_with_every_tensor
     for part in wire.sent:
         weight_payload.apply_payload(part, engine.__getitem__)
     assert all(torch.equal(engine[n], t.bfloat16()) for n, t in weights)
-    # the delta copies of a bucket are views into one buffer (not one allocation per tensor)
-    held = sender.memory.previous
-    assert len({held[n].untyped_storage().data_ptr() for n, _ in weights}) == 1
-    assert all(torch.equal(held[n], t.bfloat16()) for n, t in weights)
+    # what the engines hold, in their dtype, as a rank keeps it: views into one buffer (not one allocation
+    # per tensor)
+    held = HeldWeights(torch.bfloat16)
+    held.record(dict(weights))
+    assert len({held.values[n].untyped_storage().data_ptr() for n, _ in weights}) == 1
+    assert all(torch.equal(held.values[n], t.bfloat16()) for n, t in weights) and held.nbytes() == 16000
 
     moved = [(n, t.clone()) for n, t in weights]
     for i in (2, 5):
         moved[i][1][:3] += 1.0  # changes the bf16 values too
     wire.sent.clear()
     sender = Sender(target, "parts", wire)
-    sender.send([(n, t.clone()) for n, t in moved])
+    before = [(n, held.values[n]) for n, _ in moved]
+    sender.send([(n, t.clone()) for n, t in moved], before)
     stats = sender.close()
     # 8 checksums (64 bytes) + 2 x 3 x (4-byte index + 2-byte value): 100 bytes, one part
-    assert stats["changed"] == 6 and stats["bytes_sent"] == 100 and len(wire.sent) == 1
+    assert stats["changed"] == 6 and stats["bytes_sent"] == 100 and len(wire.sent) == 1 and before == []
     weight_payload.apply_payload(wire.sent[0], engine.__getitem__)
     assert all(torch.equal(engine[n], t.bfloat16()) for n, t in moved)
+    # without delta sync the same `before` is ignored: every tensor dense
+    wire.sent.clear()
+    sender = Sender(EmbeddedTarget(handle=None, engine_dtype="bfloat16", delta=False), "parts", wire)
+    sender.send([(n, t.clone()) for n, t in moved], [(n, held.values[n]) for n, _ in moved])
+    assert sender.close()["changed"] == 8000
     forget_sender_state()
 
 

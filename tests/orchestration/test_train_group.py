@@ -63,3 +63,70 @@ def test_each_stage_sender_writes_its_own_shards_and_together_they_are_the_model
     for k, v in hf_sd.items():
         assert torch.equal(source[k], v.to(torch.bfloat16)), k
     assert all(r["shard_bytes"] > 0 and r["peak_rss_growth"] >= 0 for r in sent)
+
+
+def _delta_push_worker(rank, config, hf_sd, sizes, bucket_bytes):
+    """Two delta pushes into a bf16 engine living in the sender's process: the first dense, then every
+    rank moves element 0 of each of its local tensors and the second sends only what changed."""
+    from megatron.core import parallel_state as mpu
+
+    from megatron_glue.parallel import init_model_parallel
+    from megatron_glue.sharding import shard_megatron_state
+    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+    from megatron_glue.weight_export import export_hf_state_dict
+    from megatron_glue.weight_names import hf_to_megatron
+    from sglang_patches import weight_payload
+    from slime_ext.engine.weight_sync import EmbeddedTarget, forget_sender_state
+    from slime_ext.orchestration.train_group import push_from_rank
+
+    forget_sender_state()  # the rank processes are kept between tests
+    init_model_parallel(sizes, seed=11)
+    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-3), sizes)
+    trainer.load_local_state_dict(dict(shard_megatron_state(
+        hf_to_megatron(hf_sd, config), config,
+        tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
+        ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
+        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)))
+
+    class Engine:
+        def __init__(self):
+            self.weights = {n: torch.zeros(t.shape, dtype=torch.bfloat16) for n, t in hf_sd.items()}
+
+        def apply_weight_payload(self, payload):
+            weight_payload.apply_payload(payload, self.weights.__getitem__)
+
+    engine = Engine()
+    target = EmbeddedTarget(engine, "bfloat16", delta=True)
+    first = push_from_rank(trainer, target, bucket_bytes)
+    before = {k: v.bfloat16() for k, v in export_hf_state_dict(trainer).items()}
+    with torch.no_grad():
+        for tensor in trainer.local_state_dict().values():
+            tensor.view(-1)[0] += 1.0
+    after = {k: v.bfloat16() for k, v in export_hf_state_dict(trainer).items()}
+    second = push_from_rank(trainer, target, bucket_bytes)
+    forget_sender_state()
+    if first is None:
+        return None
+    return {"first": first, "second": second,
+            "changed": sum(int((after[k] != before[k]).sum()) for k in after),
+            "engine_holds_the_trainer": all(torch.equal(engine.weights[k], after[k]) for k in after)}
+
+
+def test_delta_sync_across_tp_and_ep_compares_each_rank_own_shard_copy_after_the_gathers():
+    """TP2/EP2 with experts whole (slime's 30B layout in miniature): the sender gets the engines' values from
+    every rank's copy of its own shard, gathered beside the weights; it holds a copy of its own shard only."""
+    from megatron_glue.model_provider import ParallelSizes
+
+    config = tiny_moe_config()
+    hf_sd = _hf_weights(config)
+    sizes = ParallelSizes(tp=2, ep=2, etp=1, sequence_parallel=True)
+    (result,) = [r for r in run_ranks(_delta_push_worker, 2, config, hf_sd, sizes, 8 << 10) if r is not None]
+    first, second = result["first"], result["second"]
+    elements = sum(t.numel() for t in hf_sd.values())
+    assert first["elements"] == second["elements"] == elements and first["changed"] == elements  # dense
+    assert 0 < result["changed"] < elements // 100 and second["changed"] == result["changed"]
+    assert result["engine_holds_the_trainer"]
+    # checksums and the changed elements only: 8 bytes per tensor + (4-byte index + 2-byte value) each
+    assert second["bytes_sent"] == 8 * second["tensors"] + 6 * result["changed"]
+    # the copy is this rank's shard in bf16 (the shard is fp32), less than the whole stage's bf16 copy
+    assert first["held_bytes"] == first["shard_bytes"] // 2 and first["held_bytes"] < 2 * elements
