@@ -84,8 +84,13 @@ def summarise(grpo: dict[int, Path], sharpen: dict[tuple[int, str], Path]) -> di
         for t in temps:
             gains = [r["sharpening"][t]["gain"]["diff"] for r in per_seed if t in r["sharpening"]]
             across[f"sharpening_gain_T{t}"] = t_interval(gains)
+        gains = [r["rl_gain"]["diff"] for r in per_seed]
+        across["rl_gain"]["sd"] = float(np.std(gains, ddof=1)) if len(gains) > 1 else None
         sd = across["final"]["sd"]
         across["min_detectable_difference_3_vs_3"] = min_detectable_difference(sd, 3) if sd is not None else None
+        # arms that start from the same warm starts compare their gains, which spread less than the accuracies
+        gsd = across["rl_gain"]["sd"]
+        across["min_detectable_gain_difference_3_vs_3"] = min_detectable_difference(gsd, 3) if gsd is not None else None
     return {"per_seed": per_seed, "per_level": levels, "across_seeds": across}
 
 
@@ -126,6 +131,11 @@ def markdown(summary: dict) -> str:
         out.append(f"- **noise floor**: two arms of 3 seeds each whose accuracies spread like these seeds' "
                    f"(SD {100 * a['final']['sd']:.1f}) resolve a difference of at least {100 * mdd:.1f} points "
                    "(95% t half-width on 4 degrees of freedom); a smaller difference is no measured difference.")
+    gmdd = a.get("min_detectable_gain_difference_3_vs_3")
+    if gmdd is not None:
+        out.append(f"- **noise floor for arms from the same warm starts** (each arm's gain over its own warm start, "
+                   f"3 seeds each): the RL gains spread with SD {100 * a['rl_gain']['sd']:.1f} points between seeds, so "
+                   f"two arms' gains must differ by at least {100 * gmdd:.1f} points to be a measured difference.")
     out += ["", "## Per level (mean@1 %, warm start -> after GRPO, per seed)", "",
             "| level | " + " | ".join(f"seed {r['seed']}" for r in rows) + " |",
             "| --- | " + " | ".join(["---:"] * len(rows)) + " |"]
