@@ -54,6 +54,11 @@ class HeldWeights:
         return sum(t.numel() * t.element_size() for t in self.values.values())
 
 
+def target_dtype(target: Any) -> Optional[torch.dtype]:
+    """The engines' dtype of a weight-sync target (None: the weights' own)."""
+    return getattr(torch, target.engine_dtype) if target.engine_dtype else None
+
+
 def held_weights(target: Any, key: str) -> Optional[HeldWeights]:
     """This process's copy for `target` (created empty on first use) when the target syncs by delta and
     its transport carries deltas; None otherwise, and a copy kept from earlier is dropped (a full sync:
@@ -62,7 +67,7 @@ def held_weights(target: Any, key: str) -> Optional[HeldWeights]:
     if not (target.delta and target.carries_deltas):
         _HELD.pop(name, None)
         return None
-    dtype = getattr(torch, target.engine_dtype) if target.engine_dtype else None
+    dtype = target_dtype(target)
     held = _HELD.get(name)
     if held is None or held.dtype != dtype:
         held = _HELD[name] = HeldWeights(dtype)

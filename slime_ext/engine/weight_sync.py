@@ -40,7 +40,7 @@ import torch
 
 from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
-from slime_ext.engine.held_weights import forget_held_weights, held_weights
+from slime_ext.engine.held_weights import forget_held_weights, held_weights, target_dtype
 
 log = logging.getLogger(__name__)
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -253,9 +253,9 @@ class Sender:
 
     def __init__(self, target: Any, key: str, wire: Any):
         self.target, self.key, self.wire = target, key, wire
-        self.dtype = getattr(torch, target.engine_dtype) if target.engine_dtype else None  # None: as trained
+        self.dtype = target_dtype(target)  # None: as trained
         self.memory = _memory(f"{key}|{target.identity}")
-        self.delta = bool(target.delta) and wire.payloads
+        self.delta = bool(target.delta) and target.carries_deltas
         self.stats = {"tensors": 0, "elements": 0, "changed": 0, "bytes_full": 0, "bytes_sent": 0, "buckets": 0,
                       "payloads": 0, "seconds": 0.0}
         self.t0 = time.perf_counter()

@@ -35,9 +35,10 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
     from slime_ext.engine.weight_sync import PeakRSS, return_freed_memory
 
     return_freed_memory()  # the start level counts live memory, not what earlier steps left in the heap
+    local = trainer.local_state_dict()  # views of the parameters: valid across the push
     held = held_weights(target, sender_key())  # the same on every rank: one target, one config
     # the branch is collective: every rank must hold its copy (a first delta sync has none: dense)
-    known = held is not None and all_ranks_agree(held.matches(trainer.local_state_dict()))
+    known = held is not None and all_ranks_agree(held.matches(local))
     with PeakRSS() as peak:
         sending = is_bucket_sender()
         sender = target.open(sender_key()) if sending else None
@@ -61,9 +62,9 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
         peak.phase = "send"
         stats = sender.close() if sender is not None else None
     if held is not None:  # what the engines hold now (a failed push stops the run before this)
-        held.record(trainer.local_state_dict())
+        held.record(local)
     if stats is not None:
-        shard = sum(t.numel() * t.element_size() for t in trainer.local_state_dict().values())
+        shard = sum(t.numel() * t.element_size() for t in local.values())
         stats.update(peak_rss_growth=peak.growth(), peak_rss_growth_gather=peak.growth("gather"),
                      peak_rss_growth_send=peak.growth("send"), shard_bytes=shard,
                      held_bytes=held.nbytes() if held is not None else 0)
