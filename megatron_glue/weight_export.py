@@ -73,7 +73,9 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
                   to_host: bool, collect: bool) -> Iterator[list[Bucket]]:
     """One bucket per source for each stretch of parameters: every source is a state dict in this rank's
     local names (the trainer's own, or a copy of it), gathered and converted the same way, so the buckets
-    hold the same HF names in the same order. Sizes are counted on the first source."""
+    hold the same HF names in the same order. Sizes are counted over every source: what one stretch holds
+    in all its buckets together stays within `bucket_bytes` (a delta sender's weights and the engines' values
+    for them share one bucket's bound, so encoding the delta beside them keeps the sender within two)."""
     sizes = trainer.sizes
     ep_rank, pp_rank = mpu.get_expert_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
     buckets: list[Bucket] = [[] for _ in sources]
@@ -85,9 +87,8 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
             tp_group, ways = mpu.get_expert_tensor_parallel_group(), sizes.expert_tp
         joined = param.tp_split and ways > 1
         spread = param.expert_slot is not None and sizes.ep > 1
-        first = sources[0][param.local_name]
-        incoming = first.numel() * first.element_size() * (ways if joined else 1) * (sizes.ep if spread else 1)
-        del first
+        incoming = (ways if joined else 1) * (sizes.ep if spread else 1) * sum(
+            source[param.local_name].numel() * source[param.local_name].element_size() for source in sources)
         if collect and buckets[0] and filled + incoming > bucket_bytes:
             yield buckets
             buckets, filled = [[] for _ in sources], 0
@@ -113,7 +114,7 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
                 full_name, full = named.pop()
                 added = _add_pieces(buckets[i], megatron_param_to_hf(full_name, full, trainer.hf_config),
                                     joined or spread, to_host, alias=i > 0)
-                filled += added if i == 0 else 0
+                filled += added
                 del full
         if filled >= bucket_bytes:
             yield buckets
@@ -143,7 +144,8 @@ def iter_hf_weight_bucket_pairs(trainer: MegatronTrainer, held: Mapping[str, tor
     """As `iter_hf_weight_buckets`, each bucket paired with the same HF pieces of `held`: this rank's copy
     of what the engines hold of its own shard (local names, the engines' dtype), gathered the same way. Why:
     a delta sender needs the engines' values only for the bucket in hand, so each rank keeps a copy of its
-    own shard and the sender never holds a copy of the whole stage. Collective like the other."""
+    own shard and the sender never holds a copy of the whole stage. A pair together holds at most
+    `bucket_bytes` (fp32 weights with bf16 values: two thirds and one third). Collective like the other."""
     for bucket, before in _iter_buckets(trainer, [trainer.local_state_dict(), held], bucket_bytes, to_host,
                                         collect):
         yield bucket, before

@@ -64,15 +64,24 @@ def _worker(rank, config, hf_sd, sizes, steps, extra_settings=None):
     exported = export_hf_state_dict(trainer)
     # Buckets as a sync sends them, with a bound of twice the largest HF tensor (so one parameter's pieces,
     # e.g. a gated fc1's gate and up, always fit): (names, bytes) per bucket
-    from megatron_glue.weight_export import iter_hf_weight_buckets
+    from megatron_glue.weight_export import iter_hf_weight_bucket_pairs, iter_hf_weight_buckets
+
+    def nbytes(bucket):
+        return sum(t.numel() * t.element_size() for _, t in bucket)
 
     bound = 2 * max(t.numel() * t.element_size() for t in hf_sd.values())
-    buckets = [([n for n, _ in b], sum(t.numel() * t.element_size() for _, t in b))
-               for b in iter_hf_weight_buckets(trainer, bucket_bytes=bound)]
+    buckets = [([n for n, _ in b], nbytes(b)) for b in iter_hf_weight_buckets(trainer, bucket_bytes=bound)]
+    # a delta sender's pairs: the weights (fp32 here) with the engines' bf16 values of them, bounded together;
+    # the bound fits one parameter's pair (a gated fc1: two fp32 HF tensors and their bf16 values)
+    held = {k: v.detach().to(torch.bfloat16) for k, v in trainer.local_state_dict().items()}
+    pair_bound = bound * 3 // 2
+    pairs = [([n for n, _ in b], [n for n, _ in h], nbytes(b) + nbytes(h), {t.dtype for _, t in h})
+             for b, h in iter_hf_weight_bucket_pairs(trainer, held, bucket_bytes=pair_bound)]
     samples = _samples()
     logprobs = trainer.compute_logprobs(samples)
     metrics = [trainer.train_step(samples, kind="grpo") for _ in range(steps)]
-    return {"metrics": metrics, "logprobs": logprobs, "exported": exported, "buckets": buckets, "bound": bound}
+    return {"metrics": metrics, "logprobs": logprobs, "exported": exported, "buckets": buckets, "bound": bound,
+            "pairs": pairs, "pair_bound": pair_bound}
 
 
 def _run(config, sizes, world, extra_settings=None):
@@ -88,6 +97,11 @@ def _run(config, sizes, world, extra_settings=None):
         assert max(size for _, size in r["buckets"]) <= r["bound"], r["buckets"]
         names = [n for b, _ in r["buckets"] for n in b]
         assert sorted(names) == sorted(r["exported"]) and len(r["buckets"]) > 1
+        # pairs hold the same names on both sides, every weight once, and both sides together within the bound
+        # (counting only the weights lets a pair reach 1.5x its bound with bf16 values beside fp32 weights)
+        assert all(weights == values and dtypes == {torch.bfloat16} for weights, values, _, dtypes in r["pairs"])
+        assert sorted(n for weights, _, _, _ in r["pairs"] for n in weights) == sorted(r["exported"])
+        assert max(size for _, _, size, _ in r["pairs"]) <= r["pair_bound"], [p[2] for p in r["pairs"]]
     return results
 
 
