@@ -88,7 +88,7 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
         joined = param.tp_split and ways > 1
         spread = param.expert_slot is not None and sizes.ep > 1
         incoming = (ways if joined else 1) * (sizes.ep if spread else 1) * sum(
-            source[param.local_name].numel() * source[param.local_name].element_size() for source in sources)
+            source[param.local_name].nbytes for source in sources)
         if collect and buckets[0] and filled + incoming > bucket_bytes:
             yield buckets
             buckets, filled = [[] for _ in sources], 0

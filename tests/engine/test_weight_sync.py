@@ -279,13 +279,14 @@ def test_return_freed_memory_gives_back_heap_pages_that_free_keeps():
     fresh process: the premise depends on the heap's history (glibc raises its mmap threshold after earlier
     large frees), which a long test session makes unpredictable."""
     import json
+    import os
     import subprocess
     import sys
 
     from tests.conftest import REPO
 
     out = subprocess.run([sys.executable, "-c", _FREED_MEMORY_PROBE], capture_output=True, text=True, timeout=120,
-                         cwd=str(REPO), env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                         cwd=str(REPO), env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     probe = json.loads(out.stdout.strip().splitlines()[-1])
     after_free, after_trim = probe["after_free"], probe["after_trim"]
