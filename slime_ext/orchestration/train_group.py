@@ -74,26 +74,27 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
 class TrainWorker:
     """One trainer rank (runs inside a Ray actor process)."""
 
-    def __init__(self, rank: int, world: int, master_addr: str, master_port: Optional[int], threads: int):
-        """Rank 0 (`master_port` None) hosts the rendezvous store at once, on a port the OS assigns
-        (`rendezvous_port`); every rank joins the group in `join`, once all ranks exist."""
+    def __init__(self, rank: int, world: int, master_addr: str, threads: int):
+        """Rank 0 hosts the rendezvous store at once, on a port the OS assigns (`rendezvous_port`); every rank
+        joins the group with that port in `join`, once all ranks exist. No rank waits for another to start,
+        so their processes start (and import torch and Megatron) side by side."""
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
         from megatron_glue.parallel import host_rendezvous
 
         self.rank, self.world, self.master_addr = rank, world, master_addr
-        self.store = host_rendezvous(master_addr, world) if master_port is None else None
-        self.master_port = self.store.port if self.store is not None else master_port
+        self.store = host_rendezvous(master_addr, world) if rank == 0 else None
         self.trainer: Optional[MegatronTrainer] = None
         self.weights_version: Optional[str] = None
 
     def rendezvous_port(self) -> int:
-        return self.master_port
+        assert self.store is not None, "only rank 0 hosts the rendezvous"
+        return self.store.port
 
-    def join(self) -> None:
+    def join(self, port: int) -> None:
         from megatron_glue.parallel import init_distributed
 
-        init_distributed(self.rank, self.world, self.master_addr, self.master_port, store=self.store)
+        init_distributed(self.rank, self.world, self.master_addr, port, store=self.store)
 
     def setup(self, hf_config: Any, settings: TrainerSettings, sizes: dict, pad_id: int, hf_dir: Optional[str]) -> None:
         from megatron_glue.parallel import init_model_parallel
@@ -188,19 +189,18 @@ class TrainGroup:
         actor_cls = ray.remote(TrainWorker)
         env = {"env_vars": {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}}
 
-        def start(rank: int, port: Optional[int]) -> Any:
+        def start(rank: int) -> Any:
             return actor_cls.options(
                 **ray_options(actors),
                 scheduling_strategy=ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
                     placement_group=self.placement, placement_group_bundle_index=actors.bundles[rank][0]),
                 runtime_env=env,
-            ).remote(rank, world, master_addr, port, threads)
+            ).remote(rank, world, master_addr, threads)
 
-        # rank 0 binds its rendezvous store first; the others are told the port it got
-        first = start(0, None)
-        port = ray.get(first.rendezvous_port.remote())
-        self.workers = [first] + [start(rank, port) for rank in range(1, world)]
-        self.call("join")
+        # every rank starts at once (a rank's process start is mostly imports: ~10 s each on a 2-core VM, which
+        # ran one after the other when the others waited for rank 0's port); they join on the port rank 0 got
+        self.workers = [start(rank) for rank in range(world)]
+        self.call("join", ray.get(self.workers[0].rendezvous_port.remote()))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])

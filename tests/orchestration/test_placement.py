@@ -22,7 +22,7 @@ class RecordingRay:
     """Records placement groups and actor options the way TrainGroup calls them."""
 
     def __init__(self):
-        self.groups, self.actors, self.ports = [], [], []
+        self.groups, self.actors, self.events = [], [], []
         recorder = self
 
         class _PG:
@@ -39,10 +39,15 @@ class RecordingRay:
             def options(self, **opts):
                 recorder.actors.append(opts)
 
-                def remote(rank, world, addr, port, threads):  # a rank actor: rank 0 reports its store's port
-                    recorder.ports.append(port)
-                    return types.SimpleNamespace(rendezvous_port=types.SimpleNamespace(remote=lambda: 29517),
-                                                 join=types.SimpleNamespace(remote=lambda: None))
+                def remote(rank, world, addr, threads):  # a rank actor: rank 0 reports its store's port
+                    recorder.events.append(("start", rank))
+
+                    def port():
+                        recorder.events.append(("port", rank))
+                        return 29517
+                    return types.SimpleNamespace(rendezvous_port=types.SimpleNamespace(remote=port),
+                                                 join=types.SimpleNamespace(
+                                                     remote=lambda p: recorder.events.append(("join", rank, p))))
                 return types.SimpleNamespace(remote=remote)
 
         def placement_group(bundles, strategy):
@@ -81,8 +86,10 @@ def test_the_train_group_builds_what_the_plan_prints(tmp_path, monkeypatch, name
         assert opts["num_cpus"] == train_plan.resources.get("CPU", 0)
         assert opts["num_gpus"] == train_plan.resources.get("GPU", 0)
         assert opts["scheduling_strategy"] == ("bundle", train_plan.bundles[rank][0])
-    # rank 0 hosts the rendezvous on a port the OS gave it; the other ranks are created with that port
-    assert fake.ports == [None] + [29517] * (len(fake.actors) - 1)
+    # every rank is started before the driver waits on anything (their imports overlap); rank 0 hosts the
+    # rendezvous on a port the OS gave it, and every rank joins with that port
+    n = len(fake.actors)
+    assert fake.events == ([("start", r) for r in range(n)] + [("port", 0)] + [("join", r, 29517) for r in range(n)])
     # the job's own copy of the actor groups is the plan's, the engine and the rollout manager included
     assert list(groups.values()) == plan.actors
 
