@@ -220,9 +220,9 @@ class TrainingJob:
 
     One method object per run, in one place at a time. The job builds it; the driver asks it the run's
     fixed facts before RL (name, SFT warm start rows and key, the setup loss spec, partner and KL reference
-    checkpoints) and runs the warm start evaluation with it. `run_rl` then hands it to the rollout manager
-    (the same object in-process; pickled into the actor with `rollout.manager: actor`, after which the
-    driver keeps no copy), and during RL the driver reaches it only through the manager: the step's loss
+    checkpoints, its evaluation options). `run_rl` then hands it to the rollout manager (the same object
+    in-process; pickled into the actor with `rollout.manager: actor`, after which the driver keeps no copy;
+    the actor starts beside the trainer's ranks), evaluates the warm start with the options taken, and during RL the driver reaches it only through the manager: the step's loss
     spec with the rollout, `update`, `state_dict` / `load_state_dict`, `evaluate_after_step` (run where the
     method lives, with the manager's engine). When the steps are done the manager hands it back
     (`release_method`, with its final state) for the final evaluations in the driver. So every hook sees
@@ -397,14 +397,20 @@ class TrainingJob:
             with self._stopping("the engines' start", ckpt_dir):
                 run_engine = start_engine(cfg, self.actors["engine"], warm_dir, partner, self.run_dir, self.tokenizer)
             engine = run_engine.engine
+            # what the trainer's setup asks of the method, taken before the method moves to the manager, whose
+            # process then starts beside the trainer's ranks (each start is mostly imports)
+            loss_spec, kl_reference = self.method.loss_spec(), self.method.kl_reference_dir(warm_dir)
+            with self._stopping("the rollout manager's start", ckpt_dir):
+                manager, manager_actor = self._start_rollout_manager(engine)  # the method moves to the manager
             with self._stopping("the trainer's setup", ckpt_dir):
                 group = self.train_group(threads=cfg.train.threads)
-                self._setup_trainer(group, warm_dir)
+                self._setup_trainer(group, warm_dir, loss_spec, kl_reference)
                 engine.attach_weight_source(group)  # a restarted engine is brought current by the ranks
-            with self._stopping("the warm start evaluation", ckpt_dir):  # before the method moves to the manager
+            with self._stopping("the warm start evaluation", ckpt_dir):
                 reports = self._warm_start_report(engine, with_eval, resuming=(ckpt_dir / "latest").exists())
             with self._stopping("the rollout manager's start and the resume", ckpt_dir):
-                manager, manager_actor = self._rollout_manager(engine)  # the method moves to the manager
+                if manager is None:  # the actor's handle: waits for its start
+                    manager = RemoteRolloutManager(manager_actor)
                 if cfg.rollout.off_policy_steps:  # rollout t+1 beside train t (slime_ext.orchestration.off_policy)
                     manager = OffPolicyRollouts(manager, engine, cfg.train.steps, cfg.rollout.partial_rollouts)
                 start = self._resume(group, manager, engine, ckpt_dir)
@@ -424,13 +430,13 @@ class TrainingJob:
     def _stopping(self, what: str, ckpt_dir: Path) -> Any:
         return stop_on_actor_failure(what, self.run_dir, ckpt_dir)
 
-    def _setup_trainer(self, group: TrainGroup, warm_dir: Path) -> None:
-        settings = trainer_settings(self.cfg, self.method.loss_spec())
+    def _setup_trainer(self, group: TrainGroup, warm_dir: Path, loss_spec: Any, reference: Optional[Path]) -> None:
+        """The ranks' trainers from the warm start, with the method's loss spec and KL reference (`reference`:
+        None for the starting checkpoint; Tandem's KL-Reg names the junior)."""
+        settings = trainer_settings(self.cfg, loss_spec)
         self.kl_active = settings.loss.kl_coef > 0
         group.setup(self.hf_config, settings, self.sizes, self.tokenizer.pad_token_id, warm_dir)
         if self.kl_active:
-            # The KL reference is the starting checkpoint unless the method names another (Tandem's KL-Reg: the junior).
-            reference = self.method.kl_reference_dir(warm_dir)
             if reference is not None:
                 group.call("load_hf", str(reference))
                 group.call("snapshot_reference")
@@ -439,11 +445,12 @@ class TrainingJob:
                 group.call("snapshot_reference")
         group.set_weights_version(INITIAL_VERSION)  # the warm start the engines were started with
 
-    def _rollout_manager(self, engine: Any) -> tuple[RolloutManager | RemoteRolloutManager, Any]:
-        """The rollout manager (in this process or as an actor) and its actor handle (None in-process). The
-        method moves to it: `self.method` is None until the manager's `release_method` hands it back."""
+    def _start_rollout_manager(self, engine: Any) -> tuple[Optional[RolloutManager], Any]:
+        """The rollout manager in this process (and None), or (None and) its actor, started and not waited for:
+        `RemoteRolloutManager(actor)` waits. The method moves to it: `self.method` is None until the manager's
+        `release_method` hands it back."""
         cfg = self.cfg
-        self._evaluation_hooks()  # kept for the evaluations between steps
+        self._evaluation_hooks()  # kept for the evaluations before and between steps
         method, self._method = self.method, None
         if cfg.rollout.manager != "actor":
             return RolloutManager(cfg, self.train_rows, self.tokenizer, engine, method=method), None
@@ -457,7 +464,7 @@ class TrainingJob:
             **ray_options(self.actors["manager"]), **concurrency, scheduling_strategy=here,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
         ).remote(cfg, self.train_rows, self.tokenizer, engine, method)
-        return RemoteRolloutManager(actor), actor
+        return None, actor
 
     def _resume(self, group: Any, manager: Any, engine: Any, ckpt_dir: Path) -> int:
         """The step to start at (0 without a checkpoint), with trainer, manager and engine restored and

@@ -2,7 +2,7 @@
 in the driver process, pickled into the actor), reaches it only through the manager during RL, and gets it back
 at the end; each step's loss spec comes from that method with the rollout and reaches the trainer with the batch.
 
-Through the real loop (`TrainingJob._rollout_manager`, `_rl_loop`, `_rl_step`) and the real rollout manager, in
+Through the real loop (`TrainingJob._start_rollout_manager`, `_rl_loop`, `_rl_step`) and the real rollout manager, in
 the driver and as a Ray actor (a local Ray), on- and off-policy, with a fake engine and a fake trainer that records
 the loss spec it was given. What a wrong implementation fails: `evaluate_after_step` on a driver-side copy sees
 no finish and no update (0 instead of the step's counts); a loss spec fixed at setup sends one clip range every
@@ -26,7 +26,7 @@ from slime_ext.methods.base import Method, PromptPlan
 from slime_ext.orchestration import training_job
 from slime_ext.orchestration.off_policy import PENDING_KEY, OffPolicyRollouts
 from slime_ext.orchestration.placement import actor_groups
-from slime_ext.orchestration.rollout_manager import RolloutManager
+from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.training_job import TrainingJob
 from tests.orchestration.test_off_policy import ROWS, FakeGroup, Tokenizer, config
 
@@ -131,8 +131,10 @@ def test_the_manager_holds_the_one_method_and_its_loss_spec_reaches_the_trainer(
     method = CountingMethod(cfg)
     job = job_with(cfg, tmp_path, method)
     engine = PlainEngine()
-    manager, actor = job._rollout_manager(engine)
-    assert (actor is None) == (where == "driver")
+    manager, actor = job._start_rollout_manager(engine)
+    assert (actor is None) == (where == "driver") and (manager is None) == (where == "actor")
+    if actor is not None:
+        manager = RemoteRolloutManager(actor)  # waits for the actor's start
     with pytest.raises(RuntimeError, match="holds the method"):
         job.method  # noqa: B018 - the driver has no method while the manager holds it
     if off_policy:
