@@ -12,7 +12,6 @@ its buckets from the trainer ranks to a target the engine describes; the driver 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -44,10 +43,20 @@ class VersionedRemoteEngine(RemoteEngine):
         return sync_metrics(merge_stats(source.push_weights(target, str(version))))
 
 
-@dataclass
 class RunEngine:
-    engine: Any  # what the rollout manager and the evaluations call
-    shutdown: Callable[[], None]
+    """A run's engine, started and not waited for: `engine` (what the rollout manager and the evaluations
+    call) waits for it the first time, so the trainer's ranks can start beside it. `shutdown` ends what was
+    started, ready or not."""
+
+    def __init__(self, finish: Callable[[], Any], shutdown: Callable[[], None]):
+        self._finish, self.shutdown = finish, shutdown
+        self._engine: Any = None
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            self._engine = self._finish()
+        return self._engine
 
 
 def sampler_env(cfg: Config) -> dict[str, str]:
@@ -69,7 +78,7 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
     ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None,
              engine_dtype(cfg.rollout.precision) or "float32", cfg.rollout.engine_kernel)
     engine = VersionedRemoteEngine(handle, engine_dtype(cfg.rollout.precision) or "float32", cfg.sglang.weight_sync_delta)
-    return RunEngine(engine, lambda: ray.kill(handle))
+    return RunEngine(lambda: engine, lambda: ray.kill(handle))  # the handle queues calls until the actor is up
 
 
 def _experts_per_token(cfg: Config, model_dir: Path) -> int:
@@ -97,6 +106,8 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
         i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
         log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel)
         for i in range(s.num_engines)]
+    log.info("starting %d engine server(s); logs in %s", s.num_engines, log_dir)
+    started = [a.start.remote() for a in actors]  # every server starts at once; `finish` waits for them
     pool: Optional[ServerEnginePool] = None
 
     def shutdown() -> None:
@@ -105,9 +116,15 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
         for a in actors:
             ray.kill(a)
 
-    try:
-        log.info("starting %d engine server(s); logs in %s", s.num_engines, log_dir)
-        urls = ray.get([a.start.remote() for a in actors])
+    def finish() -> ServerEnginePool:
+        try:
+            return _serve(ray.get(started))
+        except BaseException:
+            shutdown()
+            raise
+
+    def _serve(urls: list[str]) -> ServerEnginePool:
+        nonlocal pool
         client_kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),
                          "vocab_size": len(tokenizer)}
         if cfg.train.routing_replay:  # R3: the client splits meta_info.routed_experts by experts per token
@@ -119,10 +136,9 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
                                 engine_dtype=engine_dtype(cfg.rollout.precision) or "float32", base_dir=str(model_dir))
         if s.router and s.num_engines > 1:
             pool.start_router(log_path=str(log_dir / "router.log"))
-    except BaseException:
-        shutdown()
-        raise
-    return RunEngine(pool, shutdown)
+        return pool
+
+    return RunEngine(finish, shutdown)
 
 
 __all__ = ["start_engine", "RunEngine", "VersionedRemoteEngine"]

@@ -178,9 +178,10 @@ class TrainGroup:
     """Driver-side handle: creates the rank actors and calls them in lockstep."""
 
     def __init__(self, actors: ActorGroup, placement: Placement, threads: int, master_addr: str = "127.0.0.1",
-                 bucket_mb: float = 512.0):
+                 bucket_mb: float = 512.0, wait: bool = True):
         """One rank actor per `actors.count`, each in its bundle of one placement group (`placement`);
-        weights leave the ranks in buckets of `bucket_mb` (sglang.weight_bucket_mb)."""
+        weights leave the ranks in buckets of `bucket_mb` (sglang.weight_bucket_mb). `wait=False` returns
+        while the ranks' processes start (`wait_started` joins them), so other actors can start beside them."""
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.world = world = actors.count
         self.placement = ray.util.placement_group([dict(placement.bundle) for _ in range(placement.num_bundles)],
@@ -200,7 +201,15 @@ class TrainGroup:
         # every rank starts at once (a rank's process start is mostly imports: ~10 s each on a 2-core VM, which
         # ran one after the other when the others waited for rank 0's port); they join on the port rank 0 got
         self.workers = [start(rank) for rank in range(world)]
-        self.call("join", ray.get(self.workers[0].rendezvous_port.remote()))
+        self._joined = False
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait for the ranks' processes and join them into one process group (once)."""
+        if not self._joined:
+            self.call("join", ray.get(self.workers[0].rendezvous_port.remote()))
+            self._joined = True
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])

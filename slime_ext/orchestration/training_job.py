@@ -380,10 +380,10 @@ class TrainingJob:
         return self.evaluate(EmbeddedEngine.from_pretrained(str(hf_dir)), name)
 
     # -- RL ---------------------------------------------------------------------------------------
-    def train_group(self, threads: int) -> TrainGroup:
-        """The trainer's rank actors, placed as `slime_ext.orchestration.placement` says."""
+    def train_group(self, threads: int, wait: bool = True) -> TrainGroup:
+        """The trainer's rank actors, placed as `slime_ext.orchestration.placement` says (`wait`: see TrainGroup)."""
         return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads,
-                          bucket_mb=self.cfg.sglang.weight_bucket_mb)
+                          bucket_mb=self.cfg.sglang.weight_bucket_mb, wait=wait)
 
     def run_rl(self, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
         cfg = self.cfg
@@ -394,16 +394,21 @@ class TrainingJob:
         manager_actor = None
         run_engine = None
         try:
+            # The engines, the trainer's ranks and the rollout manager start side by side (each process start is
+            # mostly imports, an engine server's also its model load): nothing below waits for one before the
+            # next is started, except the manager, which is handed the ready engine.
             with self._stopping("the engines' start", ckpt_dir):
                 run_engine = start_engine(cfg, self.actors["engine"], warm_dir, partner, self.run_dir, self.tokenizer)
-            engine = run_engine.engine
-            # what the trainer's setup asks of the method, taken before the method moves to the manager, whose
-            # process then starts beside the trainer's ranks (each start is mostly imports)
+            with self._stopping("the trainer's setup", ckpt_dir):
+                group = self.train_group(threads=cfg.train.threads, wait=False)
+            with self._stopping("the engines' start", ckpt_dir):
+                engine = run_engine.engine
+            # what the trainer's setup asks of the method, taken before the method moves to the manager
             loss_spec, kl_reference = self.method.loss_spec(), self.method.kl_reference_dir(warm_dir)
             with self._stopping("the rollout manager's start", ckpt_dir):
                 manager, manager_actor = self._start_rollout_manager(engine)  # the method moves to the manager
             with self._stopping("the trainer's setup", ckpt_dir):
-                group = self.train_group(threads=cfg.train.threads)
+                group.wait_started()
                 self._setup_trainer(group, warm_dir, loss_spec, kl_reference)
                 engine.attach_weight_source(group)  # a restarted engine is brought current by the ranks
             with self._stopping("the warm start evaluation", ckpt_dir):

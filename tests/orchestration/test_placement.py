@@ -94,6 +94,32 @@ def test_the_train_group_builds_what_the_plan_prints(tmp_path, monkeypatch, name
     assert list(groups.values()) == plan.actors
 
 
+def test_a_train_group_started_without_waiting_joins_its_ranks_once_when_asked(tmp_path, monkeypatch):
+    """`wait=False` (the RL stage: the engines and the rollout manager start beside the ranks) returns with the
+    ranks started and nothing waited for; `wait_started` joins them on rank 0's port, once."""
+    cfg = _configs(tmp_path)["default"]
+    fake = RecordingRay()
+    monkeypatch.setattr(train_group_module, "ray", fake)
+    group = train_group_module.TrainGroup(actor_groups(cfg)["train"], build_placement(cfg), threads=1, wait=False)
+    n = len(fake.actors)
+    assert n == 2 and fake.events == [("start", r) for r in range(n)]
+    group.wait_started()
+    group.wait_started()
+    assert fake.events[n:] == [("port", 0)] + [("join", r, 29517) for r in range(n)]
+
+
+def test_the_run_engine_waits_for_its_engine_once_and_only_when_asked():
+    """start_engine returns while the engines start; `engine` waits for them the first time it is read."""
+    from slime_ext.orchestration.run_engine import RunEngine
+
+    calls = []
+    run = RunEngine(lambda: calls.append("ready") or "the pool", lambda: calls.append("shutdown"))
+    assert calls == []
+    assert run.engine == "the pool" and run.engine == "the pool" and calls == ["ready"]
+    run.shutdown()
+    assert calls == ["ready", "shutdown"]
+
+
 def test_reference_cluster_numbers(tmp_path):
     """8 GPUs on one node x num_nodes, colocated: one bundle per GPU, trainer ranks share them with engines."""
     cfg = _configs(tmp_path)["qwen3-30b-a3b"]
