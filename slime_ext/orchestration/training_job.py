@@ -36,6 +36,7 @@ from megatron_glue.hf_config import hf_config_from_model_config
 from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.trainer import TrainerSettings
 from megatron_glue.trainer_checkpoint import latest_checkpoint
+from slime_ext.algo import LossSpec
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.engine_server import INITIAL_VERSION
@@ -222,9 +223,10 @@ class TrainingJob:
     fixed facts before RL (name, SFT warm start rows and key, the setup loss spec, partner and KL reference
     checkpoints, its evaluation options). `run_rl` then hands it to the rollout manager (the same object
     in-process; pickled into the actor with `rollout.manager: actor`, after which the driver keeps no copy;
-    the actor starts beside the trainer's ranks), evaluates the warm start with the options taken, and during RL the driver reaches it only through the manager: the step's loss
-    spec with the rollout, `update`, `state_dict` / `load_state_dict`, `evaluate_after_step` (run where the
-    method lives, with the manager's engine). When the steps are done the manager hands it back
+    the actor starts beside the trainer's ranks), evaluates the warm start with the options taken, and
+    during RL the driver reaches it only through the manager: the step's loss spec with the rollout,
+    `update`, `state_dict` / `load_state_dict`, `evaluate_after_step` (run where the method lives, with the
+    manager's engine). When the steps are done the manager hands it back
     (`release_method`, with its final state) for the final evaluations in the driver. So every hook sees
     the controllers' state that made the rollouts, never a stale copy's.
     """
@@ -435,7 +437,7 @@ class TrainingJob:
     def _stopping(self, what: str, ckpt_dir: Path) -> Any:
         return stop_on_actor_failure(what, self.run_dir, ckpt_dir)
 
-    def _setup_trainer(self, group: TrainGroup, warm_dir: Path, loss_spec: Any, reference: Optional[Path]) -> None:
+    def _setup_trainer(self, group: TrainGroup, warm_dir: Path, loss_spec: LossSpec, reference: Optional[Path]) -> None:
         """The ranks' trainers from the warm start, with the method's loss spec and KL reference (`reference`:
         None for the starting checkpoint; Tandem's KL-Reg names the junior)."""
         settings = trainer_settings(self.cfg, loss_spec)
