@@ -117,26 +117,25 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
             ray.kill(a)
 
     def finish() -> ServerEnginePool:
+        nonlocal pool
         try:
-            return _serve(ray.get(started))
+            urls = ray.get(started)
+            client_kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),
+                             "vocab_size": len(tokenizer)}
+            if cfg.train.routing_replay:  # R3: the client splits meta_info.routed_experts by experts per token
+                client_kwargs["moe_top_k"] = _experts_per_token(cfg, model_dir)
+            if partner_dir is not None:  # SGLang serves the pair as one model of width 2V; our server holds two
+                sglang_hosts = ray.get(actors[0].host_kind.remote()) == "sglang"
+                client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})
+            pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs,
+                                    engine_dtype=engine_dtype(cfg.rollout.precision) or "float32",
+                                    base_dir=str(model_dir))
+            if s.router and s.num_engines > 1:
+                pool.start_router(log_path=str(log_dir / "router.log"))
+            return pool
         except BaseException:
             shutdown()
             raise
-
-    def _serve(urls: list[str]) -> ServerEnginePool:
-        nonlocal pool
-        client_kwargs = {"eos_token_id": tokenizer.eos_token_id, "tokenizer_path": str(model_dir),
-                         "vocab_size": len(tokenizer)}
-        if cfg.train.routing_replay:  # R3: the client splits meta_info.routed_experts by experts per token
-            client_kwargs["moe_top_k"] = _experts_per_token(cfg, model_dir)
-        if partner_dir is not None:  # SGLang serves the pair as one model of width 2V; our server holds two
-            sglang_hosts = ray.get(actors[0].host_kind.remote()) == "sglang"
-            client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})
-        pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs,
-                                engine_dtype=engine_dtype(cfg.rollout.precision) or "float32", base_dir=str(model_dir))
-        if s.router and s.num_engines > 1:
-            pool.start_router(log_path=str(log_dir / "router.log"))
-        return pool
 
     return RunEngine(finish, shutdown)
 
