@@ -280,13 +280,17 @@ class Job:
         if finished:  # re-running would repeat the evaluation and overwrite summary.json
             log.warning("%s", finished)
             return 0
-        for name in self.cfg.run.stages:
-            start = time.perf_counter()
-            result = stages[name]()
-            result["seconds"] = round(time.perf_counter() - start, 2)
-            self.summary["stages"][name] = result
-            log.info("stage %-16s done in %.1fs: %s", name, result["seconds"], _short(result))
-            write_json(self.run_dir / "summary.json", self.summary)
+        try:
+            for name in self.cfg.run.stages:
+                start = time.perf_counter()
+                result = stages[name]()
+                result["seconds"] = round(time.perf_counter() - start, 2)
+                self.summary["stages"][name] = result
+                log.info("stage %-16s done in %.1fs: %s", name, result["seconds"], _short(result))
+                write_json(self.run_dir / "summary.json", self.summary)
+        finally:
+            if self._job is not None:
+                self._job.close()  # ranks the SFT stage kept for an RL stage that did not run
         self.summary["complete"] = True
         write_json(self.run_dir / "summary.json", self.summary)
         log.info("run directory: %s", self.run_dir)

@@ -100,10 +100,22 @@ class TrainWorker:
         from megatron_glue.parallel import init_model_parallel
 
         parallel = ParallelSizes(**sizes)
+        self.release_trainer()  # a rank set up again frees the last trainer before building this one
         init_model_parallel(parallel, seed=settings.seed)
         self.trainer = MegatronTrainer(hf_config, settings, parallel, pad_id=pad_id)
         if hf_dir is not None:
             self.load_hf(hf_dir)
+
+    def release_trainer(self) -> None:
+        """Drop the trainer (weights, gradients, optimizer state) and give its memory back, keeping the process
+        and its process group: a job's RL stage sets a new trainer up here after its SFT stage, and the engines
+        it starts in between may share the device."""
+        import gc
+
+        self.trainer, self.weights_version = None, None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def load_hf(self, hf_dir: str) -> None:
         """Load this rank's shard of an HF checkpoint (reads only the tensors this rank holds)."""

@@ -249,6 +249,7 @@ class TrainingJob:
         self._eval_hooks: Optional[tuple[dict[str, Any], dict[str, Any]]] = None
         self.method_name = self._method.name
         self.actors = actor_groups(config)
+        self._sft_group: Optional[TrainGroup] = None  # the SFT stage's ranks, kept for the RL stage
 
     @property
     def method(self) -> Method:
@@ -312,8 +313,12 @@ class TrainingJob:
             with stop_on_actor_failure("the SFT warm start", self.run_dir, out / "trainer_ckpt"):
                 self._sft_steps(group, settings, base, out)
                 group.export_hf_sharded(hf_dir, self.hf_config)  # shard by shard from the ranks
+            if "rl" in self.cfg.run.stages:  # the RL stage sets its trainer up on these ranks: no second start
+                group.call("release_trainer")  # its memory is free before the RL stage's engines start
+                self._sft_group, group = group, None
         finally:
-            group.shutdown()
+            if group is not None:
+                group.shutdown()
         self.tokenizer.save_pretrained(hf_dir)
         shutil.rmtree(out / "trainer_ckpt", ignore_errors=True)
         (out / "complete").write_text(json.dumps({"steps": s.steps}) + "\n")
@@ -387,6 +392,22 @@ class TrainingJob:
         return TrainGroup(self.actors["train"], build_placement(self.cfg), threads=threads,
                           bucket_mb=self.cfg.sglang.weight_bucket_mb, wait=wait)
 
+    def rl_train_group(self) -> TrainGroup:
+        """The RL stage's ranks: the SFT stage's of this job when it ran (each rank's process start is mostly
+        imports, ~10 s on a 2-core machine; `setup` builds a new trainer and re-seeds), else new ones, returned
+        while they start."""
+        group, self._sft_group = self._sft_group, None
+        if group is None:
+            return self.train_group(threads=self.cfg.train.threads, wait=False)
+        group.call("set_threads", self.cfg.train.threads)
+        return group
+
+    def close(self) -> None:
+        """End the SFT stage's ranks if no RL stage took them."""
+        if self._sft_group is not None:
+            self._sft_group.shutdown()
+            self._sft_group = None
+
     def run_rl(self, warm_dir: Path, with_eval: bool) -> dict[str, Any]:
         cfg = self.cfg
         init_ray(cfg)
@@ -402,7 +423,7 @@ class TrainingJob:
             with self._stopping("the engines' start", ckpt_dir):
                 run_engine = start_engine(cfg, self.actors["engine"], warm_dir, partner, self.run_dir, self.tokenizer)
             with self._stopping("the trainer's setup", ckpt_dir):
-                group = self.train_group(threads=cfg.train.threads, wait=False)
+                group = self.rl_train_group()
             with self._stopping("the engines' start", ckpt_dir):
                 engine = run_engine.engine
             # what the trainer's setup asks of the method, taken before the method moves to the manager

@@ -130,3 +130,47 @@ def test_delta_sync_across_tp_and_ep_compares_each_rank_own_shard_copy_after_the
     assert second["bytes_sent"] == 8 * second["tensors"] + 6 * result["changed"]
     # the copy is this rank's shard in bf16 (the shard is fp32), less than the whole stage's bf16 copy
     assert first["held_bytes"] == first["shard_bytes"] // 2 and first["held_bytes"] < 2 * elements
+
+
+def _set_up_twice_worker(rank, config, sizes):
+    """The same RL setup and step on a rank set up once and on the same rank after an SFT trainer ran there
+    (a job's RL stage takes its SFT stage's ranks)."""
+    from dataclasses import asdict
+
+    from megatron_glue.trainer import TrainerSettings
+    from slime_ext.orchestration.train_group import TrainWorker
+    from tests.megatron_glue.test_trainer import make_samples
+
+    worker = TrainWorker.__new__(TrainWorker)  # run_ranks made the process group: no rendezvous here
+    worker.trainer = worker.weights_version = None
+
+    def rl_setup_and_step() -> tuple[dict, dict, dict]:
+        worker.setup(config, TrainerSettings(lr=1e-3, seed=7), asdict(sizes), 0, None)  # random init: seeded
+        start = {k: v.detach().clone() for k, v in worker.trainer.local_state_dict().items()}
+        metrics = worker.train_step(make_samples(8, seed=3), "grpo")
+        return start, metrics, {k: v.detach().clone() for k, v in worker.trainer.local_state_dict().items()}
+
+    once = rl_setup_and_step()
+    worker.setup(config, TrainerSettings(lr=5e-3, seed=1), asdict(sizes), 0, None)  # the SFT stage's trainer
+    for i in range(2):
+        worker.train_step(make_samples(8, seed=10 + i), "sft")
+    worker.weights_version = "v1"
+    worker.release_trainer()  # as TrainingJob.run_sft hands its ranks on
+    released = worker.trainer is None and worker.weights_version is None
+    twice = rl_setup_and_step()
+    return {"released": released, "version_reset": worker.weights_version is None,
+            "start_equal": all(torch.equal(once[0][k], twice[0][k]) for k in once[0]),
+            "end_equal": all(torch.equal(once[2][k], twice[2][k]) for k in once[2]),
+            "moved": any(not torch.equal(once[0][k], once[2][k]) for k in once[0]),
+            "loss": (once[1]["pg_loss"], twice[1]["pg_loss"])}
+
+
+def test_a_rank_set_up_again_for_rl_matches_a_rank_set_up_once():
+    """A job's RL stage sets its trainer up on the SFT stage's ranks (no second process start): the new trainer
+    is re-seeded and keeps nothing of the last one (weights, optimizer state, version), under TP2."""
+    from megatron_glue.model_provider import ParallelSizes
+
+    for result in run_ranks(_set_up_twice_worker, 2, tiny_moe_config(), ParallelSizes(tp=2, sequence_parallel=True)):
+        assert result["released"] and result["version_reset"] and result["moved"]
+        assert result["start_equal"] and result["end_equal"], result
+        assert result["loss"][0] == result["loss"][1]
