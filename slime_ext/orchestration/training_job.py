@@ -426,6 +426,8 @@ class TrainingJob:
                 group = self.rl_train_group()
             with self._stopping("the engines' start", ckpt_dir):
                 engine = run_engine.engine
+                # a restarted engine is brought current by the ranks: attached before the manager takes its copy
+                engine.attach_weight_source(group)
             # what the trainer's setup asks of the method, taken before the method moves to the manager
             loss_spec, kl_reference = self.method.loss_spec(), self.method.kl_reference_dir(warm_dir)
             with self._stopping("the rollout manager's start", ckpt_dir):
@@ -433,7 +435,6 @@ class TrainingJob:
             with self._stopping("the trainer's setup", ckpt_dir):
                 group.wait_started()
                 self._setup_trainer(group, warm_dir, loss_spec, kl_reference)
-                engine.attach_weight_source(group)  # a restarted engine is brought current by the ranks
             with self._stopping("the warm start evaluation", ckpt_dir):
                 reports = self._warm_start_report(engine, with_eval, resuming=(ckpt_dir / "latest").exists())
             with self._stopping("the rollout manager's start and the resume", ckpt_dir):

@@ -204,3 +204,41 @@ def test_every_method_config_builds_a_method_that_survives_the_hand_over(tmp_pat
         copy = cloudpickle.loads(cloudpickle.dumps(method))
         assert type(copy) is type(method) and copy.state_dict() == method.state_dict(), path.name
         assert copy.loss_spec() == method.loss_spec(), path.name
+
+
+def test_the_engine_has_its_weight_source_before_the_manager_takes_it(tmp_path, monkeypatch):
+    """`run_rl` attaches the trainer's ranks to the engine (a restarted engine server is brought current by them)
+    before the rollout manager takes the engine: with `rollout.manager: actor` the manager works on a copy
+    pickled at its start, and a copy taken before the attach could not bring a restarted server current."""
+    from slime_ext.orchestration.run_engine import RunEngine
+
+    class Engine(PlainEngine):
+        source = None
+
+        def attach_weight_source(self, source: Any) -> None:
+            self.source = source
+
+    class Stop(Exception):
+        pass
+
+    class Group(FakeGroup):
+        def shutdown(self) -> None:
+            pass
+
+    cfg = config("train.steps=1")
+    job = job_with(cfg, tmp_path, CountingMethod(cfg))
+    engine, group = Engine(), Group()
+    seen: list[Any] = []
+    monkeypatch.setattr(training_job, "init_ray", lambda _cfg: None)
+    monkeypatch.setattr(training_job, "start_engine", lambda *a: RunEngine(lambda: engine, lambda: None))
+    monkeypatch.setattr(TrainingJob, "rl_train_group", lambda self: group)
+    job.method.partner_dir = lambda warm: None
+
+    def start_manager(self: TrainingJob, handed: Any) -> Any:
+        seen.append(handed.source)
+        raise Stop
+
+    monkeypatch.setattr(TrainingJob, "_start_rollout_manager", start_manager)
+    with pytest.raises(Stop):
+        job.run_rl(tmp_path / "warm", with_eval=False)
+    assert seen == [group]
