@@ -74,27 +74,32 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
 class TrainWorker:
     """One trainer rank (runs inside a Ray actor process)."""
 
-    def __init__(self, rank: int, world: int, master_addr: str, threads: int):
-        """Rank 0 hosts the rendezvous store at once, on a port the OS assigns (`rendezvous_port`); every rank
-        joins the group with that port in `join`, once all ranks exist. No rank waits for another to start,
+    def __init__(self, rank: int, world: int, master_addr: Optional[str], threads: int):
+        """Rank 0 hosts the rendezvous store at once, on `master_addr` (None: its node's address as Ray knows
+        it, so ranks on other nodes reach it) and a port the OS assigns (`rendezvous`); every rank joins the
+        group at that address and port in `join`, once all ranks exist. No rank waits for another to start,
         so their processes start (and import torch and Megatron) side by side."""
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
         from megatron_glue.parallel import host_rendezvous
+        from slime_ext.engine.weight_sync import node_address
 
-        self.rank, self.world, self.master_addr = rank, world, master_addr
-        self.store = host_rendezvous(master_addr, world) if rank == 0 else None
+        self.rank, self.world = rank, world
+        self.master_addr = (master_addr or node_address()) if rank == 0 else master_addr
+        self.store = host_rendezvous(self.master_addr, world) if rank == 0 else None
         self.trainer: Optional[MegatronTrainer] = None
         self.weights_version: Optional[str] = None
 
-    def rendezvous_port(self) -> int:
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's store: (address, port) for the other ranks to join."""
         assert self.store is not None, "only rank 0 hosts the rendezvous"
-        return self.store.port
+        return self.master_addr, self.store.port
 
-    def join(self, port: int) -> None:
+    def join(self, master_addr: str, port: int) -> None:
         from megatron_glue.parallel import init_distributed
 
-        init_distributed(self.rank, self.world, self.master_addr, port, store=self.store)
+        self.master_addr = master_addr
+        init_distributed(self.rank, self.world, master_addr, port, store=self.store)
 
     def setup(self, hf_config: Any, settings: TrainerSettings, sizes: dict, pad_id: int, hf_dir: Optional[str]) -> None:
         from megatron_glue.parallel import init_model_parallel
@@ -189,10 +194,11 @@ class TrainWorker:
 class TrainGroup:
     """Driver-side handle: creates the rank actors and calls them in lockstep."""
 
-    def __init__(self, actors: ActorGroup, placement: Placement, threads: int, master_addr: str = "127.0.0.1",
+    def __init__(self, actors: ActorGroup, placement: Placement, threads: int, master_addr: Optional[str] = None,
                  bucket_mb: float = 512.0, wait: bool = True):
         """One rank actor per `actors.count`, each in its bundle of one placement group (`placement`);
-        weights leave the ranks in buckets of `bucket_mb` (sglang.weight_bucket_mb). `wait=False` returns
+        weights leave the ranks in buckets of `bucket_mb` (sglang.weight_bucket_mb); the ranks rendezvous at
+        `master_addr`, by default rank 0's node address (never assumed to be 127.0.0.1). `wait=False` returns
         while the ranks' processes start (`wait_started` joins them), so other actors can start beside them."""
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.world = world = actors.count
@@ -220,7 +226,7 @@ class TrainGroup:
     def wait_started(self) -> None:
         """Wait for the ranks' processes and join them into one process group (once)."""
         if not self._joined:
-            self.call("join", ray.get(self.workers[0].rendezvous_port.remote()))
+            self.call("join", *ray.get(self.workers[0].rendezvous.remote()))
             self._joined = True
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:

@@ -39,15 +39,15 @@ class RecordingRay:
             def options(self, **opts):
                 recorder.actors.append(opts)
 
-                def remote(rank, world, addr, threads):  # a rank actor: rank 0 reports its store's port
-                    recorder.events.append(("start", rank))
+                def remote(rank, world, addr, threads):  # a rank actor: rank 0 reports its store's address and port
+                    recorder.events.append(("start", rank, addr))
 
-                    def port():
-                        recorder.events.append(("port", rank))
-                        return 29517
-                    return types.SimpleNamespace(rendezvous_port=types.SimpleNamespace(remote=port),
+                    def rendezvous():
+                        recorder.events.append(("rendezvous", rank))
+                        return "10.0.0.7", 29517  # rank 0's node address, as Ray reports it there
+                    return types.SimpleNamespace(rendezvous=types.SimpleNamespace(remote=rendezvous),
                                                  join=types.SimpleNamespace(
-                                                     remote=lambda p: recorder.events.append(("join", rank, p))))
+                                                     remote=lambda a, p: recorder.events.append(("join", rank, a, p))))
                 return types.SimpleNamespace(remote=remote)
 
         def placement_group(bundles, strategy):
@@ -87,9 +87,11 @@ def test_the_train_group_builds_what_the_plan_prints(tmp_path, monkeypatch, name
         assert opts["num_gpus"] == train_plan.resources.get("GPU", 0)
         assert opts["scheduling_strategy"] == ("bundle", train_plan.bundles[rank][0])
     # every rank is started before the driver waits on anything (their imports overlap); rank 0 hosts the
-    # rendezvous on a port the OS gave it, and every rank joins with that port
+    # rendezvous at its own node's address (None: never a 127.0.0.1 the driver assumed) on a port the OS gave
+    # it, and every rank joins at that address and port
     n = len(fake.actors)
-    assert fake.events == ([("start", r) for r in range(n)] + [("port", 0)] + [("join", r, 29517) for r in range(n)])
+    assert fake.events == ([("start", r, None) for r in range(n)] + [("rendezvous", 0)]
+                           + [("join", r, "10.0.0.7", 29517) for r in range(n)])
     # the job's own copy of the actor groups is the plan's, the engine and the rollout manager included
     assert list(groups.values()) == plan.actors
 
@@ -102,10 +104,10 @@ def test_a_train_group_started_without_waiting_joins_its_ranks_once_when_asked(t
     monkeypatch.setattr(train_group_module, "ray", fake)
     group = train_group_module.TrainGroup(actor_groups(cfg)["train"], build_placement(cfg), threads=1, wait=False)
     n = len(fake.actors)
-    assert n == 2 and fake.events == [("start", r) for r in range(n)]
+    assert n == 2 and fake.events == [("start", r, None) for r in range(n)]
     group.wait_started()
     group.wait_started()
-    assert fake.events[n:] == [("port", 0)] + [("join", r, 29517) for r in range(n)]
+    assert fake.events[n:] == [("rendezvous", 0)] + [("join", r, "10.0.0.7", 29517) for r in range(n)]
 
 
 def test_the_run_engine_waits_for_its_engine_once_and_only_when_asked():
