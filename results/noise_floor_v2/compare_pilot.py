@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
@@ -33,13 +34,16 @@ def _evaluations(run: Path) -> list[tuple[str, list[dict]]]:
     return [(label, read_records(p)) for label, p in found if p.exists()]
 
 
-def compare(run: Path, seed: int) -> dict:
+def compare(run: Path, seed: int, sharpen_records: dict[str, Path] | None = None) -> dict:
+    """`sharpen_records` ({temperature: records file}) replaces the seed's committed sharpening runs: a pilot
+    whose warm start is not the committed one is paired with its own warm start sampled cooler."""
     evals = _evaluations(run)
     if not evals or evals[0][0] != "warm start":
         raise SystemExit(f"{run}: no eval_warm_start.records.jsonl.gz")
     warm = per_prompt_scores(evals[0][1])
-    sharpen = {t: per_prompt_scores(read_records(HERE / "runs" / f"sharpen_s{seed}_T{t}" / "eval_sft.records.jsonl.gz"))
-               for t in ("0.7", "0.4")}
+    sharpen_records = sharpen_records or {
+        t: HERE / "runs" / f"sharpen_s{seed}_T{t}" / "eval_sft.records.jsonl.gz" for t in ("0.7", "0.4")}
+    sharpen = {t: per_prompt_scores(read_records(p)) for t, p in sharpen_records.items()}
     rows = []
     for label, records in evals:
         scores = per_prompt_scores(records)
@@ -52,18 +56,19 @@ def compare(run: Path, seed: int) -> dict:
         for t, base in sharpen.items():
             row[f"vs_sharpen_T{t}"] = paired_over_prompts(scores, base)
         rows.append(row)
-    return {"run": str(run), "seed": seed, "rows": rows}
+    return {"run": str(run), "seed": seed, "sharpening": {t: os.path.relpath(p, HERE.parents[1]) for t, p in sharpen_records.items()}, "rows": rows}
 
 
 def markdown(result: dict) -> str:
-    lines = ["| evaluation | mean@4 | vs warm start (T = 1) | vs warm start at T = 0.7 | vs warm start at T = 0.4 "
-             "| greedy | greedy vs warm start |", "| --- | ---: | --- | --- | --- | ---: | --- |"]
+    temps = list(result["sharpening"])
+    lines = ["| evaluation | mean@4 | vs warm start (T = 1) | " + " | ".join(f"vs warm start at T = {t}" for t in temps)
+             + " | greedy | greedy vs warm start |", "| --- | ---: | --- |" + " --- |" * len(temps) + " ---: | --- |"]
     for r in result["rows"]:
         vs = r.get("vs_warm_start")
         gvs = r.get("greedy_vs_warm_start")
-        lines.append(f"| {r['evaluation']} | {100 * r['mean@4']:.1f} | {ci_text(vs) if vs else ''} "
-                     f"| {ci_text(r['vs_sharpen_T0.7'])} | {ci_text(r['vs_sharpen_T0.4'])} "
-                     f"| {100 * r['greedy']:.1f} | {ci_text(gvs) if gvs else ''} |")
+        lines.append(f"| {r['evaluation']} | {100 * r['mean@4']:.1f} | {ci_text(vs) if vs else ''} | "
+                     + " | ".join(ci_text(r[f"vs_sharpen_T{t}"]) for t in temps)
+                     + f" | {100 * r['greedy']:.1f} | {ci_text(gvs) if gvs else ''} |")
     levels = list(result["rows"][0]["per_level_mean@1"])
     lines += ["", "Per level, mean@1 (%):", "", "| evaluation | " + " | ".join(levels) + " |",
               "| --- |" + " ---: |" * len(levels)]
@@ -80,8 +85,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a pilot's directory (as kept by keep_run_files)")
     parser.add_argument("--seed", type=int, default=0, help="whose sharpening baselines (runs/sharpen_s<seed>_T*)")
+    parser.add_argument("--sharpen", action="append", default=[], metavar="T=RECORDS",
+                        help="the warm start's records at temperature T (instead of the seed's committed ones)")
     args = parser.parse_args()
-    result = compare(args.run, args.seed)
+    given = dict(item.split("=", 1) for item in args.sharpen)
+    result = compare(args.run, args.seed, {t: Path(p) for t, p in given.items()} or None)
     (args.run / "vs_sharpening.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.run / "vs_sharpening.md").write_text(markdown(result))
     print(markdown(result))
