@@ -40,7 +40,7 @@ def compare(run: Path, seed: int, sharpen_records: dict[str, Path] | None = None
     evals = _evaluations(run)
     if not evals or evals[0][0] != "warm start":
         raise SystemExit(f"{run}: no eval_warm_start.records.jsonl.gz")
-    warm = per_prompt_scores(evals[0][1])
+    warm, warm_greedy = per_prompt_scores(evals[0][1]), _greedy(evals[0][1])
     sharpen_records = sharpen_records or {
         t: HERE / "runs" / f"sharpen_s{seed}_T{t}" / "eval_sft.records.jsonl.gz" for t in ("0.7", "0.4")}
     sharpen = {t: per_prompt_scores(read_records(p)) for t, p in sharpen_records.items()}
@@ -52,11 +52,12 @@ def compare(run: Path, seed: int, sharpen_records: dict[str, Path] | None = None
                "per_level_mean@1": {r["level"]: r["mean@1"] for r in per_level_table(records)}}
         if label != "warm start":
             row["vs_warm_start"] = paired_over_prompts(scores, warm)
-            row["greedy_vs_warm_start"] = paired_over_prompts(_greedy(records), _greedy(evals[0][1]))
+            row["greedy_vs_warm_start"] = paired_over_prompts(_greedy(records), warm_greedy)
         for t, base in sharpen.items():
             row[f"vs_sharpen_T{t}"] = paired_over_prompts(scores, base)
         rows.append(row)
-    return {"run": str(run), "seed": seed, "sharpening": {t: os.path.relpath(p, HERE.parents[1]) for t, p in sharpen_records.items()}, "rows": rows}
+    used = {t: os.path.relpath(p, HERE.parents[1]) for t, p in sharpen_records.items()}
+    return {"run": str(run), "seed": seed, "sharpening": used, "rows": rows}
 
 
 def markdown(result: dict) -> str:
