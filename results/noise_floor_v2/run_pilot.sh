@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One recipe pilot on task family v2, paired with sharpening at the same temperature: GRPO from the seed's warm
 # start (configs/grpo_v2.yaml; the SFT is regenerated when not in the cache: 1200 steps, bit-reproducible at one
-# commit, README "Is the warm start reproducible?"), then the warm start and the trained model each sampled at
+# commit: README "Is a warm start reproducible?"), then the warm start and the trained model each sampled at
 # T = COOL without greedy, then compare_pilot.py: trained (T = 1) vs warm (T = 1 and T = COOL) and trained at
 # COOL vs warm at COOL (does RL add anything on top of sharpening). Run from a git worktree at a fixed commit,
 # alone on the machine; each finished part leaves a marker and is skipped when the script runs again.
