@@ -36,6 +36,14 @@ def _evaluations(run: Path) -> list[tuple[str, list[dict]]]:
     return [(label, read_records(p)) for label, p in found if p.exists()]
 
 
+def _summary(label: str, records: list[dict], with_greedy: bool) -> tuple[dict[str, float], dict]:
+    """An evaluation's per-prompt scores and its row's summary columns (no greedy column for a sampled-only one)."""
+    scores = per_prompt_scores(records)
+    greedy = float(np.mean(list(_greedy(records).values()))) if with_greedy else None
+    return scores, {"evaluation": label, "n_prompts": len(scores), "mean@4": float(np.mean(list(scores.values()))),
+                    "greedy": greedy, "per_level_mean@1": {r["level"]: r["mean@1"] for r in per_level_table(records)}}
+
+
 def compare(run: Path, seed: int, sharpen_records: dict[str, Path] | None = None,
             cooled_records: dict[str, Path] | None = None) -> dict:
     """`sharpen_records` ({temperature: records file}) replaces the seed's committed sharpening runs: a pilot
@@ -51,10 +59,7 @@ def compare(run: Path, seed: int, sharpen_records: dict[str, Path] | None = None
     sharpen = {t: per_prompt_scores(read_records(p)) for t, p in sharpen_records.items()}
     rows = []
     for label, records in evals:
-        scores = per_prompt_scores(records)
-        row = {"evaluation": label, "n_prompts": len(scores), "mean@4": float(np.mean(list(scores.values()))),
-               "greedy": float(np.mean(list(_greedy(records).values()))),
-               "per_level_mean@1": {r["level"]: r["mean@1"] for r in per_level_table(records)}}
+        scores, row = _summary(label, records, with_greedy=True)
         if label != "warm start":
             row["vs_warm_start"] = paired_over_prompts(scores, warm)
             row["greedy_vs_warm_start"] = paired_over_prompts(_greedy(records), warm_greedy)
@@ -64,12 +69,8 @@ def compare(run: Path, seed: int, sharpen_records: dict[str, Path] | None = None
     for t, path in (cooled_records or {}).items():
         if t not in sharpen:
             raise SystemExit(f"--cooled {t}: no warm start records at T = {t} to pair with (give --sharpen {t}=...)")
-        records = read_records(path)
-        scores = per_prompt_scores(records)
-        rows.append({"evaluation": f"final at T = {t}", "n_prompts": len(scores),
-                     "mean@4": float(np.mean(list(scores.values()))), "greedy": None,
-                     "per_level_mean@1": {r["level"]: r["mean@1"] for r in per_level_table(records)},
-                     "vs_warm_start": paired_over_prompts(scores, warm),
+        scores, row = _summary(f"final at T = {t}", read_records(path), with_greedy=False)
+        rows.append({**row, "vs_warm_start": paired_over_prompts(scores, warm),
                      f"vs_sharpen_T{t}": paired_over_prompts(scores, sharpen[t]),
                      "source": os.path.relpath(path, HERE.parents[1])})
     used = {t: os.path.relpath(p, HERE.parents[1]) for t, p in sharpen_records.items()}

@@ -6,17 +6,12 @@ difference."""
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
+from slime_ext.studies.records import read_records  # any JSONL file, gzipped or not
+
 KEYS = ("nll", "grad_norm", "tokens", "lr")
-
-
-def read_metrics(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def compare(a: list[dict], b: list[dict]) -> dict:
@@ -31,7 +26,7 @@ def main() -> None:
     parser.add_argument("a", type=Path)
     parser.add_argument("b", type=Path)
     args = parser.parse_args()
-    print(json.dumps(compare(read_metrics(args.a), read_metrics(args.b)), indent=2))
+    print(json.dumps(compare(read_records(args.a), read_records(args.b)), indent=2))
 
 
 if __name__ == "__main__":

@@ -42,10 +42,11 @@ import sys
 from slime_ext.studies import keep_run_files
 keep_run_files(sys.argv[1], sys.argv[2])
 PYEOF
-gzip -c "$WORK/$NAME-warm_T$COOL/eval.records.jsonl" > "$OUT/warm_start_T$COOL.records.jsonl.gz"
-cp "$WORK/$NAME-warm_T$COOL/eval.json" "$OUT/warm_start_T$COOL.json"
-gzip -c "$WORK/$NAME-final_T$COOL/eval.records.jsonl" > "$OUT/final_T$COOL.records.jsonl.gz"
-cp "$WORK/$NAME-final_T$COOL/eval.json" "$OUT/final_T$COOL.json"
+for pair in "warm:warm_start" "final:final"; do  # evaluation label : the kept files' name
+  src="$WORK/$NAME-${pair%%:*}_T$COOL" kept="$OUT/${pair#*:}_T$COOL"
+  gzip -c "$src/eval.records.jsonl" > "$kept.records.jsonl.gz"
+  cp "$src/eval.json" "$kept.json"
+done
 "$PY" results/noise_floor_v2/compare_pilot.py "$OUT" --sharpen "$COOL=$OUT/warm_start_T$COOL.records.jsonl.gz" \
   --cooled "$COOL=$OUT/final_T$COOL.records.jsonl.gz"
 log "done: $OUT"

@@ -146,6 +146,11 @@ def method_tools(name: str) -> dict[str, str]:
     return dict(entry.tools) if entry is not None else {}
 
 
+def run_method_tools(config: Any) -> dict[str, str]:
+    """The tools the configured method lends (what a run's environment offers beside its own)."""
+    return dict(_entry(config).tools)
+
+
 def run_sampler_modules(config: Any) -> list[str]:
     """The configured method's sampler modules (what the driver declares to the engines it starts)."""
     return list(_entry(config).samplers)

@@ -166,7 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from slime_ext.envs.episode_engine import episode_evaluation
 
         tools = None
-        if registry.method_tools(cfg.method):  # the tools the run's method lends are built by its method object
+        if registry.run_method_tools(cfg):  # the tools the run's method lends are built by its method object
             from slime_ext.orchestration.local_endpoints import build_run_method
 
             tools = build_run_method(cfg, tokenizer).env_tools()
