@@ -204,3 +204,30 @@ def test_bad_level_weights_are_rejected_with_the_key_named(overrides, named):
 def test_dagrpo_phases_refuse_level_weights():
     msg = problem(CONFIGS / "dagrpo.yaml", "data.synthetic.train_level_weights=[1]")
     assert "data.synthetic.train_level_weights" in msg and "dagrpo.phases" in msg
+
+
+def test_the_v2_overlay_puts_any_method_on_v2_with_grpo_v2s_warm_start(tmp_path):
+    """configs/tasks/v2.yaml after a method's config: the task keys are the overlay's, the method's own keys stay,
+    and a method that adds nothing to the warm start's key (DUET) trains on grpo_v2's warm start (the v2 studies
+    reuse one SFT per seed across arms). grpo_v2.yaml itself is grpo.yaml plus the overlay."""
+    import yaml
+
+    from slime_ext.orchestration.training_job import TrainingJob
+    from tests.methods.test_sxs_study import CharTokenizer
+
+    overlay = yaml.safe_load((CONFIGS / "tasks" / "v2.yaml").read_text())
+    duet_v2 = tmp_path / "duet_v2.yaml"
+    duet_v2.write_text(f"extends: [{CONFIGS / 'duet.yaml'}, {CONFIGS / 'tasks' / 'v2.yaml'}]\n")
+    small = [f"run.cache_dir={tmp_path}"]
+    v2, duet, duet_v1, grpo = (load_config(p, small).config for p in (GRPO_V2, duet_v2, CONFIGS / "duet.yaml", GRPO))
+    for cfg in (v2, duet):
+        assert cfg.data.synthetic.train_level_weights == overlay["data"]["synthetic"]["train_level_weights"]
+        assert cfg.tokenizer.vocab_size == 640 and cfg.sft.steps == 1200
+        assert (cfg.rollout.max_prompt_len, cfg.rollout.max_response_len) == (256, 480)
+    assert duet.method == "duet" and duet.rollout.prompt_pool == duet_v1.rollout.prompt_pool == 512
+    assert v2.grpo == grpo.grpo and v2.train == grpo.train
+
+    def key(cfg):
+        return TrainingJob(cfg, tmp_path, [], [], CharTokenizer(), tmp_path / "tok").warm_start_key()
+
+    assert key(duet) == key(v2) != key(duet_v1)
