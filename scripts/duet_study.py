@@ -1,10 +1,14 @@
-"""DUET study on the embedded default: GRPO (full and reduced rollouts) vs DUET at 100/50/25% budget vs DAPO.
+"""DUET study: GRPO (full and reduced rollouts) vs DUET at 100/50/25% budget vs DAPO.
 
-    python scripts/duet_study.py [--seeds 0 1] [--runs runs/duet_study] [--out results/duet_study] [k=v ...]
+    python scripts/duet_study.py [--task v2] [--seeds 0 1 2] [--runs runs/duet_study_v2] [--out results/duet_study_v2] [k=v ...]
 
-Every arm draws RL prompts from one recurring pool of 256 training prompts (`rollout.prompt_pool`) and
-starts from the default job's SFT warm start (`sft.seed=0`; same cache key as
-`configs/grpo.yaml`) and differs only in the method and `run.seed`. Finished runs are skipped, so an
+`--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each arm's config: levels V2-V10 in one
+weighted pool, responses up to 480 tokens, so DUET's grace and DAPO's overlong buffer are scaled to it), the SFT
+seed following the run seed (each seed its own warm start, the one configs/grpo_v2.yaml trains: arms are compared
+by their gains over it, results/noise_floor_v2/README.md), 1026 held-out prompts (the warm start evaluated in
+the GRPO arm only), and a DUET 50% arm with `duet.n_min=2`. `--task v1` is the committed results/duet_study (the default job's level L2, SFT seed 0 for every
+run, 256 held-out prompts). Every arm draws RL prompts from one recurring pool of 256 training prompts
+(`rollout.prompt_pool`) and differs only in the method and `run.seed`. Finished runs are skipped, so an
 interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target accuracy, speed-ups
 against full GRPO) and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
@@ -20,7 +24,8 @@ from statistics import mean
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import difference_table, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import (config_on_task, difference_table, read_metrics, run_one, summarise,  # noqa: E402
+                                   write_table)
 
 ARMS = {
     "GRPO full": ("grpo.yaml", []),
@@ -36,6 +41,25 @@ ARMS = {
 # step), which DUET's per-prompt statistics need; with the full 20k-prompt set no prompt recurs within a
 # short run and DUET's allocation stays uniform (n_q = 8 for every prompt at 100%).
 COMMON = ["rollout.prompt_pool=256"]
+
+# Per task: the default seeds, what every arm adds, and arms only that task runs.
+TASKS = {
+    "v1": {"seeds": [0, 1], "common": [], "extra_arms": {}},
+    # grace and overlong buffer x3 with max_response_len (160 -> 480); 1026 = 114 held-out prompts per level
+    "v2": {"seeds": [0, 1, 2],
+           "common": ["duet.grace=48", "dapo.overlong_buffer=96", "data.synthetic.n_eval=1026", "eval.n_prompts=1026"],
+           "extra_arms": {"DUET 50% n_min 2": ("duet.yaml", ["duet.budget_fraction=0.5", "duet.n_min=2"])}},
+}
+
+
+def arm_overrides(task: str, arm: str, config: str, overrides: list[str]) -> list[str]:
+    """The task's common keys that apply to this arm's method (a DUET key on a GRPO run would be rejected); on v2
+    the seed's warm start is evaluated in the GRPO arm only (the arms share it)."""
+    method = Path(config).stem
+    common = [o for o in TASKS[task]["common"] if not o.startswith(("duet.", "dapo.")) or o.startswith(method + ".")]
+    if task != "v1" and arm != "GRPO full":
+        common.append("eval.warm_start=false")
+    return common + overrides
 
 
 def row_of(run: Path, target: float) -> dict[str, float]:
@@ -99,20 +123,29 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--runs", type=Path, default=REPO / "runs" / "duet_study")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "duet_study")
+    ap.add_argument("--task", choices=sorted(TASKS), default="v2")
+    ap.add_argument("--seeds", type=int, nargs="+", help="default: v1 0 1, v2 0 1 2")
+    ap.add_argument("--runs", type=Path, help="default: runs/duet_study (v1), runs/duet_study_v2 (v2)")
+    ap.add_argument("--out", type=Path, help="default: results/duet_study (v1), results/duet_study_v2 (v2)")
     ap.add_argument("--target", type=float, default=0.7, help="training-reward target for time-to-target")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    suffix = "" if args.task == "v1" else f"_{args.task}"
+    args.seeds = args.seeds or TASKS[args.task]["seeds"]
+    args.runs = args.runs or REPO / "runs" / f"duet_study{suffix}"
+    args.out = args.out or REPO / "results" / f"duet_study{suffix}"
+    arms = {**ARMS, **TASKS[args.task]["extra_arms"]}
     command = "python scripts/duet_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    rows: dict[str, list[dict[str, float]]] = {a: [] for a in ARMS}
-    runs: dict[str, list[str]] = {a: [] for a in ARMS}
+    rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
+    runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}
     for seed in args.seeds:
-        for arm, (config, extra) in ARMS.items():
+        for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
-            run = run_one(config, seed, args.runs / f"{slug}-seed{seed}", [*COMMON, *args.overrides, *extra])  # the arm wins
+            parent = args.runs / f"{slug}-seed{seed}"
+            overrides = arm_overrides(args.task, arm, config, [*COMMON, *args.overrides, *extra])  # the arm wins
+            run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
+                          shared_sft_seed=0 if args.task == "v1" else seed)
             rows[arm].append(row_of(run, args.target))
             runs[arm].append(str(run))
             first.setdefault(arm, run)

@@ -512,6 +512,9 @@ class EvalConfig(Section):
     k: list[int] = Field(default_factory=lambda: [1, 4])
     temperature: float = Field(1.0, ge=0)
     greedy: bool = True
+    # false: no evaluation of the SFT warm start (eval_warm_start.json); a study whose arms share one warm start
+    # evaluates it in one arm and spares the others the same minutes
+    warm_start: bool = True
 
     @model_validator(mode="after")
     def _check_k(self) -> "EvalConfig":

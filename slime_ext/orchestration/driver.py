@@ -248,7 +248,7 @@ class Job:
         from slime_ext.tools.plots import plot_metrics
 
         out: dict[str, Any] = {}
-        if not self.reports and self.warm_dir is not None and "rl" not in self.cfg.run.stages:
+        if not self.reports and self.warm_dir is not None and "rl" not in self.cfg.run.stages and self.cfg.eval.warm_start:
             self.reports = {"SFT": self._training().evaluate_checkpoint(self.warm_dir, "sft")}
         if self.reports:
             table = compare_table(self.reports)

@@ -513,8 +513,10 @@ class TrainingJob:
         return start
 
     def _warm_start_report(self, engine: Any, with_eval: bool, resuming: bool) -> dict[str, Any]:
-        """The warm start's evaluation: run before step 0, read back from `eval_warm_start.json` on resume."""
+        """The warm start's evaluation: run before step 0, read back from `eval_warm_start.json` on resume; none
+        with `eval.warm_start: false`."""
         warm_eval = self.run_dir / "eval_warm_start.json"
+        with_eval = with_eval and self.cfg.eval.warm_start
         if with_eval and not resuming:
             return {"warm start (SFT)": self.evaluate(engine, "warm_start")}
         if with_eval and warm_eval.exists():

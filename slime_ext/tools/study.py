@@ -25,8 +25,29 @@ def finished_run(parent: Path) -> Optional[Path]:
     return None
 
 
-def run_one(config: str, seed: int, parent: Path, overrides: Sequence[str], shared_sft_seed: int = 0) -> Path:
-    """One main-job run (resumed study: skipped when already complete); returns its run directory."""
+# A study's task: None runs each config on its own task (v1's levels); otherwise an overlay put after the config.
+TASK_OVERLAYS: dict[str, Optional[str]] = {"v1": None, "v2": "tasks/v2.yaml"}
+
+
+def config_on_task(config: str, task: str, folder: Path) -> Path:
+    """`configs/<config>` with the task's overlay after it: a file in `folder` that extends both (the overlay wins
+    where both set a key), or the config itself where the task is the configs' own (v1)."""
+    if task not in TASK_OVERLAYS:
+        raise ValueError(f"unknown task {task!r}: one of {sorted(TASK_OVERLAYS)}")
+    base = REPO / "configs" / config
+    overlay = TASK_OVERLAYS[task]
+    if overlay is None:
+        return base
+    folder.mkdir(parents=True, exist_ok=True)
+    composed = folder / f"{Path(config).stem}.{task}.yaml"
+    composed.write_text(f"# {config} on task {task} (written by slime_ext.tools.study)\n"
+                        f"extends: [{base}, {REPO / 'configs' / overlay}]\n")
+    return composed
+
+
+def run_one(config: str | Path, seed: int, parent: Path, overrides: Sequence[str], shared_sft_seed: int = 0) -> Path:
+    """One main-job run (resumed study: skipped when already complete); returns its run directory. `config`: a
+    name under configs/ or a path (`config_on_task`)."""
     done = finished_run(parent)
     if done is not None:
         print(f"[study] {config} seed {seed}: done earlier ({done})", flush=True)

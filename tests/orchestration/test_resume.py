@@ -303,3 +303,25 @@ def test_peak_rss_is_never_a_made_up_zero(tmp_path):
     assert job.stage_rl()["peak_rss_gib"] is None
     job._job.peak_gib = 3.254
     assert job.stage_rl()["peak_rss_gib"] == 3.25
+
+
+def test_eval_warm_start_false_skips_the_warm_start_evaluation_and_true_runs_it_once(tmp_path, monkeypatch):
+    """`eval.warm_start: false`: no evaluation before step 0, none read back on resume; the default evaluates the
+    warm start when the run starts and reads its report back when it resumes."""
+    from slime_ext import evaluation
+    from slime_ext.config.schema import Config
+
+    monkeypatch.setattr(evaluation, "load_report", lambda path: json.loads(Path(path).read_text()))
+    calls: list[str] = []
+    for warm_start in (True, False):
+        job = fake_job(tmp_path / str(warm_start), steps=1)
+        job.run_dir.mkdir()
+        job.cfg = Config(train={"steps": 1}, eval={"warm_start": warm_start})
+        job.evaluate = lambda engine, label: calls.append(label) or {"mean@4": 0.25}
+        fresh = job._warm_start_report(FakeEngine(), with_eval=True, resuming=False)
+        assert fresh == ({"warm start (SFT)": {"mean@4": 0.25}} if warm_start else {})
+        (job.run_dir / "eval_warm_start.json").write_text(json.dumps({"mean@4": 0.25}))
+        resumed = job._warm_start_report(FakeEngine(), with_eval=True, resuming=True)
+        assert bool(resumed) is warm_start
+        assert job._warm_start_report(FakeEngine(), with_eval=False, resuming=False) == {}  # no eval stage
+    assert calls == ["warm_start"]

@@ -9,6 +9,7 @@ import pytest
 
 from slime_ext.studies import (ci_text, min_detectable_difference, paired_over_prompts, per_level_table,
                                per_prompt_scores, read_records, t_interval)
+from tests.conftest import CONFIGS
 
 
 def test_t_interval_on_three_seeds():
@@ -83,3 +84,43 @@ def test_keep_run_files_copies_small_files_and_gzips_records(tmp_path):
     assert kept == ["config.yaml", "eval_final.records.jsonl.gz", "eval_step20.json", "metrics.jsonl"]  # no hf/
     assert read_records(tmp_path / "kept" / "eval_final.records.jsonl.gz") == [{"prompt_id": "p", "scores": [1, 0]}]
     assert [m["reward/mean"] for m in read_metrics(tmp_path / "kept")] == [0.5, 0.75]
+
+
+def _duet_study():
+    import importlib.util
+
+    from tests.conftest import REPO
+    spec = importlib.util.spec_from_file_location("duet_study", REPO / "scripts" / "duet_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_duet_study_arm_on_v2_is_a_valid_config_of_its_method_on_the_v2_pool(tmp_path):
+    """The composed config (arm's config + configs/tasks/v2.yaml) and the task's keys load for every arm: a key the
+    arm's method does not have would be rejected here instead of hours into the study."""
+    from slime_ext.config import load_config
+    from slime_ext.tools.study import config_on_task
+
+    study = _duet_study()
+    arms = {**study.ARMS, **study.TASKS["v2"]["extra_arms"]}
+    assert len(arms) == 7
+    for arm, (config, extra) in arms.items():
+        folder = tmp_path / arm.replace(" ", "_").replace("%", "pct")
+        composed = config_on_task(config, "v2", folder)
+        cfg = load_config(composed, study.arm_overrides("v2", arm, config, [*study.COMMON, *extra])).config
+        assert cfg.method == config.removesuffix(".yaml"), arm
+        assert cfg.eval.warm_start is (arm == "GRPO full")  # the seed's warm start: evaluated in one arm
+        assert cfg.data.synthetic.train_levels == [f"V{k}" for k in range(2, 11)] and cfg.eval.n_prompts == 1026
+        assert cfg.rollout.prompt_pool == 256 and cfg.rollout.max_response_len == 480
+        if cfg.method == "duet":
+            assert cfg.duet.grace == 48
+        if cfg.method == "dapo":
+            assert cfg.dapo.overlong_buffer == 96
+    n_min = load_config(config_on_task("duet.yaml", "v2", tmp_path / "n_min"),
+                        study.arm_overrides("v2", "DUET 50% n_min 2", "duet.yaml", arms["DUET 50% n_min 2"][1])).config
+    assert (n_min.duet.n_min, n_min.duet.budget_fraction) == (2, 0.5)
+    # v1 runs each config as it is (the committed study)
+    assert config_on_task("duet.yaml", "v1", tmp_path / "v1") == CONFIGS / "duet.yaml"
+    with pytest.raises(ValueError, match="unknown task 'v3'"):
+        config_on_task("duet.yaml", "v3", tmp_path)
