@@ -124,3 +124,25 @@ def test_every_duet_study_arm_on_v2_is_a_valid_config_of_its_method_on_the_v2_po
     assert config_on_task("duet.yaml", "v1", tmp_path / "v1") == CONFIGS / "duet.yaml"
     with pytest.raises(ValueError, match="unknown task 'v3'"):
         config_on_task("duet.yaml", "v3", tmp_path)
+
+
+def test_duet_study_time_to_target_uses_the_full_grpo_arms_final_reward(tmp_path):
+    """v2's target: full GRPO's training reward over its last 5 steps (0.6 here); an arm whose trailing 5-step reward
+    first reaches it at step 7 took 7 steps and the seconds of those 7."""
+    study = _duet_study()
+
+    def run(name, rewards, seconds):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": i, "reward/mean": r, "time/step": seconds, "rollout/generated_tokens": 100}) + "\n"
+            for i, r in enumerate(rewards)))
+        (folder / "eval_final.json").write_text(json.dumps({"mean@4": 0.3, "pass@4": 0.5, "greedy": 0.35}))
+        return folder
+
+    full = run("full", [0.4] * 5 + [0.6] * 5, 10.0)
+    assert study.final_reward(full) == pytest.approx(0.6)
+    duet = run("duet", [0.4] * 4 + [0.8] * 6, 4.0)  # trailing means: ..., step 6 (0.4 x 2, 0.8 x 3) = 0.64
+    row = study.row_of(duet, study.final_reward(full))
+    assert (row["steps_to_target"], row["seconds_to_target"]) == (7.0, 28.0)
+    assert row["seconds_per_step"] == 4.0 and row["tokens_per_step"] == 100
