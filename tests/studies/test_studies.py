@@ -145,4 +145,6 @@ def test_duet_study_time_to_target_uses_the_full_grpo_arms_final_reward(tmp_path
     duet = run("duet", [0.4] * 4 + [0.8] * 6, 4.0)  # trailing means: ..., step 6 (0.4 x 2, 0.8 x 3) = 0.64
     row = study.row_of(duet, study.final_reward(full))
     assert (row["steps_to_target"], row["seconds_to_target"]) == (7.0, 28.0)
-    assert row["seconds_per_step"] == 4.0 and row["tokens_per_step"] == 100
+    assert row["seconds_per_step"] == 4.0 and row["tokens_per_step"] == 100 and row["greedy"] == 0.35
+    (duet / "eval_final.json").write_text(json.dumps({"mean@4": 0.3, "pass@4": 0.5, "greedy": None}))  # eval.greedy off
+    assert "greedy" not in study.row_of(duet, 0.6)
