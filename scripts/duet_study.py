@@ -43,13 +43,16 @@ ARMS = {
 # short run and DUET's allocation stays uniform (n_q = 8 for every prompt at 100%).
 COMMON = ["rollout.prompt_pool=256"]
 
-# Per task: the default seeds, what every arm adds, and arms only that task runs.
+# Per task: the default seeds, what every arm adds, arms only that task runs, the folders' suffix, whether each seed
+# trains its own warm start (then evaluated in the GRPO arm only, as the arms share it; else SFT seed 0 for every run),
+# and the time-to-target training reward (None: the seed's full GRPO arm's final reward, `final_reward`).
 TASKS = {
-    "v1": {"seeds": [0, 1], "common": [], "extra_arms": {}},
+    "v1": {"seeds": [0, 1], "common": [], "extra_arms": {}, "suffix": "", "warm_start_per_seed": False, "target": 0.7},
     # grace and overlong buffer x3 with max_response_len (160 -> 480); 1026 = 114 held-out prompts per level
     "v2": {"seeds": [0, 1, 2],
            "common": ["duet.grace=48", "dapo.overlong_buffer=96", "data.synthetic.n_eval=1026", "eval.n_prompts=1026"],
-           "extra_arms": {"DUET 50% n_min 2": ("duet.yaml", ["duet.budget_fraction=0.5", "duet.n_min=2"])}},
+           "extra_arms": {"DUET 50% n_min 2": ("duet.yaml", ["duet.budget_fraction=0.5", "duet.n_min=2"])},
+           "suffix": "_v2", "warm_start_per_seed": True, "target": None},
 }
 
 
@@ -58,7 +61,7 @@ def arm_overrides(task: str, arm: str, config: str, overrides: list[str]) -> lis
     the seed's warm start is evaluated in the GRPO arm only (the arms share it)."""
     method = Path(config).stem
     common = [o for o in TASKS[task]["common"] if not o.startswith(("duet.", "dapo.")) or o.startswith(method + ".")]
-    if task != "v1" and arm != "GRPO full":
+    if TASKS[task]["warm_start_per_seed"] and arm != "GRPO full":
         common.append("eval.warm_start=false")
     return common + overrides
 
@@ -139,11 +142,13 @@ def main(argv=None) -> int:
                     "seed's full GRPO arm's reward over its last 5 steps")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    suffix = "" if args.task == "v1" else f"_{args.task}"
-    args.seeds = args.seeds or TASKS[args.task]["seeds"]
+    task = TASKS[args.task]
+    suffix = task["suffix"]
+    args.seeds = args.seeds or task["seeds"]
     args.runs = args.runs or REPO / "runs" / f"duet_study{suffix}"
     args.out = args.out or REPO / "results" / f"duet_study{suffix}"
-    arms = {**ARMS, **TASKS[args.task]["extra_arms"]}
+    arms = {**ARMS, **task["extra_arms"]}
+    fixed_target = args.target if args.target is not None else task["target"]
     command = "python scripts/duet_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
@@ -154,9 +159,9 @@ def main(argv=None) -> int:
             parent = args.runs / f"{slug}-seed{seed}"
             overrides = arm_overrides(args.task, arm, config, [*COMMON, *args.overrides, *extra])  # the arm wins
             run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
-                          shared_sft_seed=0 if args.task == "v1" else seed)
+                          shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
             if arm == "GRPO full":  # the first arm of every seed
-                target = args.target if args.target is not None else 0.7 if args.task == "v1" else final_reward(run)
+                target = fixed_target if fixed_target is not None else final_reward(run)
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm].append(str(run))
             first.setdefault(arm, run)
