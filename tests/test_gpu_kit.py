@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,6 +50,7 @@ def test_a_failing_section_is_recorded_and_the_others_run(tmp_path, monkeypatch)
     assert "## x: FAILED" in text and "no such kernel" in text
 
 
+@pytest.mark.slow  # 22 s; the dry run above times both trainers in this process with the same code
 def test_trainers_in_child_processes_report_like_in_process_and_a_failed_trainer_is_recorded(monkeypatch):
     """The GPU path times each trainer in its own process; on the CPU the same code runs at toy sizes."""
     sys.path.insert(0, str(ROOT))

@@ -13,6 +13,10 @@ import pytest
 from tests.conftest import REPO
 
 
+# ~60 s (every path's processes start): a slow check. The default run keeps each path's parts: every sync path,
+# delta and the checksums through engine servers (tests/engine/test_server_pool.py), the codec and buckets
+# (tests/engine/test_weight_sync.py) and each sender's own shards (tests/orchestration/test_train_group.py).
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_mode_writes_every_path_with_zero_driver_bytes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -33,7 +33,7 @@ def hf_start_args(tmp: Path, ckpt: Path, *extra: str) -> list[str]:
             "eval.k=[1,2]", *extra]
 
 
-@pytest.mark.slow  # the default run covers this path through the launcher (tests/e2e/test_launcher_cpu.py)
+@pytest.mark.slow  # so is the launcher run from the checkpoint (tests/e2e/test_launcher_cpu.py); fast: its plan and weight names
 @pytest.mark.timeout(600)
 def test_rl_and_eval_start_from_the_hf_checkpoint(tmp_path, checkpoint):
     from slime_ext.orchestration.driver import main

@@ -12,7 +12,7 @@ SERVERS = ["rollout.engine=sglang", "sglang.num_engines=2", "sft.steps=3", "trai
            "run.stages=[data,tokenizer,sft,rl]"]
 
 
-@pytest.mark.slow  # the default run covers this path through the launcher (tests/e2e/test_launcher_cpu.py)
+@pytest.mark.slow  # the default run has the loop on SGLang-protocol engines in tests/e2e/test_multinode.py
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("sync", ["disk", "tensor"])
 def test_grpo_on_two_engine_servers_rolls_out_each_step_with_that_steps_weights(tmp_path, sync):

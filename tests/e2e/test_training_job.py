@@ -73,6 +73,13 @@ def no_ray_here():
         ray.shutdown()
 
 
+# Each method's job through the whole stack is a slow check (35-48 s each on a 2-core CI machine); the default run
+# keeps every method's fast variants: its rollout step through the servers and the in-process engine
+# (tests/methods/test_server_path.py), its config through the manager's hand-over with its loss spec reaching the
+# trainer (tests/orchestration/test_one_method.py), and the stack itself under GRPO (the positive control here).
+METHOD_JOB = pytest.mark.slow
+
+
 @pytest.mark.timeout(900)
 def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch, job_cache, shared_ray):
     """A trivially learnable reward (the first response token has an even id) must go up under GRPO.
@@ -109,6 +116,7 @@ def test_positive_control_first_token_reward_rises(tmp_path, monkeypatch, job_ca
     assert rows[0]["train/mismatch/abs_diff_mean"] < 1e-4 and rows[0]["train/clip_frac"] == 0.0
 
 
+@METHOD_JOB
 @pytest.mark.timeout(900)
 def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path, job_cache, shared_ray):
     """Tandem through the whole stack: authored rollouts, senior-only steps, the junior (the cached warm
@@ -142,6 +150,7 @@ def test_tandem_job_trains_the_senior_and_leaves_the_junior_untouched(tmp_path, 
     assert (run_dir / "plots" / "drift_survival.png").stat().st_size > 0
 
 
+@METHOD_JOB
 @pytest.mark.timeout(900)
 def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path, job_cache, shared_ray):
     from slime_ext.orchestration.driver import main
@@ -163,6 +172,7 @@ def test_duet_and_dapo_jobs_run_through_the_stack(tmp_path, job_cache, shared_ra
         assert m["train/optimizer_steps"] == max(1, m["dapo/trained_groups"]) and "train/mismatch/abs_diff_mean" in m
 
 
+@METHOD_JOB
 @pytest.mark.timeout(900)
 def test_sxs_sft_then_rl_jobs(tmp_path, job_cache, shared_ray):
     """SxS stage 1 (SFT on interleaved data, evaluated on the visible answer with latency metrics) and
@@ -190,6 +200,7 @@ def test_sxs_sft_then_rl_jobs(tmp_path, job_cache, shared_ray):
         assert dropped == pytest.approx(round(dropped), abs=1e-9)
 
 
+@METHOD_JOB
 @pytest.mark.timeout(900)
 def test_dagrpo_job_with_phases_and_a_cloud_endpoint(tmp_path, job_cache, shared_ray):
     """DA-GRPO through the stack: a cloud served over HTTP, two task phases, lambda updated every step,
@@ -266,8 +277,10 @@ LONG_RUN = ["sft.steps=3", "train.steps=200", "run.stages=[data,tokenizer,sft,rl
 
 
 @pytest.mark.timeout(600)
-# the engine actor's death is the slow variant; the engine failure path also has fast tests (test_resume)
-@pytest.mark.parametrize("actor", [pytest.param("EmbeddedEngineActor", marks=pytest.mark.slow), "TrainWorker"])
+# both actors' deaths are slow checks (~45 s each); the message and checkpoint rules for an actor that dies in any
+# phase have fast tests (tests/orchestration/test_resume.py), and Ctrl-C below keeps a CLI fault path in the default run
+@pytest.mark.slow
+@pytest.mark.parametrize("actor", ["EmbeddedEngineActor", "TrainWorker"])
 def test_actor_death_stops_the_run_with_its_checkpoint_and_a_message(tmp_path, actor, job_cache, no_ray_here):
     """An engine or a trainer rank killed mid-run (as Ray's memory monitor would): exit 1 with one message
     naming the intact checkpoint and the resume command, without Ray's traceback."""
