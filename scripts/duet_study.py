@@ -8,8 +8,8 @@ seed following the run seed (each seed its own warm start, the one configs/grpo_
 by their gains over it, results/noise_floor_v2/README.md), 1026 held-out prompts (the warm start evaluated in
 the GRPO arm only), and a DUET 50% arm with `duet.n_min=2`. `--task v1` is the committed results/duet_study (the default job's level L2, SFT seed 0 for every
 run, 256 held-out prompts). Every arm draws RL prompts from one recurring pool of 256 training prompts
-(`rollout.prompt_pool`) and differs only in the method and `run.seed`. Finished runs are skipped, so an
-interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
+(`rollout.prompt_pool`) and differs only in the method and `run.seed`. Finished runs are skipped and a run
+stopped part-way continues from its last checkpoint, so an interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
 seed's full GRPO arm ended at), speed-ups
 against full GRPO) and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.

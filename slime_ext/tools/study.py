@@ -1,7 +1,8 @@
 """Shared plumbing of the study scripts (`scripts/*_study.py`): resumable runs, mean/spread tables.
 
 A study is a grid of main-job runs (config x seed), each in its own output folder; a run that already
-finished (its `summary.json` says complete) is not run again, so an interrupted study resumes.
+finished (its `summary.json` says complete) is not run again, and a run stopped part-way continues from its last
+checkpoint (`resume=`), so an interrupted study resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -45,15 +46,29 @@ def config_on_task(config: str, task: str, folder: Path) -> Path:
     return composed
 
 
+def interrupted_run(parent: Path) -> Optional[Path]:
+    """The newest run under `parent` that stopped before completing but kept a checkpoint (a study killed at the
+    end of a session): resuming it loses only the steps after that checkpoint."""
+    for summary in sorted(parent.glob("*/summary.json"), reverse=True):
+        run = summary.parent
+        if not json.loads(summary.read_text()).get("complete") and (run / "checkpoints" / "latest").exists():
+            return run
+    return None
+
+
 def run_one(config: str | Path, seed: int, parent: Path, overrides: Sequence[str], shared_sft_seed: int = 0) -> Path:
-    """One main-job run (resumed study: skipped when already complete); returns its run directory. `config`: a
-    name under configs/ or a path (`config_on_task`)."""
+    """One main-job run (resumed study: skipped when already complete, continued from its checkpoint when stopped
+    part-way); returns its run directory. `config`: a name under configs/ or a path (`config_on_task`)."""
     done = finished_run(parent)
     if done is not None:
         print(f"[study] {config} seed {seed}: done earlier ({done})", flush=True)
         return done
-    cmd = [sys.executable, "-m", "slime_ext.orchestration.driver", str(REPO / "configs" / config), f"run.seed={seed}",
-           f"sft.seed={shared_sft_seed}", f"run.output_dir={parent}", *overrides]
+    stopped = interrupted_run(parent)
+    if stopped is not None:  # its config.yaml holds the overrides it started with
+        cmd = [sys.executable, "-m", "slime_ext.orchestration.driver", f"resume={stopped}"]
+    else:
+        cmd = [sys.executable, "-m", "slime_ext.orchestration.driver", str(REPO / "configs" / config),
+               f"run.seed={seed}", f"sft.seed={shared_sft_seed}", f"run.output_dir={parent}", *overrides]
     print(f"[study] {' '.join(cmd)}", flush=True)
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     subprocess.run(cmd, cwd=REPO, check=True, env=env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,39 @@ def test_duet_study_time_to_target_uses_the_full_grpo_arms_final_reward(tmp_path
     assert row["seconds_per_step"] == 4.0 and row["tokens_per_step"] == 100 and row["greedy"] == 0.35
     (duet / "eval_final.json").write_text(json.dumps({"mean@4": 0.3, "pass@4": 0.5, "greedy": None}))  # eval.greedy off
     assert "greedy" not in study.row_of(duet, 0.6)
+
+
+def test_a_study_run_stopped_part_way_resumes_from_its_checkpoint_and_a_finished_one_is_skipped(tmp_path, monkeypatch):
+    from slime_ext.tools import study
+
+    def run_dir(parent, name: str, complete: bool, checkpoint: bool):
+        run = parent / name
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"complete": complete}))
+        if checkpoint:
+            (run / "checkpoints").mkdir()
+            (run / "checkpoints" / "latest").write_text("iter_0000012")
+        return run
+
+    calls: list[list[str]] = []
+
+    def driver(cmd, **_):  # the driver completes the run it resumes, or a new one in run.output_dir
+        calls.append(cmd[3:])
+        resumed = [a.split("=", 1)[1] for a in cmd if a.startswith("resume=")]
+        if resumed:
+            (Path(resumed[0]) / "summary.json").write_text(json.dumps({"complete": True}))
+        else:
+            output = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("run.output_dir=")))
+            run_dir(output, "grpo-20261127-170000", True, True)
+
+    monkeypatch.setattr(study.subprocess, "run", driver)
+    killed = run_dir(tmp_path / "a", "grpo-20261127-150000", complete=False, checkpoint=True)  # at step 12
+    run_dir(tmp_path / "a", "grpo-20261127-160000", complete=False, checkpoint=False)  # before its first checkpoint
+    assert study.run_one("grpo.yaml", 0, tmp_path / "a", ["train.steps=40"]) == killed
+    assert calls == [[f"resume={killed}"]]
+    assert study.run_one("grpo.yaml", 0, tmp_path / "a", ["train.steps=40"]) == killed and len(calls) == 1  # skipped
+
+    run_dir(tmp_path / "b", "grpo-20261127-160000", complete=False, checkpoint=False)  # nothing to resume: a new run
+    new = study.run_one("grpo.yaml", 3, tmp_path / "b", ["train.steps=40"], shared_sft_seed=3)
+    assert new == tmp_path / "b" / "grpo-20261127-170000"
+    assert calls[1][1:] == ["run.seed=3", "sft.seed=3", f"run.output_dir={tmp_path / 'b'}", "train.steps=40"]
