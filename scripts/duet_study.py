@@ -11,14 +11,15 @@ run, 256 held-out prompts). Every arm draws RL prompts from one recurring pool o
 (`rollout.prompt_pool`) and differs only in the method and `run.seed`. Finished runs are skipped and a run
 stopped part-way continues from its last checkpoint, so an interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
-seed's full GRPO arm ended at), speed-ups
-against full GRPO) and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
+seed's full GRPO arm ended at), speed-ups against full GRPO; on v2 also each seed's warm start at T = 1 and at
+T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2) and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from statistics import mean
@@ -47,13 +48,17 @@ COMMON = ["rollout.prompt_pool=256"]
 # trains its own warm start (then evaluated in the GRPO arm only, as the arms share it; else SFT seed 0 for every run),
 # and the time-to-target training reward (None: the seed's full GRPO arm's final reward, `final_reward`).
 TASKS = {
-    "v1": {"seeds": [0, 1], "common": [], "extra_arms": {}, "suffix": "", "warm_start_per_seed": False, "target": 0.7},
+    "v1": {"seeds": [0, 1], "common": [], "extra_arms": {}, "suffix": "", "warm_start_per_seed": False, "target": 0.7,
+           "sharpening": None},
     # grace and overlong buffer x3 with max_response_len (160 -> 480); 1026 = 114 held-out prompts per level
     "v2": {"seeds": [0, 1, 2],
            "common": ["duet.grace=48", "dapo.overlong_buffer=96", "data.synthetic.n_eval=1026", "eval.n_prompts=1026"],
            "extra_arms": {"DUET 50% n_min 2": ("duet.yaml", ["duet.budget_fraction=0.5", "duet.n_min=2"])},
-           "suffix": "_v2", "warm_start_per_seed": True, "target": None},
+           "suffix": "_v2", "warm_start_per_seed": True, "target": None,
+           # the noise floor's sharpening baseline (results/noise_floor_v2): each seed's warm start sampled cooler
+           "sharpening": 0.4},
 }
+WARM, SHARP = "warm start, no RL (T = 1)", "warm start, no RL, T = {t} (sharpening)"
 
 
 def arm_overrides(task: str, arm: str, config: str, overrides: list[str]) -> list[str]:
@@ -70,6 +75,27 @@ def final_reward(run: Path) -> float:
     """The run's training reward over its last 5 steps: on v2 the time-to-target target is the seed's full GRPO
     arm's (when each arm reaches what full GRPO ended at), since v2's rewards sit far from v1's 0.7."""
     return mean(m["reward/mean"] for m in read_metrics(run)[-5:])
+
+
+def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
+    """The warm start of `run` evaluated at `temperature` on the run's held-out set (its config's eval keys), once
+    per seed: `folder/eval.json` with its per-prompt records, so the table pairs it with every arm prompt by prompt.
+    What a cooler sampler gives without training is the gain an RL arm has to beat (results/noise_floor_v2)."""
+    report = folder / "eval.json"
+    if report.exists():
+        return report
+    warm = json.loads((run / "summary.json").read_text())["stages"]["sft"]["warm_start"]
+    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm, "--config", str(run / "config.yaml"),
+           f"eval.temperature={temperature}", "eval.greedy=false", "--out", str(folder)]
+    print(f"[study] {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True)
+    return report
+
+
+def evaluation_row(report: Path) -> dict[str, float]:
+    """A baseline's row: the held-out scores only (it trains nothing, so it has no cost columns)."""
+    final = json.loads(report.read_text())
+    return {k: final[k] for k in ("mean@4", "pass@4", "greedy") if final.get(k) is not None}
 
 
 def row_of(run: Path, target: float) -> dict[str, float]:
@@ -153,6 +179,7 @@ def main(argv=None) -> int:
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}
+    baselines: dict[str, list[Path]] = {WARM: [], SHARP.format(t=task["sharpening"]): []}  # eval JSON per seed
     for seed in args.seeds:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
@@ -162,6 +189,11 @@ def main(argv=None) -> int:
                           shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
             if arm == "GRPO full":  # the first arm of every seed
                 target = fixed_target if fixed_target is not None else final_reward(run)
+                if task["warm_start_per_seed"]:  # the seed's own baselines: its warm start, plain and cooled
+                    baselines[WARM].append(run / "eval_warm_start.json")
+                if task["sharpening"] is not None:
+                    t = task["sharpening"]
+                    baselines[SHARP.format(t=t)].append(sharpening_eval(run, t, args.runs / f"sharpening_T{t}-seed{seed}"))
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm].append(str(run))
             first.setdefault(arm, run)
@@ -170,10 +202,14 @@ def main(argv=None) -> int:
     for arm, stats in summary.items():  # speed-ups against full GRPO (ratios of means)
         stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, 1)
         stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, 1)
-    print(write_table(args.out, "DUET study", summary, runs, args.seeds, command,
+    baselines = {name: reports for name, reports in baselines.items() if reports}
+    summary.update(summarise({name: [evaluation_row(r) for r in reports] for name, reports in baselines.items()}))
+    print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
+                      args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
                        "step_speedup", "steps_to_target", "seconds_to_target"]))
-    print(difference_table(args.out, {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}, "GRPO full"))
+    evals = {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}
+    print(difference_table(args.out, {**evals, **baselines}, "GRPO full"))
     plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")}, first)
     print(f"[study] wrote {args.out}")
     return 0

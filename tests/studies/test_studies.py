@@ -185,3 +185,62 @@ def test_a_study_run_stopped_part_way_resumes_from_its_checkpoint_and_a_finished
     new = study.run_one("grpo.yaml", 3, tmp_path / "b", ["train.steps=40"], shared_sft_seed=3)
     assert new == tmp_path / "b" / "grpo-20261127-170000"
     assert calls[1][1:] == ["run.seed=3", "sft.seed=3", f"run.output_dir={tmp_path / 'b'}", "train.steps=40"]
+
+
+def _report(path, scores_per_prompt: list[list[float]], temperature: float = 1.0) -> None:
+    """An eval JSON with its per-prompt records (4 samples a prompt; no greedy)."""
+    from slime_ext.evaluation import EvalReport, save_report
+
+    flat = [s for row in scores_per_prompt for s in row]
+    mean = sum(flat) / len(flat)
+    save_report(EvalReport(n_prompts=len(scores_per_prompt), n_samples=4, temperature=temperature,
+                           mean_at_k={4: mean}, pass_at_k={4: sum(max(r) for r in scores_per_prompt) / len(scores_per_prompt)},
+                           greedy=None, mean_score=mean, mean_score_stderr=0.0, mean_at_1_stderr=0.0,
+                           mean_response_len=10.0, greedy_mean_response_len=None, truncation_rate=0.0,
+                           greedy_truncation_rate=None, reasons={}, greedy_reasons={},
+                           records=[{"prompt_id": f"p{i}", "scores": row} for i, row in enumerate(scores_per_prompt)]),
+                path)
+
+
+def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_paired_with_the_arms(tmp_path, monkeypatch):
+    """On v2 the table carries the noise floor's baselines: the warm start at T = 1 (from the full GRPO arm) and at
+    T = 0.4 (evaluated once per seed, skipped when done), each paired prompt by prompt with full GRPO."""
+    study = _duet_study()
+    warm, trained, cooled = [[0.0, 0.0, 0.0, 1.0]] * 8, [[0.0, 0.0, 1.0, 1.0]] * 8, [[0.0, 1.0, 1.0, 1.0]] * 8
+    metrics = "".join(json.dumps({"step": i, "reward/mean": 0.5, "time/step": 2.0, "rollout/generated_tokens": 100,
+                                  "duet/n_mean": 8, "duet/n_min": 8, "duet/n_max": 8}) + "\n" for i in range(3))
+
+    def fake_run(config, seed, parent, overrides, shared_sft_seed=0):
+        run = parent / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "metrics.jsonl").write_text(metrics)
+        _report(run / "eval_final.json", trained)
+        (run / "config.yaml").write_text("method: grpo\n")
+        (run / "summary.json").write_text(json.dumps({"complete": True, "stages": {"sft": {"warm_start": "WS"}}}))
+        if "eval.warm_start=false" not in overrides:
+            _report(run / "eval_warm_start.json", warm)
+        return run
+
+    evaluated = []
+
+    def fake_eval(cmd, **_):
+        evaluated.append(cmd[3:])
+        out = Path(cmd[cmd.index("--out") + 1])
+        _report(out / "eval.json", cooled, temperature=0.4)
+
+    monkeypatch.setattr(study, "run_one", fake_run)
+    monkeypatch.setattr(study.subprocess, "run", fake_eval)
+    out = tmp_path / "out"
+    assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    run = tmp_path / "runs" / "GRPO_full-seed0" / "run"
+    assert evaluated == [["WS", "--config", str(run / "config.yaml"), "eval.temperature=0.4", "eval.greedy=false",
+                          "--out", str(tmp_path / "runs" / "sharpening_T0.4-seed0")]]
+    summary = json.loads((out / "table.json").read_text())["summary"]
+    assert summary["warm start, no RL (T = 1)"]["mean@4"][0] == 0.25
+    assert summary["warm start, no RL, T = 0.4 (sharpening)"]["mean@4"][0] == 0.75
+    assert summary["DUET 50%"]["mean@4"][0] == 0.5
+    table = (out / "table.md").read_text()
+    # paired with full GRPO over the 8 prompts: -25 and +25 points, no spread
+    assert "| warm start, no RL (T = 1) | -25.0" in table and "| warm start, no RL, T = 0.4 (sharpening) | +25.0" in table
+    assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert len(evaluated) == 1  # the seed's sharpening evaluation is kept
