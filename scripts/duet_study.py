@@ -12,7 +12,8 @@ run, 256 held-out prompts). Every arm draws RL prompts from one recurring pool o
 stopped part-way continues from its last checkpoint, so an interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
 seed's full GRPO arm ended at), speed-ups against full GRPO; on v2 also each seed's warm start at T = 1 and at
-T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2) and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
+T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2), each run's config, metrics, reports and
+gzipped per-prompt records under `--out`/runs/ (written as each run finishes), and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from statistics import mean
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from slime_ext.studies import keep_run_files  # noqa: E402
 from slime_ext.tools.study import (config_on_task, difference_table, read_metrics, run_one, summarise,  # noqa: E402
                                    write_table)
 
@@ -81,12 +83,12 @@ def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
     """The warm start of `run` evaluated at `temperature` on the run's held-out set (its config's eval keys), once
     per seed: `folder/eval.json` with its per-prompt records, so the table pairs it with every arm prompt by prompt.
     What a cooler sampler gives without training is the gain an RL arm has to beat (results/noise_floor_v2)."""
-    report = folder / "eval.json"
+    report = folder / "eval_sharpening.json"
     if report.exists():
         return report
     warm = json.loads((run / "summary.json").read_text())["stages"]["sft"]["warm_start"]
     cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm, "--config", str(run / "config.yaml"),
-           f"eval.temperature={temperature}", "eval.greedy=false", "--out", str(folder)]
+           f"eval.temperature={temperature}", "eval.greedy=false", "--out", str(report)]
     print(f"[study] {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
     return report
@@ -193,7 +195,10 @@ def main(argv=None) -> int:
                     baselines[WARM].append(run / "eval_warm_start.json")
                 if task["sharpening"] is not None:
                     t = task["sharpening"]
-                    baselines[SHARP.format(t=t)].append(sharpening_eval(run, t, args.runs / f"sharpening_T{t}-seed{seed}"))
+                    sharp = sharpening_eval(run, t, args.runs / f"sharpening_T{t}-seed{seed}")
+                    baselines[SHARP.format(t=t)].append(sharp)
+                    keep_run_files(sharp.parent, args.out / "runs" / sharp.parent.name, (sharp.name,))
+            keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm].append(str(run))
             first.setdefault(arm, run)

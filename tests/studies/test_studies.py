@@ -225,8 +225,7 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
 
     def fake_eval(cmd, **_):
         evaluated.append(cmd[3:])
-        out = Path(cmd[cmd.index("--out") + 1])
-        _report(out / "eval.json", cooled, temperature=0.4)
+        _report(Path(cmd[cmd.index("--out") + 1]), cooled, temperature=0.4)
 
     monkeypatch.setattr(study, "run_one", fake_run)
     monkeypatch.setattr(study.subprocess, "run", fake_eval)
@@ -234,7 +233,7 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     run = tmp_path / "runs" / "GRPO_full-seed0" / "run"
     assert evaluated == [["WS", "--config", str(run / "config.yaml"), "eval.temperature=0.4", "eval.greedy=false",
-                          "--out", str(tmp_path / "runs" / "sharpening_T0.4-seed0")]]
+                          "--out", str(tmp_path / "runs" / "sharpening_T0.4-seed0" / "eval_sharpening.json")]]
     summary = json.loads((out / "table.json").read_text())["summary"]
     assert summary["warm start, no RL (T = 1)"]["mean@4"][0] == 0.25
     assert summary["warm start, no RL, T = 0.4 (sharpening)"]["mean@4"][0] == 0.75
@@ -244,3 +243,8 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     assert "| warm start, no RL (T = 1) | -25.0" in table and "| warm start, no RL, T = 0.4 (sharpening) | +25.0" in table
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert len(evaluated) == 1  # the seed's sharpening evaluation is kept
+    # every run and the sharpening evaluation land under --out with their records gzipped
+    kept = out / "runs"
+    assert (kept / "GRPO_full-seed0" / "eval_warm_start.records.jsonl.gz").is_file()
+    assert (kept / "DUET_50pct-seed0" / "metrics.jsonl").read_text() == metrics
+    assert read_records(kept / "sharpening_T0.4-seed0" / "eval_sharpening.records.jsonl.gz")[0]["scores"] == cooled[0]
