@@ -13,7 +13,8 @@ stopped part-way continues from its last checkpoint, so an interrupted study res
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
 seed's full GRPO arm ended at), speed-ups against full GRPO; on v2 also each seed's warm start at T = 1 and at
 T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2), each run's config, metrics, reports and
-gzipped per-prompt records under `--out`/runs/ (written as each run finishes), and plots of lambda, K1/K2, n_q fan-out and abort / marker rates over steps.
+gzipped per-prompt records under `--out`/runs/ (written as each run finishes), and plots of lambda, K1/K2, n_q fan-out, abort / marker / tail-trim rates over steps and the
+allocation per level (`duet_allocation_by_level.png`).
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
     import matplotlib.pyplot as plt
 
     panels = [("duet/lambda", "lambda"), ("duet/k1", "K1"), ("duet/k2", "K2"), (None, "n_q fan-out (min / mean / max)"),
-              ("duet/abort_rate", "abort rate"), ("duet/marker_rate", "marker rate")]
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+              ("duet/abort_rate", "abort rate"), ("duet/marker_rate", "marker rate"),
+              ("duet/tail_trim_rate", "tail-trim rate (the gate ended it after the answer)"),
+              ("duet/tokens_over_budget", "generated / budget tokens")]
+    fig, axes = plt.subplots(2, 4, figsize=(16, 6.5))
     for ax, (key, label) in zip(axes.flat, panels):
         for name, run in duet_runs.items():
             m = read_metrics(run)
@@ -143,6 +146,22 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
     fig.tight_layout()
     fig.savefig(out / "duet_controller.png", dpi=120)
     plt.close(fig)
+
+    # where each budget goes on a mixed-level pool: mean rollouts per prompt of every level over steps
+    by_level = {name: read_metrics(run) for name, run in duet_runs.items()}
+    levels = sorted({k.rsplit("/", 1)[1] for m in by_level.values() for x in m for k in x if k.startswith("duet/n_mean/")},
+                    key=lambda v: (len(v), v))
+    if levels:
+        fig, axes = plt.subplots(1, len(by_level), figsize=(4 * len(by_level), 3.8), sharey=True, squeeze=False)
+        for ax, (name, m) in zip(axes[0], by_level.items()):
+            for level in levels:
+                ax.plot([x["step"] for x in m], [x.get(f"duet/n_mean/{level}", float("nan")) for x in m], label=level)
+            ax.set(title=name, xlabel="RL step")
+        axes[0][0].set_ylabel("rollouts per prompt (mean)")
+        axes[0][-1].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / "duet_allocation_by_level.png", dpi=120)
+        plt.close(fig)
 
     # what each arm spends and what it gets for it
     fig, (ax_tok, ax_rew) = plt.subplots(1, 2, figsize=(12, 4.5))

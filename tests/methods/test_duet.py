@@ -60,10 +60,37 @@ def test_duet_finish_masks_aborted_rollouts_after_the_shared_baseline():
     assert m["duet/abort_rate"] == pytest.approx(0.25) and m["duet/mean_is_weight"] > 1
     # controller state: sigma from the two kept rollouts of g1, lengths of kept rollouts
     assert method.stats.sigma["0"][1] == 1 and method.stats.L("0") == 5.0
+    assert m["duet/tail_trim_rate"] == 0.0 and not any(k.startswith("duet/n_mean/") for k in m)  # no marker, no level
     state = method.state_dict()
     clone = build_method(cfg)
     clone.load_state_dict(state)
     assert clone.state_dict() == state
+
+
+def test_duet_reports_tail_trims_and_the_allocation_per_level():
+    """A rollout the gate ended after its marker (finish "sampler") is a tail trim; one that ended by itself after
+    the marker, or was aborted, is not. Rollouts per prompt are averaged per level: V2 prompts got 3 and 1, V5 got 2."""
+    method = build_method(_cfg("duet.yaml"))
+    method.plan([{"prompt": p, "label": "7", "row_id": i} for i, p in enumerate("qrs")], 0)
+    marker = [{}] * 2 + [{"duet_marker": 3}] + [{}] * 2
+    abort_note = [{}] * 4 + [{"did_abort": True, "keep_propensity": 0.0}]
+    g1 = [_rollout("a", "g1", "\\boxed{7}", 5, marker, "sampler"), _rollout("b", "g1", "\\boxed{7} check", 5, marker),
+          _rollout("c", "g1", "xx", 5, abort_note, "sampler")]
+    g2 = [_rollout("d", "g2", "\\boxed{3}", 5, marker, "sampler"), _rollout("e", "g2", "yy", 5)]
+    g3 = [_rollout("f", "g3", "\\boxed{7}", 5)]
+    for group, level in ((g1, "V2"), (g2, "V5"), (g3, "V2")):
+        for sample in group:
+            sample.metadata["level"] = level
+    m = method.finish([g1, g2, g3], 0)
+    assert m["duet/tail_trim_rate"] == pytest.approx(2 / 6)  # a and d
+    assert m["duet/marker_rate"] == pytest.approx(3 / 6)
+    assert (m["duet/n_mean/V2"], m["duet/n_mean/V5"]) == (2.0, 2.0) and m["duet/n_mean"] == 2.0
+    g3.append(_rollout("g", "g3", "\\boxed{7}", 5))
+    g3[-1].metadata["level"] = "V2"
+    g2.pop()
+    method.plan([{"prompt": p, "label": "7", "row_id": i} for i, p in enumerate("qrs")], 1)
+    m = method.finish([g1, g2, g3], 1)
+    assert (m["duet/n_mean/V2"], m["duet/n_mean/V5"]) == (2.5, 1.0)
 
 
 # -- the token budget over real steps -------------------------------------------------------------

@@ -208,7 +208,8 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     study = _duet_study()
     warm, trained, cooled = [[0.0, 0.0, 0.0, 1.0]] * 8, [[0.0, 0.0, 1.0, 1.0]] * 8, [[0.0, 1.0, 1.0, 1.0]] * 8
     metrics = "".join(json.dumps({"step": i, "reward/mean": 0.5, "time/step": 2.0, "rollout/generated_tokens": 100,
-                                  "duet/n_mean": 8, "duet/n_min": 8, "duet/n_max": 8}) + "\n" for i in range(3))
+                                  "duet/n_mean": 8, "duet/n_min": 8, "duet/n_max": 8, "duet/n_mean/V2": 9,
+                                  "duet/n_mean/V10": 7}) + "\n" for i in range(3))
 
     def fake_run(config, seed, parent, overrides, shared_sft_seed=0):
         run = parent / "run"
@@ -243,6 +244,7 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     assert "| warm start, no RL (T = 1) | -25.0" in table and "| warm start, no RL, T = 0.4 (sharpening) | +25.0" in table
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert len(evaluated) == 1  # the seed's sharpening evaluation is kept
+    assert all((out / f).stat().st_size > 1000 for f in ("duet_controller.png", "duet_allocation_by_level.png"))
     # every run and the sharpening evaluation land under --out with their records gzipped
     kept = out / "runs"
     assert (kept / "GRPO_full-seed0" / "eval_warm_start.records.jsonl.gz").is_file()

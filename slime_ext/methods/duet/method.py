@@ -59,6 +59,17 @@ def prompt_key(row: dict) -> str:
     return str(row.get("row_id", row.get("id", row["prompt"])))
 
 
+def allocation_by_level(groups: list[list[Sample]]) -> dict[str, float]:
+    """`duet/n_mean/<level>`: the mean rollouts per prompt of each task level in the step (rows that carry a level,
+    as the synthetic tasks' do): where the allocation sends the budget on a mixed-level pool."""
+    counts: dict[str, list[int]] = {}
+    for group in groups:
+        level = group[0].metadata.get("level") if group else None
+        if level is not None:
+            counts.setdefault(str(level), []).append(len(group))
+    return {f"duet/n_mean/{level}": mean(n) for level, n in sorted(counts.items())}
+
+
 class Duet(GRPO):
     name = "duet"
 
@@ -137,6 +148,7 @@ class Duet(GRPO):
         generated = sum(s.metadata["generated_len"] for s in samples)
         budgeted = sum(s.metadata["budgeted_len"] for s in samples)
         weights = [s.weight for s in samples if not s.metadata["did_abort"]]
+        metrics.update(allocation_by_level(groups))
         metrics.update({
             "duet/lambda": info.get("lam", float("nan")), "duet/k1": info.get("k1", 0), "duet/k2": info.get("k2", 0),
             "duet/budget_tokens": info.get("budget", float("nan")), "duet/generated_tokens": generated,
@@ -146,6 +158,9 @@ class Duet(GRPO):
             "duet/eps_kept_rate": mean(s.metadata["eps_kept"] for s in samples),
             "duet/abort_rate": mean(s.metadata["did_abort"] for s in samples),
             "duet/marker_rate": mean(s.metadata["marker_at"] is not None for s in samples),
+            # the gate ended the rollout after its answer marker: the tail after the answer was cut
+            "duet/tail_trim_rate": mean(s.metadata["marker_at"] is not None and not s.metadata["did_abort"]
+                                        and s.metadata.get("finish_reason") == "sampler" for s in samples),
             "duet/mean_is_weight": mean(weights) if weights else 0.0,
             "duet/n_min": min(len(g) for g in groups), "duet/n_max": max(len(g) for g in groups),
             "duet/n_mean": mean(len(g) for g in groups), "duet/rollouts": len(samples),
