@@ -82,7 +82,7 @@ def final_reward(run: Path) -> float:
 
 def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
     """The warm start of `run` evaluated at `temperature` on the run's held-out set (its config's eval keys), once
-    per seed: `folder/eval.json` with its per-prompt records, so the table pairs it with every arm prompt by prompt.
+    per seed: `folder/eval_sharpening.json` with its per-prompt records, so the table pairs it with every arm prompt by prompt.
     What a cooler sampler gives without training is the gain an RL arm has to beat (results/noise_floor_v2)."""
     report = folder / "eval_sharpening.json"
     if report.exists():
@@ -129,10 +129,10 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
               ("duet/abort_rate", "abort rate"), ("duet/marker_rate", "marker rate"),
               ("duet/tail_trim_rate", "tail-trim rate (the gate ended it after the answer)"),
               ("duet/tokens_over_budget", "generated / budget tokens")]
+    duet_metrics = {name: read_metrics(run) for name, run in duet_runs.items()}  # read once for every panel
     fig, axes = plt.subplots(2, 4, figsize=(16, 6.5))
     for ax, (key, label) in zip(axes.flat, panels):
-        for name, run in duet_runs.items():
-            m = read_metrics(run)
+        for name, m in duet_metrics.items():
             steps = [x["step"] for x in m]
             if key is None:  # the allocation's spread of rollouts per prompt
                 line, = ax.plot(steps, [x["duet/n_mean"] for x in m], label=name)
@@ -148,12 +148,11 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
     plt.close(fig)
 
     # where each budget goes on a mixed-level pool: mean rollouts per prompt of every level over steps
-    by_level = {name: read_metrics(run) for name, run in duet_runs.items()}
-    levels = sorted({k.rsplit("/", 1)[1] for m in by_level.values() for x in m for k in x if k.startswith("duet/n_mean/")},
+    levels = sorted({k.rsplit("/", 1)[1] for m in duet_metrics.values() for x in m for k in x if k.startswith("duet/n_mean/")},
                     key=lambda v: (len(v), v))
     if levels:
-        fig, axes = plt.subplots(1, len(by_level), figsize=(4 * len(by_level), 3.8), sharey=True, squeeze=False)
-        for ax, (name, m) in zip(axes[0], by_level.items()):
+        fig, axes = plt.subplots(1, len(duet_metrics), figsize=(4 * len(duet_metrics), 3.8), sharey=True, squeeze=False)
+        for ax, (name, m) in zip(axes[0], duet_metrics.items()):
             for level in levels:
                 ax.plot([x["step"] for x in m], [x.get(f"duet/n_mean/{level}", float("nan")) for x in m], label=level)
             ax.set(title=name, xlabel="RL step")
@@ -200,7 +199,7 @@ def main(argv=None) -> int:
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}
-    baselines: dict[str, list[Path]] = {WARM: [], SHARP.format(t=task["sharpening"]): []}  # eval JSON per seed
+    baselines: dict[str, list[Path]] = {}  # the task's baselines: one eval JSON per seed
     for seed in args.seeds:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
@@ -211,11 +210,11 @@ def main(argv=None) -> int:
             if arm == "GRPO full":  # the first arm of every seed
                 target = fixed_target if fixed_target is not None else final_reward(run)
                 if task["warm_start_per_seed"]:  # the seed's own baselines: its warm start, plain and cooled
-                    baselines[WARM].append(run / "eval_warm_start.json")
+                    baselines.setdefault(WARM, []).append(run / "eval_warm_start.json")
                 if task["sharpening"] is not None:
                     t = task["sharpening"]
                     sharp = sharpening_eval(run, t, args.runs / f"sharpening_T{t}-seed{seed}")
-                    baselines[SHARP.format(t=t)].append(sharp)
+                    baselines.setdefault(SHARP.format(t=t), []).append(sharp)
                     keep_run_files(sharp.parent, args.out / "runs" / sharp.parent.name, (sharp.name,))
             keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
@@ -226,7 +225,6 @@ def main(argv=None) -> int:
     for arm, stats in summary.items():  # speed-ups against full GRPO (ratios of means)
         stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, 1)
         stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, 1)
-    baselines = {name: reports for name, reports in baselines.items() if reports}
     summary.update(summarise({name: [evaluation_row(r) for r in reports] for name, reports in baselines.items()}))
     print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
                       args.seeds, command,
