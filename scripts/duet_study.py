@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from statistics import mean
@@ -29,8 +28,8 @@ from statistics import mean
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files  # noqa: E402
-from slime_ext.tools.study import (config_on_task, difference_table, read_metrics, run_one, summarise,  # noqa: E402
-                                   write_table)
+from slime_ext.tools.study import (config_on_task, difference_table, evaluation_row, read_metrics, run_one,  # noqa: E402
+                                   sharpening_eval, summarise, write_table)
 
 ARMS = {
     "GRPO full": ("grpo.yaml", []),
@@ -78,27 +77,6 @@ def final_reward(run: Path) -> float:
     """The run's training reward over its last 5 steps: on v2 the time-to-target target is the seed's full GRPO
     arm's (when each arm reaches what full GRPO ended at), since v2's rewards sit far from v1's 0.7."""
     return mean(m["reward/mean"] for m in read_metrics(run)[-5:])
-
-
-def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
-    """The warm start of `run` evaluated at `temperature` on the run's held-out set (its config's eval keys), once
-    per seed: `folder/eval_sharpening.json` with its per-prompt records, so the table pairs it with every arm prompt by prompt.
-    What a cooler sampler gives without training is the gain an RL arm has to beat (results/noise_floor_v2)."""
-    report = folder / "eval_sharpening.json"
-    if report.exists():
-        return report
-    warm = json.loads((run / "summary.json").read_text())["stages"]["sft"]["warm_start"]
-    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm, "--config", str(run / "config.yaml"),
-           f"eval.temperature={temperature}", "eval.greedy=false", "--out", str(report)]
-    print(f"[study] {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, cwd=REPO, check=True)
-    return report
-
-
-def evaluation_row(report: Path) -> dict[str, float]:
-    """A baseline's row: the held-out scores only (it trains nothing, so it has no cost columns)."""
-    final = json.loads(report.read_text())
-    return {k: final[k] for k in ("mean@4", "pass@4", "greedy") if final.get(k) is not None}
 
 
 def row_of(run: Path, target: float) -> dict[str, float]:

@@ -1,16 +1,29 @@
-"""Tandem study on the embedded default: GRPO vs TRL (tandem) vs KL-Reg, one warm start, several seeds.
+"""Tandem study: GRPO vs TRL (tandem) vs KL-Reg, judged solo and as a team with a frozen junior.
 
-    python scripts/tandem_study.py [--seeds 0 1] [--runs runs/tandem_study] [--out results/tandem_study] [k=v ...]
+    python scripts/tandem_study.py [--task v2] [--seeds 0 1 2] [--runs runs/tandem_study_v2] [--out results/tandem_study_v2] [k=v ...]
 
-Each (method, seed) is one main-job run (`configs/tandem_grpo.yaml`, `tandem.yaml`, `tandem_klreg.yaml`)
-with `run.seed=SEED` and `sft.seed=0`, so all share one cached SFT warm start (paragraph-formatted
-data) and differ only in RL sampling. Runs that already finished are skipped, so an interrupted study
-resumes. Then the warm start itself is evaluated on the same axes (as senior and junior), and the
-table (mean and spread over seeds) with plots goes to `--out`: solo mean@4 / pass@4 / greedy, team
-pass@k under strict alternation and Bernoulli handoffs, senior share, drift KL and survival, junior
-cross-entropy and overlap. Extra `key=value` overrides apply to every run, so they may set the run-wide
-sections and `tandem_axes.*` (e.g. `tandem_axes.prompts=128`), not `tandem.*` (the GRPO baseline's config has no
-`tandem` section: a run's config holds its own method's sections only).
+Each (method, seed) is one main-job run (`configs/tandem_grpo.yaml`, `tandem.yaml`, `tandem_klreg.yaml`) with
+`run.seed=SEED`; finished runs are skipped and a run stopped part-way continues from its checkpoint, so an
+interrupted study resumes. `--report-only` runs nothing and tabulates what finished.
+
+`--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each config: one step per line, so the arms
+share configs/grpo_v2.yaml's warm start of their seed, and the DUET study's too), the SFT seed following the run
+seed (arms are compared by their gains over the seed's warm start, results/noise_floor_v2/README.md), RL prompts from
+a recurring pool of 256, 1026 held-out prompts for the solo evaluation and for the team evaluation (8 team rollouts
+per prompt, handoff pass@1/4/8). The junior is weaker than the senior: the same SFT recipe cut to
+`--junior-sft-steps` (default 300 of 1200; same tokenizer and vocabulary, SFT seed 0 for every seed), built once and
+evaluated on the same prompts; TRL trains beside it, KL-Reg is pulled towards it, and every arm, GRPO included, is
+judged against it. Per seed the warm start is evaluated on the same axes against the junior (the row before RL)
+and at T = 0.4 (the noise floor's sharpening baseline). `--task v1` is the committed results/tandem_study (the
+default job's level, paragraph steps, SFT seed 0 for every run, the warm start as its own junior).
+
+Writes to `--out`: `table.md` / `table.json` (mean ± std over seeds): solo mean@4 / pass@4 / greedy; team pass@k
+and mean under strict alternation and Bernoulli handoffs, senior share, cached share; drift KL from the junior and
+its floor (the junior against itself, other sampling seeds), share of tokens drifted by more than 0.2; the junior's
+cross-entropy on the senior's outputs and their overlap. Then paired differences against GRPO, prompt by prompt
+within seeds, pooled: solo (per-prompt records) and team (per-prompt correct counts of the handoff evaluations). Each
+run's small files and gzipped records land under `--out`/runs/ as it finishes; plots: drift survival, training
+reward and the senior's token share over steps.
 """
 
 from __future__ import annotations
@@ -21,27 +34,130 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import difference_table, finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.studies import keep_run_files  # noqa: E402
+from slime_ext.studies.records import RUN_FILES  # noqa: E402
+from slime_ext.tools.study import (config_on_task, difference_table, evaluation_row, finished_run,  # noqa: E402
+                                   read_metrics, run_one, sharpening_eval, summarise, warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
+V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
+TASKS = {
+    "v1": {"seeds": [0, 1], "common": [], "suffix": "", "warm_start_per_seed": False, "junior_sft_steps": None,
+           "sharpening": None},
+    "v2": {"seeds": [0, 1, 2],
+           "common": [*V2_HELD_OUT, "rollout.prompt_pool=256", "tandem_axes.prompts=1026", "tandem_axes.n_samples=8",
+                      "tandem_axes.k=[1,4,8]"],
+           "suffix": "_v2", "warm_start_per_seed": True, "junior_sft_steps": 300, "sharpening": 0.4},
+}
+WARM, SHARP, JUNIOR = "warm start, no RL (T = 1)", "warm start, no RL, T = {t} (sharpening)", "junior alone"
+AXES_FILES = ("tandem_axes.json",)
+
+
+def arm_overrides(task: str, method: str, junior: Optional[str], extra: Sequence[str]) -> list[str]:
+    """The task's keys, and the junior: TRL and KL-Reg train with it (`tandem.junior_path`), every arm is judged
+    against it (`tandem_axes.junior_path`; the GRPO baseline's config has no `tandem` section). On v2 each seed's
+    warm start is evaluated in the GRPO arm only (the arms share it)."""
+    out = list(TASKS[task]["common"])
+    if junior is not None:
+        out.append(f"tandem_axes.junior_path={junior}")
+        if method != "GRPO":
+            out.append(f"tandem.junior_path={junior}")
+    if TASKS[task]["warm_start_per_seed"] and method != "GRPO":
+        out.append("eval.warm_start=false")
+    return out + list(extra)
+
+
+def junior_run(runs: Path, steps: int, extra: Sequence[str]) -> Path:
+    """The weaker junior: configs/grpo_v2.yaml's SFT cut to `steps`, SFT seed 0, then evaluated alone on the held-out
+    prompts (`eval_sft.json`); no RL. Its warm start is the junior checkpoint (`warm_start_of`)."""
+    parent = runs / f"junior_sft{steps}"
+    return run_one(config_on_task("grpo.yaml", "v2", parent), 0, parent,
+                   [*V2_HELD_OUT, f"sft.steps={steps}", "run.stages=[data,tokenizer,sft,eval]", *extra])
+
+
+def warm_axes_eval(run: Path, junior: str, folder: Path) -> Path:
+    """The seed's warm start on the same axes as the arms, against the same junior (the row before RL), once:
+    `folder/eval_warm.json` and `eval_warm_tandem_axes.json`, with the GRPO arm's config (held-out set, axes keys)."""
+    report = folder / "eval_warm.json"
+    if report.with_name("eval_warm_tandem_axes.json").exists():
+        return report
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm_start_of(run), "--config",
+           str(run / "config.yaml"), "--no-progress", "--out", str(report), "--tandem-junior", junior]
+    print(f"[study] {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True)
+    return report
+
+
+def axes_of(report_or_run: Path) -> dict:
+    """The axes JSON of a run directory (`tandem_axes.json`) or beside an eval report (`<stem>_tandem_axes.json`)."""
+    if report_or_run.is_dir():
+        return json.loads((report_or_run / "tandem_axes.json").read_text())
+    return json.loads(report_or_run.with_name(report_or_run.stem + "_tandem_axes.json").read_text())
+
+
+def axes_numbers(axes: dict, eval_report: dict) -> dict[str, float]:
+    from slime_ext.methods.tandem.eval_axes import axes_row
+
+    row = {"solo_mean@4": eval_report["mean@4"], "solo_pass@4": eval_report["pass@4"]}
+    if eval_report.get("greedy") is not None:
+        row["solo_greedy"] = eval_report["greedy"]
+    return {**row, **axes_row(axes)}
 
 
 def row_of(run: Path) -> dict[str, float]:
-    from slime_ext.methods.tandem.eval_axes import axes_row
-
-    solo = json.loads((run / "eval_final.json").read_text())
-    row = {"solo_mean@4": solo["mean@4"], "solo_pass@4": solo["pass@4"], "solo_greedy": solo["greedy"]}
-    row.update(axes_row(json.loads((run / "tandem_axes.json").read_text())))
+    row = axes_numbers(axes_of(run), json.loads((run / "eval_final.json").read_text()))
     shares = [m["tandem/senior_token_share"] for m in read_metrics(run) if "tandem/senior_token_share" in m]
     if shares:
         row["train_senior_token_share"] = statistics.mean(shares)
     return row
 
 
-def plots(out: Path, first_runs: dict[str, Path]) -> None:
+def team_scores(axes: dict, schedule: str, k: int) -> list[float]:
+    """Per-prompt pass@k of a handoff evaluation (its per-prompt correct counts), in prompt order."""
+    from slime_ext.algo import pass_at_k
+
+    h = axes[f"handoff_{schedule}"]
+    if "correct_per_prompt" not in h:
+        raise ValueError("this handoff evaluation kept no per-prompt counts (written before they were); cannot pair it")
+    return [pass_at_k(h["n_samples"], c, k) for c in h["correct_per_prompt"]]
+
+
+def team_difference_table(out: Path, arm_axes: dict[str, list[dict]], reference: str, ks: Sequence[int]) -> str:
+    """Each arm's team pass@k minus the reference arm's, prompt by prompt within seeds (the same held-out prompts in
+    the same order), pooled over seeds: mean ± SE and a 95% paired bootstrap interval. Appended to `out/table.md`."""
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
+
+    lines = [f"## Team (handoff) difference to {reference} (held-out, per-prompt pass@k, paired within seeds)", "",
+             "| arm | schedule | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in ks) + " |"]
+    for arm, seeds in arm_axes.items():
+        if arm == reference:
+            continue
+        for schedule in ("alternate", "bernoulli"):
+            cells = []
+            for k in ks:
+                a: list[float] = []
+                b: list[float] = []
+                for ref, this in zip(arm_axes[reference], seeds):
+                    if ref["n_prompts"] != this["n_prompts"]:
+                        raise ValueError(f"{arm}: team evaluations of {this['n_prompts']} and {ref['n_prompts']} "
+                                         "prompts; cannot pair them")
+                    a += team_scores(ref, schedule, k)
+                    b += team_scores(this, schedule, k)
+                cells.append(describe_difference(paired_difference(a, b)))
+            lines.append(f"| {arm} | {schedule} | " + " | ".join(cells) + " |")
+    section = "\n".join(lines)
+    table_md = out / "table.md"
+    table_md.write_text((table_md.read_text() if table_md.exists() else "") + "\n" + section + "\n")
+    return section
+
+
+def plots(out: Path, first_runs: dict[str, Path], drift: dict[str, dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,15 +165,17 @@ def plots(out: Path, first_runs: dict[str, Path]) -> None:
 
     from slime_ext.methods.tandem.eval_axes import survival_plot
 
-    drift = {m: json.loads((r / "tandem_axes.json").read_text())["drift"] for m, r in first_runs.items()}
     survival_plot(drift, out / "drift_survival.png")
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, (ax_r, ax_s) = plt.subplots(1, 2, figsize=(10, 3.8))
     for m, r in first_runs.items():
         metrics = read_metrics(r)
-        ax.plot([x["step"] for x in metrics], [x["reward/mean"] for x in metrics], label=m)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("training reward")
-    ax.legend()
+        ax_r.plot([x["step"] for x in metrics], [x["reward/mean"] for x in metrics], label=m)
+        shares = [(x["step"], x["tandem/senior_token_share"]) for x in metrics if "tandem/senior_token_share" in x]
+        if shares:
+            ax_s.plot(*zip(*shares), label=m)
+    ax_r.set(xlabel="RL step", ylabel="training reward")
+    ax_s.set(xlabel="RL step", ylabel="senior's share of rollout tokens", title="tandem co-generation")
+    ax_r.legend()
     fig.tight_layout()
     fig.savefig(out / "reward.png", dpi=120)
     plt.close(fig)
@@ -65,47 +183,107 @@ def plots(out: Path, first_runs: dict[str, Path]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--runs", type=Path, default=REPO / "runs" / "tandem_study")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "tandem_study")
+    ap.add_argument("--task", choices=sorted(TASKS), default="v2")
+    ap.add_argument("--seeds", type=int, nargs="+", help="default: v1 0 1, v2 0 1 2")
+    ap.add_argument("--runs", type=Path, help="default: runs/tandem_study (v1), runs/tandem_study_v2 (v2)")
+    ap.add_argument("--out", type=Path, help="default: results/tandem_study (v1), results/tandem_study_v2 (v2)")
+    ap.add_argument("--junior-sft-steps", type=int, help="v2: SFT steps of the weaker junior (default 300)")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the runs that finished (a partial study says which are missing)")
-    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("overrides", nargs="*", help="key=value for every run (run-wide sections, tandem_axes.*; not "
+                    "tandem.*: the GRPO baseline's config has no tandem section)")
     args = ap.parse_args(argv)
+    task = TASKS[args.task]
+    args.seeds = args.seeds or task["seeds"]
+    args.runs = args.runs or REPO / "runs" / f"tandem_study{task['suffix']}"
+    args.out = args.out or REPO / "results" / f"tandem_study{task['suffix']}"
     command = "python scripts/tandem_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    junior: Optional[str] = None
+    junior_eval: Optional[Path] = None  # the junior alone on the held-out prompts
+    baselines: dict[str, list[Path]] = {}  # eval JSONs per seed of what trains nothing
+    baseline_axes: dict[str, list[dict]] = {}
+    steps = args.junior_sft_steps or task["junior_sft_steps"]
+    if steps is not None:
+        jrun = finished_run(args.runs / f"junior_sft{steps}") if args.report_only else junior_run(args.runs, steps, args.overrides)
+        if jrun is not None:
+            junior, junior_eval = warm_start_of(jrun), jrun / "eval_sft.json"
+            keep_run_files(jrun, args.out / "runs" / jrun.parent.name)
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     runs: dict[str, list[str]] = {m: [] for m in METHODS}
+    arm_axes: dict[str, list[dict]] = {m: [] for m in METHODS}
     first: dict[str, Path] = {}
     missing = []
     for seed in args.seeds:
         for method, config in METHODS.items():
             parent = args.runs / f"{method}-seed{seed}"
-            run = finished_run(parent) if args.report_only else run_one(config, seed, parent, args.overrides)
+            if args.report_only:
+                run = finished_run(parent)
+            else:
+                run = run_one(config_on_task(config, args.task, parent), seed, parent,
+                              arm_overrides(args.task, method, junior, args.overrides),
+                              shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
             if run is None:
                 missing.append(f"{method} seed {seed}")
                 continue
+            keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
             rows[method].append(row_of(run))
             runs[method].append(str(run))
+            arm_axes[method].append(axes_of(run))
             first.setdefault(method, run)
-    # the warm start on the same axes (senior = junior = warm start)
-    warm_hf = Path(json.loads((first["TRL"] / "tandem_axes.json").read_text())["junior"])
-    warm_out = args.runs / "warm_start_eval.json"
-    if not warm_out.with_name("warm_start_eval_tandem_axes.json").exists():
-        subprocess.run([sys.executable, "-m", "slime_ext.tools.eval_checkpoint", str(warm_hf), "--config", str(first["TRL"] / "config.yaml"),
-                        "--no-progress", "--out", str(warm_out), "--tandem-junior", str(warm_hf)], cwd=REPO, check=True)
-    from slime_ext.methods.tandem.eval_axes import axes_row
-
-    warm = json.loads(warm_out.read_text())
-    warm_row = {"solo_mean@4": warm["mean@4"], "solo_pass@4": warm["pass@4"], "solo_greedy": warm["greedy"]}
-    warm_row.update(axes_row(json.loads(warm_out.with_name("warm_start_eval_tandem_axes.json").read_text())))
-    summary = {"warm start": {k: (v, 0.0, 1) for k, v in warm_row.items()}} | summarise(rows)
-    keys = list(warm_row) + ["train_senior_token_share"]
-    title = "Tandem study (the warm start is one model)" + (f"; not run: {', '.join(missing)}" if missing else "")
-    print(write_table(args.out, title, summary, runs, args.seeds, command, keys))
+            if method == "GRPO" and junior_eval is not None:  # one junior for every seed: paired with each
+                baselines.setdefault(JUNIOR, []).append(junior_eval)
+            if method == "GRPO" and task["warm_start_per_seed"] and junior is not None:
+                folder, t = args.runs / f"warm_axes-seed{seed}", task["sharpening"]
+                sharp_folder = args.runs / f"sharpening_T{t}-seed{seed}"
+                if args.report_only and not ((folder / "eval_warm_tandem_axes.json").exists()
+                                             and (sharp_folder / "eval_sharpening.json").exists()):
+                    missing.append(f"the warm start's evaluations, seed {seed}")
+                    continue
+                warm = warm_axes_eval(run, junior, folder)
+                baselines.setdefault(WARM, []).append(warm)
+                baseline_axes.setdefault(WARM, []).append(axes_of(warm))
+                keep_run_files(folder, args.out / "runs" / folder.name, (warm.name, "eval_warm_tandem_axes.json"))
+                sharp = sharpening_eval(run, t, sharp_folder)
+                baselines.setdefault(SHARP.format(t=t), []).append(sharp)
+                keep_run_files(sharp_folder, args.out / "runs" / sharp_folder.name, (sharp.name,))
+    if not first:
+        print("[study] no finished runs to tabulate")
+        return 1
+    summary = summarise(rows)
+    if task["warm_start_per_seed"]:
+        summary.update(summarise({WARM: [axes_numbers(ax, json.loads(r.read_text()))
+                                         for ax, r in zip(baseline_axes.get(WARM, []), baselines.get(WARM, []))]}))
+        summary.update(summarise({n: [{f"solo_{k}": v for k, v in evaluation_row(r).items()} for r in rs]
+                                  for n, rs in baselines.items() if n != WARM}))
+    else:  # v1: the warm start on the same axes, as its own junior (senior = junior)
+        warm_hf = Path(axes_of(first["TRL"])["junior"])
+        warm_out = args.runs / "warm_start_eval.json"
+        if not warm_out.with_name("warm_start_eval_tandem_axes.json").exists():
+            subprocess.run([sys.executable, "-m", "slime_ext.tools.eval_checkpoint", str(warm_hf), "--config",
+                            str(first["TRL"] / "config.yaml"), "--no-progress", "--out", str(warm_out),
+                            "--tandem-junior", str(warm_hf)], cwd=REPO, check=True)
+        summary = {"warm start": {k: (v, 0.0, 1) for k, v in axes_numbers(axes_of(warm_out), json.loads(
+            warm_out.read_text())).items()}} | summary
+    keys = list(dict.fromkeys([k for method_rows in rows.values() for row in method_rows for k in row]))
+    title = "Tandem study" + (f" (task {args.task})" if args.task != "v1" else " (the warm start is one model)") + (
+        f"; not run: {', '.join(missing)}" if missing else "")
+    print(write_table(args.out, title, summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
+                      args.seeds, command, keys))
     complete = {m: [Path(r) / "eval_final.json" for r in rs] for m, rs in runs.items() if len(rs) == len(args.seeds)}
     if "GRPO" in complete and len(complete) > 1:
-        print(difference_table(args.out, complete, "GRPO"))
-    plots(args.out, first)
+        print(difference_table(args.out, {**complete, **{n: rs for n, rs in baselines.items()
+                                                         if len(rs) == len(args.seeds)}}, "GRPO"))
+        team = {m: axes for m, axes in {**arm_axes, **baseline_axes}.items() if len(axes) == len(args.seeds)}
+        if all("correct_per_prompt" in a["handoff_alternate"] for axes in team.values() for a in axes):
+            ks = sorted(int(k.split("@")[1]) for k in team["GRPO"][0]["handoff_alternate"] if k.startswith("pass@"))
+            print(team_difference_table(args.out, team, "GRPO", ks))
+    drift = {m: axes_of(r)["drift"] for m, r in first.items()}
+    if baseline_axes.get(WARM):
+        drift[WARM] = baseline_axes[WARM][0]["drift"]
+        if "drift_floor" in baseline_axes[WARM][0]:
+            drift["junior vs itself (floor)"] = baseline_axes[WARM][0]["drift_floor"]
+    plots(args.out, first, drift)
     print(f"[study] wrote {args.out}")
     return 0
 

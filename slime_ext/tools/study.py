@@ -78,6 +78,32 @@ def run_one(config: str | Path, seed: int, parent: Path, overrides: Sequence[str
     return run
 
 
+def warm_start_of(run: Path) -> str:
+    """The SFT warm start a run trained from (its summary's sft stage)."""
+    return json.loads((run / "summary.json").read_text())["stages"]["sft"]["warm_start"]
+
+
+def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
+    """The warm start of `run` evaluated at `temperature` on the run's held-out set (its config's eval keys), once
+    per seed: `folder/eval_sharpening.json` with its per-prompt records, so the table pairs it with every arm prompt by prompt.
+    What a cooler sampler gives without training is the gain an RL arm has to beat (results/noise_floor_v2)."""
+    report = folder / "eval_sharpening.json"
+    if report.exists():
+        return report
+    warm = warm_start_of(run)
+    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm, "--config", str(run / "config.yaml"),
+           f"eval.temperature={temperature}", "eval.greedy=false", "--out", str(report)]
+    print(f"[study] {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True)
+    return report
+
+
+def evaluation_row(report: Path) -> dict[str, float]:
+    """A baseline's row: the held-out scores only (it trains nothing, so it has no cost columns)."""
+    final = json.loads(report.read_text())
+    return {k: final[k] for k in ("mean@4", "pass@4", "greedy") if final.get(k) is not None}
+
+
 def read_metrics(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 

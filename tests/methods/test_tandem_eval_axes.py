@@ -140,3 +140,82 @@ def test_the_axes_follow_the_runs_tandem_axes_section(monkeypatch, tmp_path, cap
     eval_axes.checkpoint_evaluation(tmp_path, "J", None, [], SimpleNamespace(), tmp_path / "eval.json", print)
     assert asked == [7, 5, 256] and (tmp_path / "eval_tandem_axes.json").is_file()
     assert "drift_kl: 0.1000" in capsys.readouterr().out
+
+
+# -- where a turn ends, team rollouts per prompt, the drift floor (task v2's line-per-step format) ---------------
+def test_a_turn_ends_at_the_given_step_separator(models, step_token):
+    """On task v2 a step is a line: with the separator "\\n" the team hands over at every step token; asked to end
+    turns at "\\n\\n", which that text never holds, each rollout is one senior turn."""
+    senior, junior = models
+    decode = lambda ids: "".join("\n" if t == step_token else "x" for t in ids)  # noqa: E731
+    s_eng, j_eng = EmbeddedEngine(senior, EOS, decode=decode), EmbeddedEngine(junior, EOS, decode=decode)
+    prompts = [[5, 6, 8, 9], [10, 11]]
+    lines, _ = team_rollouts(s_eng, j_eng, prompts, 3, "alternate", 60, EOS, seed=0, step_end="\n")
+    assert sum(r.turns > 1 for r in lines) >= 3
+    assert all(r.output_ids.count(step_token) >= r.turns - 1 for r in lines)
+    paragraphs, _ = team_rollouts(s_eng, j_eng, prompts, 3, "alternate", 60, EOS, seed=0)  # default "\n\n"
+    assert all(r.turns == 1 and r.junior_tokens == 0 for r in paragraphs)
+
+
+def test_axes_settings_default_to_the_evaluation_and_refuse_k_above_the_team_rollouts():
+    from slime_ext.config import load_config
+    from slime_ext.methods.tandem.eval_axes import axes_settings, step_separator
+    from tests.conftest import CONFIGS
+
+    cfg = load_config(CONFIGS / "tandem.yaml").config
+    settings = axes_settings(cfg)
+    assert (settings.samples(cfg), settings.ks(cfg)) == (4, [1, 4]) and step_separator(cfg) == "\n\n"
+    cfg = load_config(CONFIGS / "tandem.yaml", ["tandem_axes.n_samples=8", "tandem_axes.k=[1,4,8]"]).config
+    assert (cfg.tandem_axes.samples(cfg), cfg.tandem_axes.ks(cfg)) == (8, [1, 4, 8])
+    with pytest.raises(ValueError, match=r"tandem_axes.k = \[1, 8\] asks pass@8 from 4 team rollouts"):
+        load_config(CONFIGS / "tandem.yaml", ["tandem_axes.k=[1,8]"])
+    with pytest.raises(ValueError, match="tandem_axes.k"):
+        load_config(CONFIGS / "tandem.yaml", ["tandem_axes.k=[0]"])
+    assert step_separator(load_config(CONFIGS / "grpo_v2.yaml").config) == "\n"
+
+
+def test_the_axes_pair_per_prompt_counts_and_measure_the_junior_against_itself(models, step_token):
+    """`tandem_axes` end to end on two tiny models: the handoff report keeps each prompt's correct count (their
+    sum is the mean), and the drift floor is the junior's own generations under other seeds, above zero and
+    equal to token_drift of those generations."""
+    from types import SimpleNamespace
+
+    from slime_ext.methods.tandem import eval_axes
+
+    senior, junior = models
+    vocab = senior.config.vocab_size
+
+    class Tokenizer:
+        eos_token_id = EOS
+
+        def __call__(self, text):
+            return {"input_ids": [5 + (ord(c) % 20) for c in text]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join("\n" if t == step_token else chr(48 + t % 10) for t in ids)
+
+        def __len__(self):
+            return vocab
+
+    engines = {"S": senior, "J": junior}
+    load = lambda d: EmbeddedEngine(engines[d], EOS, decode=Tokenizer().decode)  # noqa: E731
+    rows = [{"prompt": p, "label": "7"} for p in ("ab", "cde", "f")]
+    cfg = SimpleNamespace(eval=SimpleNamespace(n_samples=4, k=[1, 4]), rollout=SimpleNamespace(max_response_len=24),
+                          data=SimpleNamespace(template="plain", synthetic=SimpleNamespace(step_separator="\n")),
+                          reward=SimpleNamespace(type="math"), run=SimpleNamespace(seed=0),
+                          tandem_axes=SimpleNamespace(samples=lambda c: 4, ks=lambda c: [1, 4]))
+    axes = eval_axes.tandem_axes("S", "J", Tokenizer(), rows, cfg, n_prompts=3, load_engine=load)
+    for schedule in ("alternate", "bernoulli"):
+        h = axes[f"handoff_{schedule}"]
+        assert len(h["correct_per_prompt"]) == 3 and sum(h["correct_per_prompt"]) == pytest.approx(12 * h["mean_correct"])
+    assert axes["step_end"] == "\n"
+    from slime_ext.tasks.templates import get_template
+
+    prompts = [Tokenizer()(get_template("plain").format(r["prompt"]))["input_ids"] for r in rows]
+    j_out = eval_axes.solo_outputs(load("J"), prompts, 2, 24, seed=0, tag="j")
+    j_again = eval_axes.solo_outputs(load("J"), prompts, 2, 24, seed=1_000_003, tag="jj")
+    assert j_again != j_out
+    floor = eval_axes.token_drift(j_again, j_out, vocab_size=vocab)
+    assert axes["drift_floor"]["kl_senior_junior"] == pytest.approx(floor["kl_senior_junior"], rel=1e-12)
+    assert 0 < floor["kl_senior_junior"]
+    assert eval_axes.axes_row(axes)["drift_kl_floor"] == axes["drift_floor"]["kl_senior_junior"]

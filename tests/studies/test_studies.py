@@ -228,8 +228,10 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
         evaluated.append(cmd[3:])
         _report(Path(cmd[cmd.index("--out") + 1]), cooled, temperature=0.4)
 
+    from slime_ext.tools import study as plumbing
+
     monkeypatch.setattr(study, "run_one", fake_run)
-    monkeypatch.setattr(study.subprocess, "run", fake_eval)
+    monkeypatch.setattr(plumbing.subprocess, "run", fake_eval)
     out = tmp_path / "out"
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     run = tmp_path / "runs" / "GRPO_full-seed0" / "run"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from slime_ext.config.sections import ConfigCheckError, Section
 
@@ -34,3 +34,32 @@ class TandemAxesConfig(Section):
 
     enabled: bool = False
     prompts: int = Field(256, ge=1)
+    # the model the axes pair the trained one with; null: the method's junior (`tandem.junior_path`, the KL-Reg
+    # reference, else the starting checkpoint). A GRPO baseline names the same junior as the tandem arms here.
+    junior_path: Optional[str] = None
+    # team rollouts per prompt for the handoff pass@k; null: `eval.n_samples`
+    n_samples: Optional[int] = Field(None, ge=1)
+    # the handoff pass@k values; null: `eval.k` (those up to the samples)
+    k: Optional[list[int]] = None
+
+    @model_validator(mode="after")
+    def _check_k(self) -> "TandemAxesConfig":
+        if self.k is not None and (not self.k or min(self.k) < 1):
+            raise ConfigCheckError(f"tandem_axes.k = {self.k}: give pass@k values of at least 1", ("k",))
+        return self
+
+    def samples(self, config: Any) -> int:
+        return self.n_samples if self.n_samples is not None else config.eval.n_samples
+
+    def ks(self, config: Any) -> list[int]:
+        """The pass@k values to report; k above the team rollouts per prompt is an error, not dropped silently."""
+        n = self.samples(config)
+        if self.k is None:
+            return [k for k in config.eval.k if k <= n]
+        if max(self.k) > n:
+            raise ConfigCheckError(f"tandem_axes.k = {self.k} asks pass@{max(self.k)} from {n} team rollouts per "
+                                   "prompt; raise tandem_axes.n_samples", ("tandem_axes.k", "tandem_axes.n_samples"))
+        return list(self.k)
+
+    def check_run(self, config: Any) -> None:
+        self.ks(config)

@@ -1,11 +1,13 @@
 """Tandem RL's evaluation axes (the Tandem RL paper, section 4; docs/methods/tandem.md), beyond solo pass@k.
 
 - Handoff robustness: senior and junior take turns continuing the same token prefix, one reasoning
-  step (up to `\\n\\n`) per turn, strictly alternating (senior first) or by a fair coin per step; the
+  step (up to the data's step separator, `data.synthetic.step_separator`: `\\n\\n` on v1's paragraph
+  configs, a line on task v2) per turn, strictly alternating (senior first) or by a fair coin per step; the
   team's final answer is scored (pass@k). Both are engines with prefix reuse, so a turn costs only its
   new tokens: the cached-token share is reported.
 - Drift: marginal token distributions of senior vs junior solo generations (signed log-ratio per
-  token, full-vocabulary KL, survival curve of |log-ratio| over the junior's frequent tokens).
+  token, full-vocabulary KL, survival curve of |log-ratio| over the junior's frequent tokens), beside the
+  same numbers for the junior against itself sampled with other seeds: the floor that sampling alone gives.
 - Legibility: the junior's per-token cross-entropy on the senior's outputs (teacher forced) and the
   overlap `sum_v min(p_s(v|ctx), p_j(v|ctx))` averaged over those positions.
 """
@@ -18,6 +20,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -29,7 +32,7 @@ from slime_ext.data.generation import GenerateRequest
 from slime_ext.rewards import get_verifier
 from slime_ext.tasks.templates import get_template
 
-STEP_END = "\n\n"
+STEP_END = "\n\n"  # the default turn end: v1's paragraph-separated steps
 
 
 @dataclass
@@ -54,13 +57,13 @@ class TeamRollout:
 
 
 def team_rollouts(senior: Any, junior: Any, prompts: Sequence[list[int]], n_samples: int, schedule: str,
-                  max_new_tokens: int, eos_token_id: int, seed: int = 0,
-                  temperature: float = 1.0) -> tuple[list[TeamRollout], dict[str, float]]:
+                  max_new_tokens: int, eos_token_id: int, seed: int = 0, temperature: float = 1.0,
+                  step_end: str = STEP_END) -> tuple[list[TeamRollout], dict[str, float]]:
     """Generate `n_samples` team responses per prompt, one reasoning step per turn.
 
     `schedule`: "alternate" (senior, junior, senior, ...) or "bernoulli" (each step's author drawn
-    with P(senior) = 0.5 from a per-rollout coin stream). Each turn is one batched `generate` call per
-    engine over the rollouts whose turn it is. Returns the rollouts and the engines' cache accounting.
+    with P(senior) = 0.5 from a per-rollout coin stream); a turn ends at `step_end`. Each turn is one batched
+    `generate` call per engine over the rollouts whose turn it is. Returns the rollouts and the engines' cache accounting.
     """
     if schedule not in ("alternate", "bernoulli"):
         raise ValueError(f"unknown handoff schedule {schedule!r}; expected alternate or bernoulli")
@@ -83,7 +86,7 @@ def team_rollouts(senior: Any, junior: Any, prompts: Sequence[list[int]], n_samp
             for k in ks:
                 r = rollouts[k]
                 budget = max_new_tokens - len(r.output_ids)
-                sp = SamplingParams(temperature=temperature, max_new_tokens=budget, stop=[STEP_END])
+                sp = SamplingParams(temperature=temperature, max_new_tokens=budget, stop=[step_end])
                 requests.append(GenerateRequest(f"team{k}-t{turn}", list(prompts[r.prompt_index]) + r.output_ids, sp,
                                                 seed=seed * 1_000_003 + k * 1009 + turn, return_logprob=False))
             for k, req, res in zip(ks, requests, engine.generate(requests)):
@@ -110,12 +113,12 @@ def team_rollouts(senior: Any, junior: Any, prompts: Sequence[list[int]], n_samp
 
 def handoff_eval(senior: Any, junior: Any, tokenizer: Any, rows: Sequence[dict], n_samples: int, ks: Sequence[int],
                  schedule: str, max_new_tokens: int, template: str = "plain", reward_type: str = "math",
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, step_end: str = STEP_END) -> dict[str, Any]:
     """Team pass@k under a handoff schedule, with per-rollout senior shares and cache accounting."""
     fmt = get_template(template)
     prompts = [tokenizer(fmt.format(r["prompt"]))["input_ids"] for r in rows]
     rollouts, cache = team_rollouts(senior, junior, prompts, n_samples, schedule, max_new_tokens,
-                                    tokenizer.eos_token_id, seed)
+                                    tokenizer.eos_token_id, seed, step_end=step_end)
     verify = get_verifier(reward_type)
     for r in rollouts:
         text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
@@ -125,6 +128,8 @@ def handoff_eval(senior: Any, junior: Any, tokenizer: Any, rows: Sequence[dict],
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(n_samples, int(sum(x.correct for x in g)), k) for g in per_prompt) / len(rows)
     out["mean_correct"] = sum(r.correct for r in rollouts) / len(rollouts)
+    # per prompt, in row order: what a study pairs prompt by prompt between two models' handoff evaluations
+    out["correct_per_prompt"] = [int(sum(x.correct for x in g)) for g in per_prompt]
     shares = [r.senior_share for r in rollouts if not math.isnan(r.senior_share)]
     out["senior_share_mean"] = sum(shares) / max(len(shares), 1)
     out["senior_share_per_rollout"] = [round(s, 4) for s in shares]
@@ -228,30 +233,54 @@ def survival_plot(drift_by_method: dict[str, dict[str, Any]], path: Any) -> None
     plt.close(fig)
 
 
+def axes_settings(cfg: Any) -> Any:
+    """The run config's `tandem_axes` section, or its defaults when the method's config has none."""
+    settings = getattr(cfg, "tandem_axes", None)
+    if settings is not None:
+        return settings
+    import slime_ext.config  # noqa: F401  (the schema first: importing the section module first is an import cycle)
+    from slime_ext.methods.tandem.config import TandemAxesConfig
+
+    return TandemAxesConfig()
+
+
+def step_separator(cfg: Any) -> str:
+    """Where a handoff turn ends: the data's step separator (v1's paragraph configs: a blank line)."""
+    synthetic = getattr(getattr(cfg, "data", None), "synthetic", None)
+    return getattr(synthetic, "step_separator", None) or STEP_END
+
+
 def tandem_axes(senior_dir: str, junior_dir: str, tokenizer: Any, rows: Sequence[dict], cfg: Any,
                 n_prompts: int, load_engine: Callable[[str], Any], progress: Any = None) -> dict[str, Any]:
     """All of Tandem's non-solo axes for a senior checkpoint against its junior (both HF dirs).
 
     `load_engine(dir)` gives an in-process engine with `.model` (the caller's embedded engine: tiny models);
-    `progress(msg)` is called between the parts.
+    `progress(msg)` is called between the parts. Team rollouts per prompt and the pass@k values come from the
+    config's `tandem_axes` section (`n_samples`, `k`; else `eval.n_samples` / `eval.k`).
     """
     say = progress or (lambda msg: None)
+    settings = axes_settings(cfg)
     rows = list(rows)[:n_prompts]
     senior = load_engine(str(senior_dir))
     junior = load_engine(str(junior_dir))
-    ks = [k for k in cfg.eval.k if k <= cfg.eval.n_samples]
-    common = dict(n_samples=cfg.eval.n_samples, ks=ks, max_new_tokens=cfg.rollout.max_response_len,
-                  template=cfg.data.template, reward_type=cfg.reward.type, seed=cfg.run.seed)
-    out: dict[str, Any] = {"senior": str(senior_dir), "junior": str(junior_dir), "n_prompts": len(rows)}
+    common = dict(n_samples=settings.samples(cfg), ks=settings.ks(cfg), max_new_tokens=cfg.rollout.max_response_len,
+                  template=cfg.data.template, reward_type=cfg.reward.type, seed=cfg.run.seed,
+                  step_end=step_separator(cfg))
+    out: dict[str, Any] = {"senior": str(senior_dir), "junior": str(junior_dir), "n_prompts": len(rows),
+                           "step_end": common["step_end"]}
     for schedule in ("alternate", "bernoulli"):
-        say(f"handoff ({schedule}) on {len(rows)} prompts")
+        say(f"handoff ({schedule}) on {len(rows)} prompts x {common['n_samples']}")
         out[f"handoff_{schedule}"] = handoff_eval(senior, junior, tokenizer, rows, schedule=schedule, **common)
     fmt = get_template(cfg.data.template)
     prompts = [tokenizer(fmt.format(r["prompt"]))["input_ids"] for r in rows]
-    say("solo generations of senior and junior (drift, legibility)")
+    say("solo generations of senior and junior (drift, legibility), and the junior again with other seeds")
     s_out = solo_outputs(senior, prompts, 2, cfg.rollout.max_response_len, seed=cfg.run.seed, tag="s")
     j_out = solo_outputs(junior, prompts, 2, cfg.rollout.max_response_len, seed=cfg.run.seed, tag="j")
-    out["drift"] = token_drift(s_out, j_out, vocab_size=len(tokenizer))
+    # the floor: the junior against itself, sampled with seeds no other draw here uses
+    j_again = solo_outputs(junior, prompts, 2, cfg.rollout.max_response_len, seed=cfg.run.seed + 1_000_003, tag="jj")
+    vocab = len(tokenizer)
+    out["drift"] = token_drift(s_out, j_out, vocab_size=vocab)
+    out["drift_floor"] = token_drift(j_again, j_out, vocab_size=vocab)
     say("legibility (teacher-forced junior on senior outputs)")
     out["legibility"] = legibility(senior.model, junior.model, [p for p in prompts for _ in range(2)], s_out)
     return out
@@ -267,10 +296,21 @@ def axes_row(axes: dict[str, Any]) -> dict[str, float]:
         f"handoff_bern_pass@{k}": b[f"pass@{k}"], "handoff_bern_mean": b["mean_correct"],
         "handoff_cached_share": a["cached_token_share"],
         "drift_kl": axes["drift"]["kl_senior_junior"],
+        **({"drift_kl_floor": axes["drift_floor"]["kl_senior_junior"]} if "drift_floor" in axes else {}),
         "drift_share_gt_0.2": axes["drift"]["survival"][axes["drift"]["survival_thresholds"].index(0.2)],
         "junior_ce_on_senior": axes["legibility"]["junior_ce_on_senior"],
         "overlap": axes["legibility"]["overlap"],
     }
+
+
+def named_junior(path: Any, tokenizer: Any) -> Any:
+    """`tandem_axes.junior_path` checked like `tandem.junior_path` (an HF checkpoint with the senior's exact
+    vocabulary), or None when the section names none."""
+    if not path:
+        return None
+    from slime_ext.methods.tandem.method import junior_dir
+
+    return junior_dir(SimpleNamespace(tandem=SimpleNamespace(junior_path=path)), tokenizer, Path(path))
 
 
 def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
@@ -281,7 +321,8 @@ def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Pat
     settings = getattr(method.config, "tandem_axes", None)
     if settings is None or not settings.enabled:
         return
-    junior = method.partner_dir(start_dir) or method.kl_reference_dir(start_dir) or start_dir
+    junior = (named_junior(settings.junior_path, method.tokenizer) or method.partner_dir(start_dir)
+              or method.kl_reference_dir(start_dir) or start_dir)
     log = logging.getLogger(__name__)
     axes = tandem_axes(str(final_dir), str(junior), method.tokenizer, eval_rows, method.config,
                        n_prompts=settings.prompts, load_engine=load_engine,
@@ -295,13 +336,10 @@ def checkpoint_evaluation(checkpoint: Path, junior_dir: str, tokenizer: Any, row
                           out: Path, load_engine: Callable[[str], Any]) -> None:
     """`eval_checkpoint --tandem-junior HF_DIR`: Tandem's axes (handoff, drift, legibility) of the checkpoint
     against that junior, into `<out stem>_tandem_axes.json` beside the evaluation, and printed. The number of
-    prompts is the run config's `tandem_axes.prompts` (its default when that method's config has no such section)."""
-    from slime_ext.methods.tandem.config import TandemAxesConfig
-
+    prompts, team rollouts and pass@k values are the run config's `tandem_axes` keys (their defaults when that
+    method's config has no such section)."""
     log = logging.getLogger(__name__)
-    settings = getattr(cfg, "tandem_axes", None)
-    if settings is None:
-        settings = TandemAxesConfig()
+    settings = axes_settings(cfg)
     axes = tandem_axes(str(checkpoint), junior_dir, tokenizer, rows, cfg, n_prompts=settings.prompts,
                        load_engine=load_engine, progress=lambda m: log.info("tandem axes: %s", m))
     axes_out = out.with_name(out.stem + "_tandem_axes.json")
