@@ -19,7 +19,7 @@ STAMP="$(dirname "$PY")/../.sglang_cpu_stamp"
 WANT="$SGLANG_VERSION ${PACKAGES[*]}"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then exit 0; fi
 echo "[setup] installing sglang $SGLANG_VERSION for CPU contract tests (--no-deps)" >&2
-if "$PY" -m pip install -q --disable-pip-version-check --no-deps "${PACKAGES[@]}"; then
+if "$PY" -m pip install -q --no-compile --disable-pip-version-check --no-deps "${PACKAGES[@]}"; then
   echo "$WANT" > "$STAMP"
 else
   echo "[setup] warning: sglang contract-test packages did not install; those tests will skip" >&2

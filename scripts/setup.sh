@@ -31,6 +31,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
+# --no-compile: pip would byte-compile every module of every package (torch alone: ~30 s of a 2-core machine's
+# setup); Python compiles the modules a process imports, once, where it may write bytecode (scripts/test.sh lets it)
+INSTALL=(install -q --no-compile)
 
 # Best effort: the code verifier's sandbox uses bubblewrap (docs/rewards.md). Never fails setup.
 if ! command -v bwrap >/dev/null 2>&1; then
@@ -54,7 +57,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   log "installing torch==$TORCH_VERSION first ($([ "$HAS_CUDA" = 1 ] && echo CUDA || echo CPU) build)"
   TORCH_ARGS=()
   if [ -n "${TORCH_INDEX_URL:-}" ]; then TORCH_ARGS+=(--extra-index-url "$TORCH_INDEX_URL"); fi
-  "${PIP[@]}" install -q "${TORCH_ARGS[@]}" "torch==$TORCH_VERSION"
+  "${PIP[@]}" "${INSTALL[@]}" "${TORCH_ARGS[@]}" "torch==$TORCH_VERSION"
   if [ "$HAS_CUDA" = 0 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
     log "warning: a CUDA build of torch was installed on a machine without a GPU;" \
         "set TORCH_INDEX_URL to a CPU wheel index to avoid the download"
@@ -62,7 +65,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
 fi
 
 log "installing the project (extras: $EXTRAS)"
-"${PIP[@]}" install -q -e "$ROOT[$EXTRAS]"
+"${PIP[@]}" "${INSTALL[@]}" -e "$ROOT[$EXTRAS]"
 if [ "$HAS_CUDA" = 0 ] && "$PY" -c "import transformer_engine" >/dev/null 2>&1; then
   log "error: transformer-engine is installed on a machine without CUDA; it breaks 'import megatron.core'."
   log "remove it: $PY -m pip uninstall -y transformer-engine transformer-engine-torch"

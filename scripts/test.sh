@@ -14,4 +14,7 @@ for arg in "$@"; do
   if [ "$arg" = "--slow" ]; then MARK="not gpu"; else ARGS+=("$arg"); fi
 done
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Let Python cache the bytecode of what the tests import (setup installs without compiling every module): with
+# PYTHONDONTWRITEBYTECODE set, each of the suite's hundreds of processes would compile its imports again.
+unset PYTHONDONTWRITEBYTECODE
 exec "${VENV:-$ROOT/.venv}/bin/python" -m pytest -m "$MARK" "${ARGS[@]}"
