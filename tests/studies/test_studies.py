@@ -87,14 +87,19 @@ def test_keep_run_files_copies_small_files_and_gzips_records(tmp_path):
     assert [m["reward/mean"] for m in read_metrics(tmp_path / "kept")] == [0.5, 0.75]
 
 
-def _duet_study():
+def study_script(name: str):
+    """`scripts/<name>.py` imported as a module (the study scripts are not a package)."""
     import importlib.util
 
     from tests.conftest import REPO
-    spec = importlib.util.spec_from_file_location("duet_study", REPO / "scripts" / "duet_study.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _duet_study():
+    return study_script("duet_study")
 
 
 def test_every_duet_study_arm_on_v2_is_a_valid_config_of_its_method_on_the_v2_pool(tmp_path):

@@ -3,21 +3,17 @@ team differences against hand-computed pass@k."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, REPO
-from tests.studies.test_studies import _report
+from tests.conftest import CONFIGS
+from tests.studies.test_studies import _report, study_script
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("tandem_study", REPO / "scripts" / "tandem_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return study_script("tandem_study")
 
 
 def test_every_tandem_arm_on_v2_loads_shares_grpo_v2s_warm_start_and_is_judged_against_the_junior(tmp_path):
