@@ -75,8 +75,8 @@ def _simulate(tau: float, lam0: float, steps: int = 2000, seed: int = 0) -> tupl
 
 
 def test_dual_update_drives_a_simulated_policy_to_tau():
-    for tau in (0.1, 0.3, 0.6):
-        for lam0 in (0.0, 0.5, 2.0):
+    for tau in (0.1, 0.6):  # the corners: a low and a high budget, lambda starting below and far above 1 - tau
+        for lam0 in (0.0, 2.0):
             rate, lam = _simulate(tau, lam0)
             assert abs(rate - tau) < 0.02, (tau, lam0, rate, lam)
             # the optimal policy asks when d > lambda, so the rate is 1 - lambda at equilibrium
