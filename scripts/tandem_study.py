@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -40,8 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import (config_on_task, difference_table, evaluation_row, finished_run,  # noqa: E402
-                                   read_metrics, run_one, sharpening_eval, summarise, warm_start_of, write_table)
+from slime_ext.tools.study import (append_section, config_on_task, difference_table, eval_checkpoint,  # noqa: E402
+                                   evaluation_row, finished_run, read_metrics, run_one, sharpening_eval, summarise,
+                                   warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
@@ -86,11 +86,8 @@ def warm_axes_eval(run: Path, junior: str, folder: Path) -> Path:
     if report.with_name("eval_warm_tandem_axes.json").exists():
         return report
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm_start_of(run), "--config",
-           str(run / "config.yaml"), "--no-progress", "--out", str(report), "--tandem-junior", junior]
-    print(f"[study] {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, cwd=REPO, check=True)
-    return report
+    return eval_checkpoint(warm_start_of(run), run / "config.yaml", report, "--no-progress",
+                           then=("--tandem-junior", junior))
 
 
 def axes_of(report_or_run: Path) -> dict:
@@ -109,8 +106,8 @@ def axes_numbers(axes: dict, eval_report: dict) -> dict[str, float]:
     return {**row, **axes_row(axes)}
 
 
-def row_of(run: Path) -> dict[str, float]:
-    row = axes_numbers(axes_of(run), json.loads((run / "eval_final.json").read_text()))
+def row_of(run: Path, axes: dict) -> dict[str, float]:
+    row = axes_numbers(axes, json.loads((run / "eval_final.json").read_text()))
     shares = [m["tandem/senior_token_share"] for m in read_metrics(run) if "tandem/senior_token_share" in m]
     if shares:
         row["train_senior_token_share"] = statistics.mean(shares)
@@ -151,10 +148,7 @@ def team_difference_table(out: Path, arm_axes: dict[str, list[dict]], reference:
                     b += team_scores(this, schedule, k)
                 cells.append(describe_difference(paired_difference(a, b)))
             lines.append(f"| {arm} | {schedule} | " + " | ".join(cells) + " |")
-    section = "\n".join(lines)
-    table_md = out / "table.md"
-    table_md.write_text((table_md.read_text() if table_md.exists() else "") + "\n" + section + "\n")
-    return section
+    return append_section(out, "\n".join(lines))
 
 
 def plots(out: Path, first_runs: dict[str, Path], drift: dict[str, dict]) -> None:
@@ -227,9 +221,9 @@ def main(argv=None) -> int:
                 missing.append(f"{method} seed {seed}")
                 continue
             keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
-            rows[method].append(row_of(run))
-            runs[method].append(str(run))
             arm_axes[method].append(axes_of(run))
+            rows[method].append(row_of(run, arm_axes[method][-1]))
+            runs[method].append(str(run))
             first.setdefault(method, run)
             if method == "GRPO" and junior_eval is not None:  # one junior for every seed: paired with each
                 baselines.setdefault(JUNIOR, []).append(junior_eval)
@@ -260,9 +254,8 @@ def main(argv=None) -> int:
         warm_hf = Path(axes_of(first["TRL"])["junior"])
         warm_out = args.runs / "warm_start_eval.json"
         if not warm_out.with_name("warm_start_eval_tandem_axes.json").exists():
-            subprocess.run([sys.executable, "-m", "slime_ext.tools.eval_checkpoint", str(warm_hf), "--config",
-                            str(first["TRL"] / "config.yaml"), "--no-progress", "--out", str(warm_out),
-                            "--tandem-junior", str(warm_hf)], cwd=REPO, check=True)
+            eval_checkpoint(warm_hf, first["TRL"] / "config.yaml", warm_out, "--no-progress",
+                            then=("--tandem-junior", str(warm_hf)))
         summary = {"warm start": {k: (v, 0.0, 1) for k, v in axes_numbers(axes_of(warm_out), json.loads(
             warm_out.read_text())).items()}} | summary
     keys = list(dict.fromkeys([k for method_rows in rows.values() for row in method_rows for k in row]))
@@ -278,7 +271,7 @@ def main(argv=None) -> int:
         if all("correct_per_prompt" in a["handoff_alternate"] for axes in team.values() for a in axes):
             ks = sorted(int(k.split("@")[1]) for k in team["GRPO"][0]["handoff_alternate"] if k.startswith("pass@"))
             print(team_difference_table(args.out, team, "GRPO", ks))
-    drift = {m: axes_of(r)["drift"] for m, r in first.items()}
+    drift = {m: axes[0]["drift"] for m, axes in arm_axes.items() if axes}
     if baseline_axes.get(WARM):
         drift[WARM] = baseline_axes[WARM][0]["drift"]
         if "drift_floor" in baseline_axes[WARM][0]:

@@ -90,12 +90,25 @@ def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
     report = folder / "eval_sharpening.json"
     if report.exists():
         return report
-    warm = warm_start_of(run)
-    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", warm, "--config", str(run / "config.yaml"),
-           f"eval.temperature={temperature}", "eval.greedy=false", "--out", str(report)]
+    return eval_checkpoint(warm_start_of(run), run / "config.yaml", report, f"eval.temperature={temperature}",
+                           "eval.greedy=false")
+
+
+def eval_checkpoint(checkpoint: str | Path, config: Path, report: Path, *args: str, then: Sequence[str] = ()) -> Path:
+    """`python -m slime_ext.tools.eval_checkpoint CHECKPOINT --config CONFIG [ARGS] --out REPORT [THEN]` (the command
+    is printed), as the studies evaluate what trains nothing; returns `report`."""
+    cmd = [sys.executable, "-m", "slime_ext.tools.eval_checkpoint", str(checkpoint), "--config", str(config), *args,
+           "--out", str(report), *then]
     print(f"[study] {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
     return report
+
+
+def append_section(out: Path, section: str) -> str:
+    """Append a markdown section to `out/table.md` (the study's table comes first); returns the section."""
+    table_md = out / "table.md"
+    table_md.write_text((table_md.read_text() if table_md.exists() else "") + "\n" + section + "\n")
+    return section
 
 
 def evaluation_row(report: Path) -> dict[str, float]:
@@ -174,7 +187,4 @@ def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference:
             b += this[1]
         cell = describe_difference(paired_difference(a, b)) if a else "- (no per-prompt records in these runs)"
         lines.append(f"| {arm} | {cell} |")
-    section = "\n".join(lines)
-    table_md = out / "table.md"
-    table_md.write_text((table_md.read_text() if table_md.exists() else "") + "\n" + section + "\n")
-    return section
+    return append_section(out, "\n".join(lines))

@@ -93,7 +93,6 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     monkeypatch.setattr(study, "run_one", fake_run)
     monkeypatch.setattr(study, "junior_run", lambda runs, steps, extra: fake_run(None, 0, runs / f"junior_sft{steps}", [
         f"sft.steps={steps}"]))
-    monkeypatch.setattr(study.subprocess, "run", fake_eval)
     monkeypatch.setattr(plumbing.subprocess, "run", fake_eval)
     runs, out = tmp_path / "runs", tmp_path / "out"
     assert study.main(["--seeds", "0", "--runs", str(runs), "--out", str(out)]) == 0

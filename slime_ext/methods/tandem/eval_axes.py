@@ -20,7 +20,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -303,16 +302,6 @@ def axes_row(axes: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def named_junior(path: Any, tokenizer: Any) -> Any:
-    """`tandem_axes.junior_path` checked like `tandem.junior_path` (an HF checkpoint with the senior's exact
-    vocabulary), or None when the section names none."""
-    if not path:
-        return None
-    from slime_ext.methods.tandem.method import junior_dir
-
-    return junior_dir(SimpleNamespace(tandem=SimpleNamespace(junior_path=path)), tokenizer, Path(path))
-
-
 def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Path, eval_rows: list[dict],
                      load_engine: Callable[[str], Any]) -> None:
     """The registry's after-training evaluation (any GRPO-family method whose entry declares the `tandem_axes`
@@ -321,8 +310,12 @@ def final_evaluation(method: Any, final_dir: Path, start_dir: Path, run_dir: Pat
     settings = getattr(method.config, "tandem_axes", None)
     if settings is None or not settings.enabled:
         return
-    junior = (named_junior(settings.junior_path, method.tokenizer) or method.partner_dir(start_dir)
-              or method.kl_reference_dir(start_dir) or start_dir)
+    if settings.junior_path:  # the same junior for every arm of a study, the GRPO baseline's included
+        from slime_ext.methods.tandem.method import checked_junior
+
+        junior = checked_junior(settings.junior_path, method.tokenizer, "tandem_axes.junior_path")
+    else:
+        junior = method.partner_dir(start_dir) or method.kl_reference_dir(start_dir) or start_dir
     log = logging.getLogger(__name__)
     axes = tandem_axes(str(final_dir), str(junior), method.tokenizer, eval_rows, method.config,
                        n_prompts=settings.prompts, load_engine=load_engine,

@@ -43,11 +43,14 @@ def junior_dir(config: Any, tokenizer: Any, start_dir: Path) -> Path:
     """The frozen junior: `tandem.junior_path`, else the senior's starting checkpoint (self-paired). A
     different junior must share the senior's vocabulary exactly."""
     path = config.tandem.junior_path
-    if not path:
-        return start_dir
+    return checked_junior(path, tokenizer, "tandem.junior_path") if path else start_dir
+
+
+def checked_junior(path: str, tokenizer: Any, key: str) -> Path:
+    """The junior checkpoint `key` names: an HF checkpoint whose vocabulary is the senior's, exactly."""
     junior = Path(path)
     if not (junior / "config.json").exists():
-        raise FileNotFoundError(f"tandem.junior_path={path}: no HF checkpoint there (config.json missing)")
+        raise FileNotFoundError(f"{key}={path}: no HF checkpoint there (config.json missing)")
     from slime_ext.tokenizer import load_tokenizer
 
     check_same_vocabulary(tokenizer.get_vocab(), load_tokenizer(str(junior)).get_vocab())
