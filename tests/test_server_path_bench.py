@@ -1,7 +1,8 @@
 """benchmarks/server_path.py in dry mode (tiny model, 4 x 2 requests of <= 8 tokens, 1 repeat): it runs
 end to end (in-process engine, one real engine server, every weight-sync method) and writes the JSON and
 Markdown reports. The 2-server and traced-server parts are left out here (two more server starts);
-the committed report has them."""
+the committed report has them. A `--slow` check (~33 s on a 2-core machine, mostly process and server start-up):
+the parts it runs have their own tests (tests/engine/test_server_pool.py, tests/serving/)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_dry_run_writes_the_reports(tmp_path):
     argv = [sys.executable, str(ROOT / "benchmarks/server_path.py"), "--dry-run", "--servers", "1", "--no-profile",
             "--load-requests", "6", "--out", str(tmp_path)]

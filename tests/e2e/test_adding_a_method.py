@@ -34,21 +34,53 @@ def test_the_page_has_the_three_parts():
     assert "samplers=(" in second["registry"]
 
 
-@pytest.mark.timeout(900)
-def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch, job_cache):
-    from slime_ext.orchestration.driver import main
-
+def install_first_example(tmp_path: Path, monkeypatch) -> Path:
+    """The page's first example as a user adds it: the package, the registry line (with the package's import path
+    where the test put it), the YAML; returns the YAML's path."""
     blocks = doc_blocks()
     write_package(tmp_path / "plugins", "length_penalty", {f: blocks[f] for f in ("config.py", "method.py")},
                   "GRPO with a length penalty (docs/adding-a-method.md).")
     monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
-    # the registry line, with the package's import path where the test put it
     name, entry = registry_line(blocks["registry"], registry.MethodEntry,
                                 {"slime_ext.methods.length_penalty": "length_penalty"})
     monkeypatch.setitem(registry.METHODS, name, entry)
     yaml_text = blocks["length_penalty.yaml"].replace("extends: grpo.yaml", f"extends: {CONFIGS / 'grpo.yaml'}")
     (tmp_path / "length_penalty.yaml").write_text(yaml_text)
+    return tmp_path / "length_penalty.yaml"
 
+
+def test_the_first_method_is_built_from_its_yaml_and_scores_by_the_page(tmp_path, monkeypatch):
+    """The default run's variant of the job below (slow; the second example's job runs by default): the page's
+    blocks registered as a user would, its YAML composed and validated, the method built through the registry; on
+    one group of a correct 6-token and a wrong 12-token response its rewards, advantages and metric are the
+    page's formula, computed by hand. A section the schema did not pick up or a hook that is not called fails."""
+    from slime_ext.config import load_config
+    from slime_ext.data import Sample
+    from slime_ext.orchestration.local_endpoints import build_run_method
+
+    config_path = install_first_example(tmp_path, monkeypatch)
+    cfg = load_config(config_path, ["rollout.max_response_len=24"]).config
+    assert cfg.method == "length_penalty" and cfg.length_penalty.coef == 0.2
+    with pytest.raises(ValueError, match="length_penalty is written for the math reward"):
+        load_config(config_path, ["reward.type=code"])
+    method = build_run_method(cfg)
+    assert type(method).__name__ == "LengthPenaltyGRPO"
+    group = [Sample("right", [3, 4], list(range(6)), group_id="g", label="3", response_text="so \\boxed{3}"),
+             Sample("wrong", [3, 4], list(range(12)), group_id="g", label="3", response_text="so \\boxed{4}")]
+    metrics = method.finish([group], 0)
+    penalties = [0.2 * 6 / 24, 0.2 * 12 / 24]  # 0.05, 0.1
+    assert [s.rewards["length_penalty"] for s in group] == pytest.approx(penalties, abs=1e-12)
+    assert [s.reward for s in group] == pytest.approx([1 - 0.05, 0 - 0.1], abs=1e-12)
+    assert metrics["length_penalty/mean"] == pytest.approx(0.075, abs=1e-12)
+    assert group[0].advantage > 0 > group[1].advantage and group[0].advantage == pytest.approx(-group[1].advantage)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_method_added_as_the_page_says_runs_two_rl_steps(tmp_path, monkeypatch, job_cache):
+    from slime_ext.orchestration.driver import main
+
+    install_first_example(tmp_path, monkeypatch)
     # the method lives in this process's sys.path, so the rollout manager runs in the driver
     rc = main([str(tmp_path / "length_penalty.yaml"), f"run.output_dir={tmp_path / 'runs'}",
                f"run.cache_dir={job_cache}", "rollout.manager=driver", *TINY])
