@@ -1,9 +1,11 @@
-"""SxS study on the embedded default: standard CoT SFT -> RL vs SxS SFT -> RL, accuracy and latency.
+"""SxS study: standard CoT SFT -> RL vs SxS SFT -> RL (and, on v2, the answer-after-reasoning control), accuracy
+and latency.
 
-    python scripts/sxs_study.py [--seeds 0] [--runs runs/sxs_study] [--out results/sxs_study] [--report-only] [k=v ...]
+    python scripts/sxs_study.py [--task v2] [--seeds 0 1 2] [--cot-runs runs/duet_study_v2] [--runs DIR] [--out DIR]
+                                [--report-only] [k=v ...]
 
-Runs per seed (main-job runs, `run.seed=SEED`, `sft.seed=0`; finished runs are skipped, so an
-interrupted study resumes):
+Runs per seed (main-job runs, `run.seed=SEED`; finished runs are skipped and a run stopped part-way continues from its
+checkpoint, so an interrupted study resumes):
 - `cot`: `configs/grpo.yaml` (SFT warm start on the plain `Step k:` ... `\\boxed{N}` solutions, then GRPO);
   its `eval_warm_start.json` is the "CoT SFT" row, its `eval_final.json` the "CoT SFT->RL" row;
 - `sxs_sft`: `configs/sxs_sft.yaml` (SFT on the same task's solutions interleaved by Algorithm 1,
@@ -11,17 +13,30 @@ interrupted study resumes):
 - `sxs_rl`, `sxs_rl_shaping`: `configs/sxs_rl.yaml` with `sxs.qp_shaping=false` / `true`, RL from that same
   SxS warm start (same cache key as `sxs_sft`; the study checks the recorded warm-start paths agree),
   `eval_final.json` -> "SxS SFT->RL" / "SxS SFT->RL +shaping".
-Both arms start from the same base (the tiny model, random init, the same SFT settings and seed); each
-arm's embedded tokenizer is trained on its own SFT text.
+
+`--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each config), the SFT seed following the run
+seed (each seed its own warm starts), RL prompts from a recurring pool of 256, 1026 held-out prompts (114 per level).
+The CoT run is the DUET study's full-GRPO run of the seed (the same config and keys; `--cot-runs` names that study's
+runs folder to reuse it, else it runs here). The SxS data report the running total after half the intermediate steps
+(`sxs.disclosure_share=0.5`: think blocks span one to several steps, so their number and size can move under RL and
+the shaping), and two more runs give the control that separates interleaving from restating the answer:
+`restated_sft` / `restated_rl` (`sxs.answer_placement=after_reasoning`: the same text with the whole account after
+the reasoning) -> "Restated SFT" / "Restated SFT->RL". Every SxS-format run uses the CoT run's tokenizer
+(`tokenizer.path`), so lengths and latencies are in the same tokens; their responses are longer (the account), so
+their `rollout.max_response_len` is 640 against CoT's 480 (V10 at share 0.5: up to ~620 tokens with that tokenizer).
+`--task v1` is the committed results/sxs_study (the default job's level, one seed, SFT seed 0, each arm's own
+tokenizer).
 
 Columns (`--out`/table.md, table.json; mean ± std over seeds): held-out mean@4 / pass@4 / greedy, the
 truncation rate, and the latency metrics of `slime_ext.methods.sxs.metrics` averaged over the sampled eval
 responses (`meta.response_metrics` of the eval json): ARI, ABO, AIRW, think blocks, total / reasoning /
 response lengths, first substantive disclosure, all in tokens of the response without its EOS. For the
 CoT rows the same metrics treat the `Step` reasoning as one think block and the final `\\boxed{}` line
-as the only speak block (`cot_channels`). Plot `block_count.png`: think blocks per rollout (`sxs/think_blocks`)
-and training accuracy (`reward/correct`; GRPO: `reward/mean`) over RL steps. `k=v` overrides apply to
-every run (so not `sxs.*`: the CoT arm is a grpo run, whose config has no `sxs` section).
+as the only speak block (`cot_channels`). Then paired differences prompt by prompt (what RL adds, what the shaping
+adds; on v2 interleaved against restated). Plot `block_count.png`: think blocks per rollout (`sxs/think_blocks`), the
+think window before each speak block (`sxs/airw`) and training accuracy (`reward/correct`; GRPO: `reward/mean`) over
+RL steps. `k=v` overrides apply to every run (so not `sxs.*`: the CoT arm is a grpo run, whose config has no `sxs`
+section).
 """
 
 from __future__ import annotations
@@ -34,7 +49,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import difference_table, finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.studies import keep_run_files  # noqa: E402
+from slime_ext.tools.study import (config_on_task, difference_table, finished_run, read_metrics, run_one,  # noqa: E402
+                                   summarise, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -43,6 +60,11 @@ RUNS = {
     "sxs_rl": ("sxs_rl.yaml", ["sxs.qp_shaping=false"]),
     "sxs_rl_shaping": ("sxs_rl.yaml", ["sxs.qp_shaping=true"]),
 }
+RESTATED = ["sxs.answer_placement=after_reasoning"]
+CONTROL_RUNS = {
+    "restated_sft": ("sxs_sft.yaml", RESTATED),
+    "restated_rl": ("sxs_rl.yaml", [*RESTATED, "sxs.qp_shaping=false"]),
+}
 ARMS = {
     "CoT SFT": ("cot", "eval_warm_start.json"),
     "CoT SFT->RL": ("cot", "eval_final.json"),
@@ -50,7 +72,23 @@ ARMS = {
     "SxS SFT->RL": ("sxs_rl", "eval_final.json"),
     "SxS SFT->RL +shaping": ("sxs_rl_shaping", "eval_final.json"),
 }
-RL_CURVES = {"CoT SFT->RL": "cot", "SxS SFT->RL": "sxs_rl", "SxS SFT->RL +shaping": "sxs_rl_shaping"}
+CONTROL_ARMS = {"Restated SFT": ("restated_sft", "eval_sft.json"), "Restated SFT->RL": ("restated_rl", "eval_final.json")}
+RL_CURVES = {"CoT SFT->RL": "cot", "SxS SFT->RL": "sxs_rl", "SxS SFT->RL +shaping": "sxs_rl_shaping",
+             "Restated SFT->RL": "restated_rl"}
+# Runs that must share one warm start (the family's SFT weights): the run that trains it, then those that start from it
+FAMILIES = {"SxS": ("sxs_sft", "sxs_rl", "sxs_rl_shaping"), "Restated": ("restated_sft", "restated_rl")}
+V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]
+TASKS = {
+    "v1": {"seeds": [0], "common": [], "suffix": "", "warm_start_per_seed": False, "control": False,
+           "sxs_data": [], "same_tokenizer": False},
+    # the DUET study's full-GRPO keys (its COMMON and v2 held-out set), so its runs are this study's CoT runs
+    "v2": {"seeds": [0, 1, 2], "common": ["rollout.prompt_pool=256", *V2_HELD_OUT], "suffix": "_v2",
+           "warm_start_per_seed": True, "control": True,
+           "sxs_data": ["sxs.disclosure_share=0.5", "rollout.max_response_len=640"], "same_tokenizer": True},
+}
+# what each task's paired difference tables compare: (reference arm, other arm)
+DIFFERENCES = [("CoT SFT", "CoT SFT->RL"), ("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")]
+CONTROL_DIFFERENCES = [("Restated SFT", "SxS SFT"), ("Restated SFT->RL", "SxS SFT->RL"), ("CoT SFT->RL", "SxS SFT->RL")]
 ACCURACY = {"mean@4": "mean@4", "pass@4": "pass@4", "greedy": "greedy", "truncated": "truncation_rate"}
 LATENCY = {"ARI": "ari", "ABO": "abo", "AIRW": "airw", "think_blocks": "think_blocks", "total_len": "total_len",
            "reasoning_len": "reasoning_len", "response_len": "response_len", "first_disclosure": "first_disclosure"}
@@ -73,12 +111,33 @@ def warm_start_of(run: Path) -> Optional[str]:
     return json.loads((run / "summary.json").read_text()).get("stages", {}).get("sft", {}).get("warm_start")
 
 
-def check_same_warm_start(runs: dict[str, Path]) -> str:
-    """The SxS runs must share one warm start (the SxS SFT weights); returns its path."""
-    starts = {slug: warm_start_of(run) for slug, run in runs.items() if slug.startswith("sxs")}
+def check_same_warm_start(runs: dict[str, Path], family: str = "SxS") -> str:
+    """The runs of one family must share one warm start (its SFT weights); returns its path."""
+    starts = {slug: warm_start_of(run) for slug, run in runs.items() if slug in FAMILIES[family]}
     if len(set(starts.values())) != 1 or None in starts.values():
-        raise RuntimeError(f"the SxS runs do not share one SFT warm start: {starts}")
+        raise RuntimeError(f"the {family} runs do not share one SFT warm start: {starts}")
     return next(iter(starts.values()))
+
+
+def tokenizer_of(run: Path) -> str:
+    """The tokenizer a finished run used (its tokenizer stage's path, absolute)."""
+    path = Path(json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"])
+    return str(path if path.is_absolute() else REPO / path)
+
+
+def run_overrides(task: str, slug: str, tokenizer: Optional[str], overrides: list[str], extra: list[str]) -> list[str]:
+    """The task's keys for one run: its held-out set and pool for every run; for the SxS-format runs the data
+    settings and the CoT run's tokenizer; on v2 the RL runs do not evaluate the warm start again (their family's SFT
+    run did). The run's own keys come last (they win)."""
+    t = TASKS[task]
+    out = list(t["common"])
+    if slug != "cot":
+        out += t["sxs_data"]
+        if tokenizer is not None:
+            out.append(f"tokenizer.path={tokenizer}")
+        if t["warm_start_per_seed"] and not slug.endswith("_sft"):
+            out.append("eval.warm_start=false")
+    return out + overrides + extra
 
 
 def curve(run: Path, *keys: str) -> tuple[list[int], list[float]]:
@@ -94,17 +153,19 @@ def plots(out: Path, curves: dict[str, list[Path]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (blocks, acc) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (blocks, window, acc) = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, (arm, runs) in enumerate(curves.items()):  # one colour per arm, one line style per seed
         for j, run in enumerate(runs):
             style = {"color": f"C{i}", "linestyle": ("-", "--", ":", "-.")[j % 4],
                      "label": arm if len(runs) == 1 else f"{arm} ({run.parent.name})"}
             if not arm.startswith("CoT"):
                 blocks.plot(*curve(run, "sxs/think_blocks"), **style)
+                window.plot(*curve(run, "sxs/airw"), **style)
             acc.plot(*curve(run, "reward/correct", "reward/mean"), **style)
     blocks.set_title("think blocks per rollout")
+    window.set_title("think tokens before each speak block (AIRW)")
     acc.set_title("training accuracy (visible answer)")
-    for ax in (blocks, acc):
+    for ax in (blocks, window, acc):
         ax.set_xlabel("RL step")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -116,44 +177,69 @@ def plots(out: Path, curves: dict[str, list[Path]]) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--runs", type=Path, default=REPO / "runs" / "sxs_study")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "sxs_study")
+    ap.add_argument("--task", choices=sorted(TASKS), default="v2")
+    ap.add_argument("--seeds", type=int, nargs="+", help="default: v1 0, v2 0 1 2")
+    ap.add_argument("--runs", type=Path, help="default: runs/sxs_study (v1), runs/sxs_study_v2 (v2)")
+    ap.add_argument("--out", type=Path, help="default: results/sxs_study (v1), results/sxs_study_v2 (v2)")
+    ap.add_argument("--cot-runs", type=Path,
+                    help="v2: the DUET study's runs folder (its GRPO_full-seedS runs are the CoT runs)")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the runs that finished (a partial study says which are missing)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    task = TASKS[args.task]
+    args.seeds = args.seeds or task["seeds"]
+    args.runs = args.runs or REPO / "runs" / f"sxs_study{task['suffix']}"
+    args.out = args.out or REPO / "results" / f"sxs_study{task['suffix']}"
     command = "python scripts/sxs_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    rows: dict[str, list[dict[str, float]]] = {a: [] for a in ARMS}
-    runs: dict[str, list[str]] = {a: [] for a in ARMS}
-    curves: dict[str, list[Path]] = {a: [] for a in RL_CURVES}
+    plan = {**RUNS, **(CONTROL_RUNS if task["control"] else {})}
+    arms = {**ARMS, **(CONTROL_ARMS if task["control"] else {})}
+    rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
+    runs: dict[str, list[str]] = {a: [] for a in arms}
+    curves: dict[str, list[Path]] = {a: [] for a, slug in RL_CURVES.items() if slug in plan}
     missing, warm_starts = [], []
     for seed in args.seeds:
         done: dict[str, Path] = {}
-        for slug, (config, extra) in RUNS.items():
+        tokenizer = None
+        for slug, (config, extra) in plan.items():
             parent = args.runs / f"{slug}-seed{seed}"
-            run = finished_run(parent) if args.report_only else run_one(config, seed, parent, [*args.overrides, *extra])
+            if slug == "cot" and args.cot_runs is not None:
+                parent = args.cot_runs / f"GRPO_full-seed{seed}"
+            if task["same_tokenizer"] and slug != "cot":
+                if "cot" not in done:  # the SxS-format runs need the CoT run's tokenizer
+                    missing.append(f"{slug} seed {seed}")
+                    continue
+                tokenizer = tokenizer_of(done["cot"])
+            if args.report_only:
+                run = finished_run(parent)
+            else:
+                overrides = run_overrides(args.task, slug, tokenizer, args.overrides, extra)
+                run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
+                              shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
+                if task["suffix"]:  # v2: each finished run's small files and records land under --out as it finishes
+                    keep_run_files(run, args.out / "runs" / parent.name)
             if run is None:
                 missing.append(f"{slug} seed {seed}")
                 continue
             done[slug] = run
-        if all(s in done for s in RUNS if s.startswith("sxs")):
-            warm_starts.append(check_same_warm_start(done))
-        for arm, (slug, eval_name) in ARMS.items():
+        for family, slugs in FAMILIES.items():
+            if all(s in done for s in slugs):
+                warm_starts.append(check_same_warm_start(done, family))
+        for arm, (slug, eval_name) in arms.items():
             if slug in done:
                 rows[arm].append(row_of(done[slug], eval_name))
                 runs[arm].append(str(done[slug]))
-        for arm, slug in RL_CURVES.items():
-            if slug in done:
-                curves[arm].append(done[slug])
+        for arm in curves:
+            if RL_CURVES[arm] in done:
+                curves[arm].append(done[RL_CURVES[arm]])
     summary = summarise({a: r for a, r in rows.items() if r})
     title = "SxS study: standard CoT vs SxS, SFT and SFT -> RL (latency in tokens)"
     if missing:
         title += f"; not run: {', '.join(missing)}"
     table = write_table(args.out, title, summary, {a: r for a, r in runs.items() if r}, args.seeds, command, KEYS)
-    for before, after in (("CoT SFT", "CoT SFT->RL"), ("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")):
-        if runs.get(before) and len(runs[before]) == len(runs.get(after, [])):  # what RL (or shaping) adds, paired
-            evals = {arm: [Path(r) / ARMS[arm][1] for r in runs[arm]] for arm in (before, after)}
+    for before, after in DIFFERENCES + (CONTROL_DIFFERENCES if task["control"] else []):
+        if runs.get(before) and len(runs[before]) == len(runs.get(after, [])):  # paired within seeds
+            evals = {arm: [Path(r) / arms[arm][1] for r in runs[arm]] for arm in (before, after)}
             print(difference_table(args.out, evals, before))
     if warm_starts:
         (args.out / "sxs_warm_starts.json").write_text(json.dumps(warm_starts, indent=2) + "\n")

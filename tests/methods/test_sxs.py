@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -156,3 +157,69 @@ def test_interleaving_is_the_sxs_sections_switch_and_keys_the_caches(tmp_path):
         return TrainingJob(config, tmp_path, [], [], CharTokenizer(), tmp_path / "tok").warm_start_key()
 
     assert key(sft) == key(rl) != key(off)
+
+
+# -- the v2 study's data settings: the answer after the reasoning (the control), and fewer disclosed steps --------
+ROW = {"id": "r1", "prompt": "Ann has 5 pens. She buys 3 more. She gets 2 times as many as before. How many?",
+       "label": "16", "solution": "Step 1: 5 + 3 = 8.\nStep 2: 8 * 2 = 16.\n\\boxed{16}\nCheck: 16 / 2 = 8. \\boxed{16}"}
+
+
+def test_the_control_places_the_same_text_after_the_reasoning():
+    from slime_ext.methods.sxs.interleave import SxSRows, interleave_row
+
+    inter = interleave_row(ROW)["solution"]
+    assert inter == ("<think>Step 1: 5 + 3 = 8.</think><speak>Let me work through it.\n\nAfter step 1 the count is 8."
+                     "</speak><think>Step 2: 8 * 2 = 16.</think><speak>After step 2 the count is 16.\n\nSo the answer "
+                     "is \\boxed{16}.</speak><think>Check: 16 / 2 = 8. \\boxed{16}</think>")
+    after = SxSRows("after_reasoning")(ROW)
+    assert after["solution"] == ("<think>Step 1: 5 + 3 = 8.\n\nStep 2: 8 * 2 = 16.</think><speak>Let me work through "
+                                 "it.\n\nAfter step 1 the count is 8.\n\nAfter step 2 the count is 16.\n\nSo the answer "
+                                 "is \\boxed{16}.</speak><think>Check: 16 / 2 = 8. \\boxed{16}</think>")
+    assert after["cot_solution"] == ROW["solution"]
+
+    def paragraphs(text):  # the words, without tags or where the blocks are cut
+        return sorted(p for p in re.split(r"</?(?:think|speak)>|\n\n", text) if p)
+
+    assert paragraphs(inter) == paragraphs(after["solution"])
+
+
+def test_disclosure_share_reports_some_steps_drawn_from_the_row_id():
+    from slime_ext.methods.sxs.interleave import SxSRows
+    from slime_ext.methods.sxs.synthetic import disclosed_steps
+    from slime_ext.tasks.synthetic_math import generate_dataset
+
+    assert disclosed_steps("r1", 5, 1.0) == [0, 1, 2, 3, 4]
+    assert disclosed_steps("r1", 5, 1e-9) == [4]  # the last step is always reported
+    draws = [disclosed_steps(f"row{i}", 9, 0.5) for i in range(2000)]
+    assert draws[:50] == [disclosed_steps(f"row{i}", 9, 0.5) for i in range(50)]  # the same on every build
+    earlier = sum(len(d) - 1 for d in draws) / (2000 * 8)
+    assert abs(earlier - 0.5) < 0.02  # 16000 Bernoulli(0.5) draws: SD 0.004
+    with pytest.raises(ValueError, match="disclosure_share"):
+        disclosed_steps("r1", 3, 0.0)
+
+    # on v2 rows at share 0.5 the think blocks span one to several steps, so their number varies within a level
+    rows = generate_dataset(["V8"], 200, seed=0, split="train", recheck_share=0.0)
+    counts = [SxSRows(disclosure_share=0.5)(r)["solution"].count("<think>") for r in rows]
+    full = {SxSRows()(r)["solution"].count("<think>") for r in rows}
+    assert full == {8} and len(set(counts)) >= 4 and 2 <= min(counts) and max(counts) <= 8
+
+
+def test_the_data_settings_are_validated_and_key_the_caches(tmp_path):
+    from slime_ext.config import load_config
+    from slime_ext.methods.registry import data_transform
+    from slime_ext.methods.sxs.interleave import SxSRows, interleave_row
+    from slime_ext.tasks.prepare import transform_key
+    from tests.conftest import CONFIGS
+
+    cfg = load_config(CONFIGS / "sxs_sft.yaml", ["sxs.answer_placement=after_reasoning", "sxs.disclosure_share=0.5"]).config
+    rows = data_transform(cfg)
+    assert rows == SxSRows("after_reasoning", 0.5)
+    keys = {transform_key(interleave_row), transform_key(rows), transform_key(SxSRows("interleaved", 0.5)),
+            transform_key(SxSRows("after_reasoning"))}
+    assert len(keys) == 4 and transform_key(SxSRows()) == transform_key(interleave_row)
+    assert data_transform(load_config(CONFIGS / "sxs_sft.yaml", []).config) is interleave_row
+    for bad, key in (("sxs.answer_placement=before", "answer_placement"), ("sxs.disclosure_share=0", "disclosure_share")):
+        with pytest.raises(Exception, match=key):
+            load_config(CONFIGS / "sxs_sft.yaml", [bad])
+    with pytest.raises(Exception, match="sxs.disclosure_share = 0.5 shapes the interleaved SFT data"):
+        load_config(CONFIGS / "sxs_rl.yaml", ["sxs.interleave_data=false", "sxs.disclosure_share=0.5"])

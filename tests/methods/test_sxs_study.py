@@ -195,7 +195,7 @@ def make_study(root: Path, seeds=(0, 1), sxs_warm=lambda seed, slug: "/c/warmsta
 def test_study_table_from_fake_runs(tmp_path):
     study = load_study()
     make_study(tmp_path / "runs")
-    assert study.main(["--report-only", "--seeds", "0", "1", "--runs", str(tmp_path / "runs"),
+    assert study.main(["--task", "v1", "--report-only", "--seeds", "0", "1", "--runs", str(tmp_path / "runs"),
                        "--out", str(tmp_path / "out")]) == 0
     table = json.loads((tmp_path / "out" / "table.json").read_text())
     s = table["summary"]
@@ -225,7 +225,7 @@ def test_study_nan_latency_is_left_out_and_missing_runs_are_named(tmp_path):
     study = load_study()
     make_study(tmp_path / "runs", seeds=(0,))
     # the SxS SFT->RL eval of seed 0 disclosed nothing (NaN first disclosure): that cell is left out
-    assert study.main(["--report-only", "--seeds", "0", "1", "--runs", str(tmp_path / "runs"),
+    assert study.main(["--task", "v1", "--report-only", "--seeds", "0", "1", "--runs", str(tmp_path / "runs"),
                        "--out", str(tmp_path / "out")]) == 0
     s = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
     assert "first_disclosure" not in study.row_of(next((tmp_path / "runs" / "sxs_rl-seed0").iterdir()),
@@ -239,4 +239,69 @@ def test_study_refuses_sxs_runs_from_different_warm_starts(tmp_path):
     study = load_study()
     make_study(tmp_path / "runs", seeds=(0,), sxs_warm=lambda seed, slug: f"/c/warmstart/{slug}/hf")
     with pytest.raises(RuntimeError, match="do not share one SFT warm start"):
-        study.main(["--report-only", "--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+        study.main(["--task", "v1", "--report-only", "--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+
+
+# -- v2: the control arm, the CoT run's tokenizer, the DUET study's full-GRPO run as the CoT run ----------------------
+def test_v2_runs_take_the_data_settings_and_the_cot_tokenizer_and_validate(tmp_path):
+    from slime_ext.methods.registry import data_transform
+    from slime_ext.methods.sxs.interleave import SxSRows
+    from slime_ext.tools.study import config_on_task
+
+    study = load_study()
+    common = ["rollout.prompt_pool=256", "data.synthetic.n_eval=1026", "eval.n_prompts=1026"]
+    sxs_data = ["sxs.disclosure_share=0.5", "rollout.max_response_len=640", "tokenizer.path=/tok"]
+    assert study.run_overrides("v2", "cot", None, [], []) == common
+    assert study.run_overrides("v2", "sxs_sft", "/tok", [], []) == common + sxs_data
+    assert study.run_overrides("v2", "restated_rl", "/tok", ["x=1"], study.CONTROL_RUNS["restated_rl"][1]) == \
+        common + sxs_data + ["eval.warm_start=false", "x=1", "sxs.answer_placement=after_reasoning", "sxs.qp_shaping=false"]
+    assert study.run_overrides("v1", "sxs_rl", None, [], ["sxs.qp_shaping=true"]) == ["sxs.qp_shaping=true"]
+
+    # every v2 run's keys are accepted by its composed config, and the two SxS formats get their transforms
+    for slug, (config, extra) in {**study.RUNS, **study.CONTROL_RUNS}.items():
+        cfg = load_config(config_on_task(config, "v2", tmp_path / slug),
+                          study.run_overrides("v2", slug, None if slug == "cot" else "/tok", [], extra)).config
+        assert cfg.data.synthetic.n_eval == 1026 and cfg.rollout.prompt_pool == 256
+        if slug != "cot":
+            placement = "after_reasoning" if slug.startswith("restated") else "interleaved"
+            assert data_transform(cfg) == SxSRows(placement, 0.5) and cfg.tokenizer.path == "/tok"
+            assert cfg.rollout.max_response_len == 640 and cfg.eval.warm_start == slug.endswith("_sft")
+
+    # the CoT run is the DUET study's full-GRPO run: the same keys, so --cot-runs reuses it
+    spec = importlib.util.spec_from_file_location("duet_study", REPO / "scripts" / "duet_study.py")
+    duet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(duet)
+    assert sorted(duet.arm_overrides("v2", "GRPO full", "grpo.yaml", list(duet.COMMON))) == sorted(common)
+
+
+def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
+    study = load_study()
+    root = tmp_path / "runs"
+    make_study(root, seeds=(0,))
+    for slug in ("restated_sft", "restated_rl"):
+        fake_run(root, slug, 0, "/c/warmstart/restated/hf",
+                 {"eval_sft.json": eval_json(0.3, 0.4, latency(80.0, 1.0, 70.0)),
+                  "eval_final.json": eval_json(0.6, 0.7, latency(78.0, 1.0, 68.0))},
+                 [{"step": k, "reward/correct": 0.5, "sxs/think_blocks": 1.0, "sxs/airw": 90.0} for k in range(3)])
+    cot_summary = next((root / "cot-seed0").iterdir()) / "summary.json"
+    summary = json.loads(cot_summary.read_text())
+    summary["stages"]["tokenizer"] = {"path": ".cache/slime_ext/tokenizers/tok-640-x"}
+    cot_summary.write_text(json.dumps(summary))
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
+    assert list(s) == ["CoT SFT", "CoT SFT->RL", "SxS SFT", "SxS SFT->RL", "SxS SFT->RL +shaping", "Restated SFT",
+                       "Restated SFT->RL"]
+    assert s["Restated SFT"]["mean@4"] == pytest.approx([0.3, 0.0, 1]) and s["Restated SFT->RL"]["ARI"][0] == 78.0
+    md = (tmp_path / "out" / "table.md").read_text()
+    for reference in ("Restated SFT", "Restated SFT->RL", "CoT SFT->RL"):  # interleaving against restating, and CoT
+        assert f"## Difference to {reference} " in md
+    assert json.loads((tmp_path / "out" / "sxs_warm_starts.json").read_text()) == \
+        ["/c/warmstart/sxs/hf", "/c/warmstart/restated/hf"]
+    assert study.tokenizer_of(cot_summary.parent) == str(REPO / ".cache/slime_ext/tokenizers/tok-640-x")
+
+    # without a finished CoT run the SxS-format runs cannot have its tokenizer: named as not run
+    (root / "cot-seed0").rename(root / "elsewhere")
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
+                       "--out", str(tmp_path / "out2")]) == 0
+    assert "not run: cot seed 0, sxs_sft seed 0, sxs_rl seed 0" in (tmp_path / "out2" / "table.md").read_text()

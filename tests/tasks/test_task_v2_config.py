@@ -120,13 +120,15 @@ def test_paragraph_steps_apply_to_v2_rows(tmp_path):
 
 
 def test_sxs_reads_v2_steps():
-    """Every v2 step line is `Step k: ... = c.`, so SxS's triples (and its interleaving) take v2 rows."""
+    """Every v2 step line is `Step k: ... = c.`, so SxS's triples (and its interleaving) take v2 rows; a re-check
+    tail is one more reasoning paragraph."""
     from slime_ext.methods.sxs.synthetic import triple_from_row
     from slime_ext.tasks.synthetic_math import generate_dataset
 
     for r in generate_dataset(["V4", "V8"], 20, seed=0, split="eval", recheck_share=1.0):
         t = triple_from_row(r)
-        assert len(t["reasoning"].split("\n\n")) == r["num_steps"] and t["label"] == r["label"]
+        assert len(t["reasoning"].split("\n\n")) == r["num_steps"] + 1 and t["label"] == r["label"]
+        assert t["reasoning"].split("\n\n")[-1].startswith("Check:")
 
 
 def test_main_job_checks_every_v2_reference(tmp_path):

@@ -90,11 +90,46 @@ def visible_answer(tagged: str) -> str:
 def interleave_row(row: dict) -> dict:
     """A synthetic math row with its solution replaced by the SxS interleaving (rule oracle); the plain
     chain of thought is kept as `cot_solution` (the standard-CoT arm of the study)."""
-    from slime_ext.methods.sxs.oracles import RuleOracle
-    from slime_ext.methods.sxs.synthetic import triple_from_row
+    return SxSRows()(row)
 
-    t = triple_from_row(row)
-    reasoning, answer = segment(t["reasoning"]), segment(t["answer"])
-    oracle = RuleOracle()
-    counts = [oracle.coverage(t["question"], reasoning[: k + 1], answer, 0, t) for k in range(len(reasoning))]
-    return dict(row, solution=render(interleave(reasoning, answer, counts)), cot_solution=row["solution"])
+
+PLACEMENTS = ("interleaved", "after_reasoning")
+
+
+@dataclass(frozen=True)
+class SxSRows:
+    """The row transform of `sxs.interleave_data` with its two data settings (docs/methods/sxs.md):
+    - `answer_placement`: "interleaved" (Algorithm 1, rule oracle) or "after_reasoning", the study's control: the
+      same think and speak text with the whole account after the reasoning (`<think>steps</think><speak>account
+      </speak>`, then the re-check tail), so interleaving is separated from restating the answer;
+    - `disclosure_share`: the share of intermediate steps whose running total the account reports
+      (`synthetic.disclosed_steps`)."""
+
+    answer_placement: str = "interleaved"
+    disclosure_share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.answer_placement not in PLACEMENTS:
+            raise ValueError(f"answer_placement must be one of {PLACEMENTS}, got {self.answer_placement!r}")
+
+    @property
+    def cache_key(self) -> str:
+        """What keys the prepared data and the warm start: the defaults keep `interleave_row`'s import path (the
+        key of the data and warm starts built before these settings existed)."""
+        if self == SxSRows():
+            return f"{__name__}:interleave_row"
+        return f"{__name__}:SxSRows({self.answer_placement},{self.disclosure_share!r})"
+
+    def __call__(self, row: dict) -> dict:
+        from slime_ext.methods.sxs.oracles import RuleOracle
+        from slime_ext.methods.sxs.synthetic import triple_from_row
+
+        t = triple_from_row(row, self.disclosure_share)
+        reasoning, answer = segment(t["reasoning"]), segment(t["answer"])
+        if self.answer_placement == "interleaved":
+            oracle = RuleOracle()
+            counts = [oracle.coverage(t["question"], reasoning[: k + 1], answer, 0, t) for k in range(len(reasoning))]
+        else:  # nothing is said before the last step; the tail after it stays a trailing think block
+            last_step = max(t["requires"])
+            counts = [len(answer) if k >= last_step else 0 for k in range(len(reasoning))]
+        return dict(row, solution=render(interleave(reasoning, answer, counts)), cot_solution=row["solution"])
