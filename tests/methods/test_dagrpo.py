@@ -3,6 +3,7 @@ real HTTP, failing endpoints, and the dual update steering a simulated policy to
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -716,6 +717,49 @@ def test_phase_evaluation_counts_cloud_failures_and_reports_them(cloud_server, t
     assert len(records) == 4 * n and {r["phase"] for r in records} == {p.name for p in cfg.dagrpo.phases}
     assert [(r["asked"], r["cloud_answered"], r["correct"]) for r in records[:4]] == [
         (True, True, 1.0), (False, False, 1.0), (True, False, 0.0), (False, False, 0.0)]
+
+
+def test_sampled_phase_evaluation_reports_the_sampled_policys_rate_beside_the_greedy_one(cloud_server, tmp_path):
+    """`dagrpo.eval_sampled`: each phase is evaluated greedily (the default) and once more with one answer per prompt
+    sampled at eval.temperature; a policy that asks only when sampled shows cloud rate 0 greedy and 1 sampled."""
+    from types import SimpleNamespace
+
+    from slime_ext.config import load_config
+    from slime_ext.methods.dagrpo.cloud import CloudHelper
+    from slime_ext.methods.dagrpo.continual import evaluate_phases
+    from slime_ext.methods.dagrpo.method import DAGRPO
+    from tests.conftest import CONFIGS
+
+    _, _, tok = cloud_server
+    seen: list[float] = []
+
+    class TemperatureEngine:  # greedy: answers 3 locally; sampled: asks for help
+        def generate(self, reqs):
+            seen.extend(r.sampling.temperature for r in reqs)
+            text = "\\boxed{3}" if reqs[0].sampling.temperature == 0 else "Step 1: " + TRIGGER
+            return [SimpleNamespace(output_ids=tok(text)["input_ids"] + [tok.eos_token_id],
+                                    annotations=[{"asked_for_help": "assistance" in text}]) for _ in reqs]
+
+    cfg = load_config(CONFIGS / "dagrpo.yaml", ["eval.n_prompts=3", "eval.temperature=0.7",
+                                                "dagrpo.eval_sampled=true"]).config
+    rows = [{"prompt": f"what is 1 + 2? ({i})", "label": "3"} for i in range(3)]
+    method = DAGRPO(cfg, tok, cloud=CloudHelper(ScriptedClient(["ok"] * 30)))
+    method.phase_rows = lambda k: ([], rows)
+    out = evaluate_phases(method, TemperatureEngine(), 0, tmp_path)
+    n = len(cfg.dagrpo.phases)
+    assert seen.count(0.7) == 3 * n and seen.count(0.0) >= 3 * n  # the router baselines may add greedy calls
+    first = out[cfg.dagrpo.phases[0].name]
+    assert first["cloud_rate"] == 0.0 and first["joint_accuracy"] == 1.0 and first["local_only_accuracy"] == 1.0
+    assert first["sampled/cloud_rate"] == 1.0 and first["sampled/cloud_calls"] == 3.0
+    assert math.isnan(first["sampled/local_only_accuracy"])
+    records = [json.loads(x) for x in (tmp_path / "eval_after_phase_0.records.jsonl").read_text().splitlines()]
+    assert [r["decoding"] for r in records[:6]] == ["greedy"] * 3 + ["sampled"] * 3
+    assert [r["asked"] for r in records[:6]] == [False] * 3 + [True] * 3
+    assert first["sampled/joint_accuracy"] == 1.0  # the cloud answered the three
+    # the table's last columns: greedy cloud rate 0, the two routers, then the sampled joint accuracy / cloud rate
+    assert "| 0.000 | 1.000 | 1.000 | 1.000 / 1.000 |" in (tmp_path / "continual_table.md").read_text()
+    # off by default: greedy only
+    assert not load_config(CONFIGS / "dagrpo.yaml", []).config.dagrpo.eval_sampled
 
 
 def test_breaker_and_warning_keys_are_used_and_validated():

@@ -60,6 +60,9 @@ class DAGRPOConfig(Section):
     sft_trigger_fraction: float = Field(0.15, ge=0, le=1)
     # Local-only tuning baseline: no trigger, no cloud; the same phases and evaluation.
     local_only: bool = False
+    # The phase evaluations also sample one answer per prompt at eval.temperature (keys `sampled/...`): the cloud
+    # rate of the policy as it is sampled in training, beside the greedy answers' (the default evaluation).
+    eval_sampled: bool = False
 
     def check_run(self, config: Any) -> None:
         """The phases run back to back (the RL steps must be exactly their steps), a run that may ask

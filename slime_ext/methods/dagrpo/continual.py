@@ -1,5 +1,6 @@
 """DA-GRPO's continual evaluation: after each phase, every phase's held-out set (greedy local answers, the
-cloud for prompts that ask), and the continual table (during-task / post-switch accuracy, forgetting)."""
+cloud for prompts that ask; with `dagrpo.eval_sampled` also one sampled answer per prompt), and the continual table
+(during-task / post-switch accuracy, forgetting)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,13 @@ def evaluate_phases(method: Any, engine: Any, ended: int, run_dir: Path) -> dict
         phase_records: list[dict] = []
         out[phase.name] = method.evaluate_rows(engine, rows, cfg.data.template, seed=cfg.run.seed,
                                                records=phase_records)
-        records += [{"phase": phase.name, **r} for r in phase_records]
+        records += [{"phase": phase.name, "decoding": "greedy", **r} for r in phase_records]
+        if cfg.dagrpo.eval_sampled:  # one sampled answer per prompt: the rate the sampled policy shows
+            sampled_records: list[dict] = []
+            sampled = method.evaluate_rows(engine, rows, cfg.data.template, seed=cfg.run.seed, baselines=False,
+                                           records=sampled_records, temperature=cfg.eval.temperature)
+            out[phase.name].update({f"sampled/{k}": v for k, v in sampled.items()})
+            records += [{"phase": phase.name, "decoding": "sampled", **r} for r in sampled_records]
         log.info("after phase %d, held-out %s: %s", ended, phase.name, out[phase.name])
         r = out[phase.name]  # unanswered cloud calls lower joint and cloud-alone accuracy: say so
         tally = CloudTally(int(r.get("cloud_calls", 0)), int(r.get("cloud_failures", 0)), int(r.get("cloud_skipped", 0)))
@@ -45,8 +52,8 @@ def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
         return None
     last = evals[max(evals)]
     lines = ["| phase | during-task acc | post-switch acc | forgetting | local-only acc (last) | joint acc (last) "
-             "| cloud rate (last) | random router (last) | router classifier (last) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| cloud rate (last) | random router (last) | router classifier (last) | sampled: joint acc / cloud rate (last) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for k, name in enumerate(phases):
         during = evals.get(k, {}).get(name, {}).get("joint_accuracy")
         post = evals.get(k + 1, {}).get(name, {}).get("joint_accuracy")
@@ -55,7 +62,8 @@ def write_continual_table(run_dir: Path, phases: list[str]) -> Optional[Path]:
         row = last.get(name, {})
         lines.append(f"| {name} | {cell(during)} | {cell(post)} | {cell(forget)} | {cell(row.get('local_only_accuracy'))} "
                      f"| {cell(row.get('joint_accuracy'))} | {cell(row.get('cloud_rate'))} "
-                     f"| {cell(row.get('random_router_joint_accuracy'))} | {cell(row.get('router_clf_joint_accuracy'))} |")
+                     f"| {cell(row.get('random_router_joint_accuracy'))} | {cell(row.get('router_clf_joint_accuracy'))} "
+                     f"| {cell(row.get('sampled/joint_accuracy'))} / {cell(row.get('sampled/cloud_rate'))} |")
     unanswered = sum(int(r.get("cloud_failures", 0)) + int(r.get("cloud_skipped", 0)) for r in last.values())
     if unanswered:
         calls = sum(int(r.get("cloud_calls", 0)) for r in last.values())

@@ -180,17 +180,18 @@ class DAGRPO(GRPO):
         return self.phase_rows(index)[0]
 
     def evaluate_rows(self, engine: Any, rows: list[dict], template: str, seed: int = 0,
-                      baselines: bool = True, records: Optional[list[dict]] = None) -> dict[str, float]:
-        """Greedy local answers with the trigger (or episodes with the cloud tool); the cloud answers the prompts
-        that asked (one call each); joint accuracy (composed), local-only accuracy (prompts kept local), cloud
-        rate. `records`, when given, receives one record per prompt (id, level, asked, cloud answered, correct,
-        length: the tokens the local model generated)."""
+                      baselines: bool = True, records: Optional[list[dict]] = None,
+                      temperature: float = 0.0) -> dict[str, float]:
+        """Local answers with the trigger (or episodes with the cloud tool), greedy unless `temperature` > 0; the
+        cloud answers the prompts that asked (one call each); joint accuracy (composed), local-only accuracy
+        (prompts kept local), cloud rate. `records`, when given, receives one record per prompt (id, level, asked,
+        cloud answered, correct, length: the tokens the local model generated)."""
         from sglang_patches.decoding import SamplingParams
         from slime_ext.data.generation import GenerateRequest
         from slime_ext.tasks.templates import get_template
 
         fmt = get_template(template)
-        sp = SamplingParams(temperature=0.0, max_new_tokens=self.config.rollout.max_response_len)
+        sp = SamplingParams(temperature=temperature, max_new_tokens=self.config.rollout.max_response_len)
         reqs = [GenerateRequest(f"dg-eval-{i}", self.tokenizer(fmt.format(r["prompt"]))["input_ids"], sp, seed + i,
                                 self.specs(), return_logprob=False) for i, r in enumerate(rows)]
         answer = self._episode_answers if self.tool_path else self._spliced_answers
