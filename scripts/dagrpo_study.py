@@ -21,6 +21,20 @@ the local model on L4).
 Finished runs are skipped, so an interrupted study resumes. Writes `table1.md` (unless
 `--controls-only`), `control[_mixed].md`, `study[_mixed].json` and the plots `cloud_rate[_mixed].png`,
 `lambda[_mixed].png` (and the per-level rates of a mixed phase) to `--out`.
+
+`--task v2` (the default; `--task v1` is the study above, committed in results/dagrpo_study): task family v2, three
+seeds (each its own warm start: the SFT seed follows the run seed), continual phases of mixed levels, "near" (V2-V4,
+where the local model is often right) then "far" (V6-V8, where it rarely is), `--phase-steps` each (default 40),
+tau 0.3 in both, with the settings that held the rate in the v1 control (KL 0.2 to the warm start, normalize_std
+false, lr 1e-4, eta_lambda 0.05). Arms: local-only tuning, DA-GRPO, and GRPO with a fixed assistance reward tuned to
+DA-GRPO's cloud rate: seed 0 runs the reward at each of `--assist-sweep` (0.2 0.5 0.8), the one whose training cloud
+rate over the last quarter of the far phase is nearest DA-GRPO's is the arm, and seeds 1 and 2 run it alone. Every
+phase evaluation is greedy and sampled (`dagrpo.eval_sampled`, T = eval.temperature) on 1026 held-out prompts per
+phase, with the random router and the router classifier at DA-GRPO's own rate. Writes `table_v2.md` / `table.json`
+(mean ± std over seeds: during-task and post-switch joint accuracy, forgetting, local-only and joint accuracy and
+cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the last quarter
+of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last phase, greedy,
+within seeds, pooled), and `cloud_rate_v2.png` (training cloud rate and tau over steps, per arm and seed).
 """
 
 from __future__ import annotations
@@ -33,10 +47,13 @@ from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean, pstdev
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import finished_run, read_metrics, run_one  # noqa: E402
+from slime_ext.studies import keep_run_files  # noqa: E402
+from slime_ext.studies.records import RUN_FILES  # noqa: E402
+from slime_ext.tools.study import config_on_task, finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}
@@ -192,9 +209,172 @@ def plots(out: Path, control_runs: dict[str, Path], suffix: str = "") -> None:
         plt.close(fig)
 
 
+# -- task family v2 -------------------------------------------------------------------------------------------------
+V2_TAU = 0.3
+NEAR, FAR = "{name: near, levels: [V2, V3, V4], step_limit: 4", "{name: far, levels: [V6, V7, V8], step_limit: 8"
+# the v1 control's settings that held the rate (results/dagrpo_study/control_mixed.md); the phases set their levels in
+# equal shares, so v2's level weights are dropped; 1026 held-out prompts per phase, evaluated greedy and sampled
+V2_SETTINGS = ["grpo.kl_coef=0.2", "grpo.normalize_std=false", "train.lr=1e-4", "dagrpo.eta_lambda=0.05"]
+V2_COMMON = ["data.synthetic.train_level_weights=null", "data.synthetic.n_eval=1026", "eval.n_prompts=1026",
+             "dagrpo.eval_sampled=true", "dagrpo.cloud_url=solver:synthetic_math_answer"]
+ASSIST = "fixed assistance reward {h:g}"
+V2_ARMS = {"local-only": "dagrpo_local_only.yaml", "DA-GRPO": "dagrpo.yaml"}
+
+
+def v2_runs(phase_steps: int, assist: tuple[float, ...]) -> dict[str, tuple[str, list[str]]]:
+    """Arm -> (config, overrides) of one seed on v2: local-only, DA-GRPO, and the fixed reward at each of `assist`."""
+    spec = phases((NEAR, phase_steps, f", tau: {V2_TAU}"), (FAR, phase_steps, f", tau: {V2_TAU}"))
+    base = [*V2_COMMON, *V2_SETTINGS, f"dagrpo.phases={spec}", f"train.steps={2 * phase_steps}"]
+    runs = {arm: (config, list(base)) for arm, config in V2_ARMS.items()}
+    for h in assist:
+        runs[ASSIST.format(h=h)] = ("collab_grpo.yaml", [*base, f"dagrpo.hierarchical_reward={h}"])
+    return runs
+
+
+def phase_training_rates(run: Path) -> dict[str, float]:
+    """Per phase: the training cloud rate and tau over the last quarter of its steps (`dagrpo/phase` of each row)."""
+    m = read_metrics(run)
+    out: dict[str, float] = {}
+    for k, name in enumerate(("near", "far")):
+        rows = [x for x in m if int(x.get("dagrpo/phase", -1)) == k]
+        tail = rows[-max(1, len(rows) // 4):]
+        if tail:
+            out[f"training cloud rate {name} (last quarter)"] = mean(x["dagrpo/cloud_rate"] for x in tail)
+            out[f"tau {name} (last quarter)"] = mean(x["dagrpo/tau"] for x in tail)
+    return out
+
+
+def v2_row(run: Path) -> dict[str, float]:
+    """One run's table row: the continual measures, the sampled cloud rate and accuracy after the last phase and
+    the training rates."""
+    row = continual(run, ["near", "far"])
+    last = json.loads((run / "eval_after_phase_1.json").read_text())
+    for p in ("near", "far"):
+        for key, label in (("sampled/cloud_rate", "sampled cloud rate"), ("sampled/joint_accuracy", "sampled joint acc")):
+            if key in last[p]:
+                row[f"{label} {p}"] = last[p][key]
+    return {**row, **phase_training_rates(run)}
+
+
+def tuned_assist(runs: dict[str, Path], assist: tuple[float, ...]) -> float:
+    """The fixed reward whose far-phase training cloud rate (last quarter) is nearest DA-GRPO's."""
+    key = "training cloud rate far (last quarter)"
+    target = phase_training_rates(runs["DA-GRPO"])[key]
+    return min(assist, key=lambda h: abs(phase_training_rates(runs[ASSIST.format(h=h)])[key] - target))
+
+
+def joint_correct(run: Path) -> dict[tuple[str, str], float]:
+    """(phase, prompt id) -> greedy joint correctness after the last phase (its per-prompt records)."""
+    out = {}
+    for line in (run / "eval_after_phase_1.records.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("decoding", "greedy") == "greedy":
+            out[(r["phase"], r["prompt_id"])] = float(r["correct"])
+    return out
+
+
+def v2_differences(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO") -> str:
+    """Each arm's joint accuracy after the last phase minus DA-GRPO's, paired prompt by prompt within seeds, pooled."""
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
+
+    lines = [f"## Difference to {reference} (joint accuracy after the last phase, greedy, per prompt, paired within "
+             "seeds)", "", "| arm | difference, points |", "| --- | --- |"]
+    arms = list(dict.fromkeys(a for runs in seed_runs for a in runs if a != reference))
+    for arm in arms:
+        a: list[float] = []
+        b: list[float] = []
+        for runs in seed_runs:
+            if reference in runs and arm in runs:
+                ref, other = joint_correct(runs[reference]), joint_correct(runs[arm])
+                keys = sorted(ref)
+                if sorted(other) != keys:
+                    raise ValueError(f"{arm}: {runs[arm]} and {runs[reference]} evaluated different prompts")
+                a += [ref[k] for k in keys]
+                b += [other[k] for k in keys]
+        lines.append(f"| {arm} | {describe_difference(paired_difference(a, b)) if a else '-'} |")
+    return "\n".join(lines)
+
+
+def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
+    for i, arm in enumerate(arms):
+        for j, runs in enumerate(seed_runs):
+            if arm in runs:
+                m = read_metrics(runs[arm])
+                ax.plot([x["step"] for x in m], [x.get("dagrpo/cloud_rate", float("nan")) for x in m], color=f"C{i}",
+                        ls=("-", "--", ":")[j % 3], label=f"{arm}" if j == 0 else None)
+                ax.plot([x["step"] for x in m], [x.get("dagrpo/tau", float("nan")) for x in m], color="k", lw=0.6)
+    ax.set_xlabel("RL step (near phase, then far)")
+    ax.set_ylabel("training cloud rate (black: tau)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "cloud_rate_v2.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main_v2(args: argparse.Namespace, command: str) -> int:
+    assist = tuple(args.assist_sweep)
+    seed_runs: list[dict[str, Path]] = []
+    rows: dict[str, list[dict[str, float]]] = {}
+    names: dict[str, list[str]] = {}
+    chosen: Optional[float] = None
+    missing = []
+    for seed in args.seeds:
+        sweep = assist if chosen is None else (chosen,)
+        done: dict[str, Path] = {}
+        for arm, (config, extra) in v2_runs(args.phase_steps, sweep).items():
+            parent = args.runs / f"{slug(arm)}-seed{seed}"
+            if args.report_only:
+                run = finished_run(parent)
+            else:
+                run = run_one(config_on_task(config, "v2", parent), seed, parent, [*extra, *args.overrides],
+                              shared_sft_seed=seed)
+                keep_run_files(run, args.out / "runs" / parent.name, RUN_FILES + ("continual_table.md",
+                               "eval_after_phase_0.json", "eval_after_phase_1.json"))
+            if run is None:
+                missing.append(f"{arm} seed {seed}")
+                continue
+            done[arm] = run
+        if chosen is None and all(ASSIST.format(h=h) in done for h in assist) and "DA-GRPO" in done:
+            chosen = tuned_assist(done, assist)
+        if chosen is not None:  # the tuned reward is the arm; the other sweep points stay in the runs list only
+            done = {("fixed assistance reward (tuned)" if a == ASSIST.format(h=chosen) else a): r for a, r in done.items()
+                    if not a.startswith("fixed assistance reward ") or a == ASSIST.format(h=chosen)}
+        seed_runs.append(done)
+        for arm, run in done.items():
+            rows.setdefault(arm, []).append(v2_row(run))
+            names.setdefault(arm, []).append(str(run))
+    title = "DA-GRPO study on task family v2: continual near (V2-V4) -> far (V6-V8), tau 0.3"
+    if chosen is not None:
+        title += f"; fixed assistance reward tuned to DA-GRPO's far-phase cloud rate on seed {args.seeds[0]}: {chosen:g}"
+    if missing:
+        title += f"; not run: {', '.join(missing)}"
+    table = write_table(args.out, title, summarise(rows), names, args.seeds, command)
+    text = (args.out / "table.md").read_text() + "\n" + v2_differences(seed_runs) + "\n"
+    (args.out / "table_v2.md").write_text(text)
+    (args.out / "table.md").unlink()
+    print(table)
+    if any(seed_runs):
+        print(f"[study] plot {v2_plot(args.out, seed_runs)}")
+    print(f"[study] wrote {args.out / 'table_v2.md'}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phase-steps", type=int, default=10, help="RL steps per phase in the two-phase runs")
+    ap.add_argument("--task", choices=("v1", "v2"), default="v2")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="v2: the seeds (the first runs the sweep)")
+    ap.add_argument("--assist-sweep", type=float, nargs="+", default=[0.2, 0.5, 0.8],
+                    help="v2: the fixed assistance rewards tried on the first seed")
+    ap.add_argument("--phase-steps", type=int, default=None, help="RL steps per phase (default: v1 10, v2 40)")
     ap.add_argument("--control-steps", type=int, default=40, help="RL steps of the cloud-rate control runs")
     ap.add_argument("--control-phase", choices=sorted(CONTROLS), default="mixed",
                     help="what the control runs train: L1 and L4 interleaved (default) or the hard phase alone")
@@ -204,12 +384,18 @@ def main(argv=None) -> int:
                     help="start only the runs whose name contains one of these (tabulate every finished run): "
                          "lets two processes share the cores")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--runs", type=Path, default=REPO / "runs" / "dagrpo_study")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "dagrpo_study")
+    ap.add_argument("--runs", type=Path, help="default: runs/dagrpo_study (v1), runs/dagrpo_study_v2 (v2)")
+    ap.add_argument("--out", type=Path, help="default: results/dagrpo_study (v1), results/dagrpo_study_v2 (v2)")
     ap.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start nothing")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = "python scripts/dagrpo_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    suffix = "" if args.task == "v1" else "_v2"
+    args.runs = args.runs or REPO / "runs" / f"dagrpo_study{suffix}"
+    args.out = args.out or REPO / "results" / f"dagrpo_study{suffix}"
+    args.phase_steps = args.phase_steps or (10 if args.task == "v1" else 40)
+    if args.task == "v2":
+        return main_v2(args, command)
     done: dict[str, Path] = {}
     for name, (config, extra) in plan(args.phase_steps, args.control_steps, tuple(args.lambda_starts),
                                       args.controls_only, args.control_phase).items():

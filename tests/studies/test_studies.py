@@ -92,8 +92,11 @@ def study_script(name: str):
     import importlib.util
 
     from tests.conftest import REPO
+    import sys
+
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the script runs
     spec.loader.exec_module(module)
     return module
 

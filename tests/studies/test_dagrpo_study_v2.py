@@ -1,0 +1,77 @@
+"""scripts/dagrpo_study.py --task v2: every arm's keys accepted by its composed config, and the table from fake runs in
+the real file formats (the tuned fixed reward chosen by its far-phase cloud rate, paired differences per prompt)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.studies.test_studies import study_script
+
+
+def test_every_v2_arm_composes_and_validates(tmp_path):
+    from slime_ext.config import load_config
+    from slime_ext.tools.study import config_on_task
+
+    study = study_script("dagrpo_study")
+    runs = study.v2_runs(40, (0.2, 0.5))
+    assert list(runs) == ["local-only", "DA-GRPO", "fixed assistance reward 0.2", "fixed assistance reward 0.5"]
+    for arm, (config, overrides) in runs.items():
+        cfg = load_config(config_on_task(config, "v2", tmp_path / study.slug(arm)), overrides).config
+        near, far = cfg.dagrpo.phases
+        assert (near.levels, far.levels, near.steps, far.steps) == (["V2", "V3", "V4"], ["V6", "V7", "V8"], 40, 40)
+        assert near.tau == far.tau == 0.3 and cfg.train.steps == 80 and cfg.dagrpo.eval_sampled
+        assert (cfg.grpo.kl_coef, cfg.train.lr, cfg.dagrpo.eta_lambda) == (0.2, 1e-4, 0.05)
+        assert cfg.eval.n_prompts == 1026 and cfg.data.synthetic.train_level_weights is None
+        assert cfg.rollout.max_response_len == 480 and cfg.sft.steps == 1200  # the v2 overlay's
+        assert cfg.dagrpo.local_only == (arm == "local-only")
+        if arm.startswith("fixed"):
+            assert cfg.method == "collab_grpo" and cfg.dagrpo.hierarchical_reward == float(arm.split()[-1])
+
+
+def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: list[float]) -> None:
+    run = root / f"{arm_slug}-seed{seed}" / f"{arm_slug}-20260101-000000"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"complete": True}))
+    metrics = [{"step": k, "dagrpo/phase": float(k >= 4), "dagrpo/tau": 0.3,
+                "dagrpo/cloud_rate": 0.1 if k < 4 else (0.9 if k < 7 else far_rate)} for k in range(8)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    for k, near_acc in ((0, 0.8), (1, 0.6)):
+        phase = {"joint_accuracy": near_acc, "local_only_accuracy": 0.5, "cloud_rate": 0.2,
+                 "sampled/cloud_rate": 0.4, "sampled/joint_accuracy": 0.55}
+        (run / f"eval_after_phase_{k}.json").write_text(json.dumps({"near": phase, "far": dict(phase, joint_accuracy=0.3)}))
+    records = [{"phase": p, "decoding": d, "prompt_id": str(i), "correct": c if d == "greedy" else 0.0}
+               for p in ("near", "far") for d in ("greedy", "sampled") for i, c in enumerate(correct)]
+    (run / "eval_after_phase_1.records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    ones, zeros = [1.0] * 20, [0.0] * 20
+    for seed in (0, 1):
+        fake_v2_run(root, "local_only", seed, 0.0, zeros)
+        fake_v2_run(root, "DA_GRPO", seed, 0.30, ones)
+    fake_v2_run(root, "fixed_assistance_reward_0.2", 0, 0.05, ones)
+    fake_v2_run(root, "fixed_assistance_reward_0.5", 0, 0.35, [1.0] * 10 + [0.0] * 10)  # nearest 0.30
+    fake_v2_run(root, "fixed_assistance_reward_0.8", 0, 0.90, ones)
+    fake_v2_run(root, "fixed_assistance_reward_0.5", 1, 0.25, [1.0] * 10 + [0.0] * 10)
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "1", "--phase-steps", "4", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    s = table["summary"]
+    assert list(s) == ["local-only", "DA-GRPO", "fixed assistance reward (tuned)"]
+    assert all(len(table["runs"][arm]) == 2 for arm in s)
+    tuned = s["fixed assistance reward (tuned)"]
+    # the last quarter of the far phase (steps 7 of 4-7): 0.35 and 0.25
+    assert tuned["training cloud rate far (last quarter)"] == pytest.approx([0.30, 0.0707, 2], abs=1e-3)
+    assert s["DA-GRPO"]["training cloud rate near (last quarter)"] == pytest.approx([0.1, 0.0, 2])
+    assert s["DA-GRPO"]["forgetting (1st)"] == pytest.approx([0.25, 0.0, 2])  # (0.8 - 0.6) / 0.8
+    assert s["DA-GRPO"]["sampled cloud rate far"] == pytest.approx([0.4, 0.0, 2])
+    md = (tmp_path / "out" / "table_v2.md").read_text()
+    assert "tuned to DA-GRPO's far-phase cloud rate on seed 0: 0.5" in md
+    # per prompt, both phases, greedy records only: local-only 0 vs 1 everywhere; the tuned arm loses half
+    assert "| local-only | -100.0 ± 0.0 points" in md and "| fixed assistance reward (tuned) | -50.0 ±" in md
+    assert (tmp_path / "out" / "cloud_rate_v2.png").stat().st_size > 0
