@@ -24,6 +24,9 @@ the shaping), and two more runs give the control that separates interleaving fro
 the reasoning) -> "Restated SFT" / "Restated SFT->RL". Every SxS-format run uses the CoT run's tokenizer
 (`tokenizer.path`), so lengths and latencies are in the same tokens; their responses are longer (the account), so
 their `rollout.max_response_len` is 640 against CoT's 480 (V10 at share 0.5: up to ~620 tokens with that tokenizer).
+Latency in seconds: each arm's weights are served by our HTTP server and 64 held-out prompts streamed one at a time
+(`slime_ext.tools.stream_timing`, the SxS formats' speak stream), kept under `--out`/latency/seedS/ and summarised as
+first_visible_s, first_disclosure_s and total_s (`slime_ext.methods.sxs.metrics.seconds_metrics`).
 `--task v1` is the committed results/sxs_study (the default job's level, one seed, SFT seed 0, each arm's own
 tokenizer).
 
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -80,11 +84,13 @@ FAMILIES = {"SxS": ("sxs_sft", "sxs_rl", "sxs_rl_shaping"), "Restated": ("restat
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]
 TASKS = {
     "v1": {"seeds": [0], "common": [], "suffix": "", "warm_start_per_seed": False, "control": False,
-           "sxs_data": [], "same_tokenizer": False},
+           "sxs_data": [], "same_tokenizer": False, "latency_prompts": 0},
     # the DUET study's full-GRPO keys (its COMMON and v2 held-out set), so its runs are this study's CoT runs
     "v2": {"seeds": [0, 1, 2], "common": ["rollout.prompt_pool=256", *V2_HELD_OUT], "suffix": "_v2",
            "warm_start_per_seed": True, "control": True,
-           "sxs_data": ["sxs.disclosure_share=0.5", "rollout.max_response_len=640"], "same_tokenizer": True},
+           "sxs_data": ["sxs.disclosure_share=0.5", "rollout.max_response_len=640"], "same_tokenizer": True,
+           # streamed one at a time from our server at T = 1 (slime_ext.tools.stream_timing): latency in seconds
+           "latency_prompts": 64},
 }
 # what each task's paired difference tables compare: (reference arm, other arm)
 DIFFERENCES = [("CoT SFT", "CoT SFT->RL"), ("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")]
@@ -92,6 +98,7 @@ CONTROL_DIFFERENCES = [("Restated SFT", "SxS SFT"), ("Restated SFT->RL", "SxS SF
 ACCURACY = {"mean@4": "mean@4", "pass@4": "pass@4", "greedy": "greedy", "truncated": "truncation_rate"}
 LATENCY = {"ARI": "ari", "ABO": "abo", "AIRW": "airw", "think_blocks": "think_blocks", "total_len": "total_len",
            "reasoning_len": "reasoning_len", "response_len": "response_len", "first_disclosure": "first_disclosure"}
+SECONDS = ("first_visible_s", "first_disclosure_s", "total_s")
 KEYS = [*ACCURACY, *LATENCY]
 
 
@@ -123,6 +130,29 @@ def tokenizer_of(run: Path) -> str:
     """The tokenizer a finished run used (its tokenizer stage's path, absolute)."""
     path = Path(json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"])
     return str(path if path.is_absolute() else REPO / path)
+
+
+def checkpoint_of(run: Path, eval_name: str) -> str:
+    """The weights an arm's row evaluates: the run's warm start for its SFT rows, its final weights otherwise."""
+    return warm_start_of(run) if eval_name in ("eval_warm_start.json", "eval_sft.json") else str(run / "hf")
+
+
+def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int, measure: bool = True) -> dict[str, float]:
+    """Latency in seconds of `prompts` streamed responses of the arm's weights (SxS formats: the speak stream), measured
+    once and kept in `folder` (a study resumed later, or `--report-only`, reads it; without it and `measure`, none)."""
+    from slime_ext.methods.sxs.metrics import seconds_summary
+
+    timing = folder / f"{arm.replace(' ', '_').replace('->', '_to_').replace('+', '')}.timing.jsonl"
+    speak_only = not arm.startswith("CoT")
+    if not timing.exists():
+        if not measure:
+            return {}
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint_of(run, eval_name), "--config",
+                        str(run / "config.yaml"), "--prompts", str(prompts), "--out", str(timing),
+                        *(["--speak-only"] if speak_only else [])], cwd=REPO, check=True)
+    records = [json.loads(line) for line in timing.read_text().splitlines()]
+    return {k: v for k, v in seconds_summary(records, speak_only).items() if k in SECONDS and v == v}
 
 
 def run_overrides(task: str, slug: str, tokenizer: Optional[str], overrides: list[str], extra: list[str]) -> list[str]:
@@ -227,16 +257,22 @@ def main(argv=None) -> int:
                 warm_starts.append(check_same_warm_start(done, family))
         for arm, (slug, eval_name) in arms.items():
             if slug in done:
-                rows[arm].append(row_of(done[slug], eval_name))
+                row = row_of(done[slug], eval_name)
+                if task["latency_prompts"]:
+                    row.update(seconds_row(done[slug], eval_name, arm, args.out / "latency" / f"seed{seed}",
+                                           task["latency_prompts"], measure=not args.report_only))
+                rows[arm].append(row)
                 runs[arm].append(str(done[slug]))
         for arm in curves:
             if RL_CURVES[arm] in done:
                 curves[arm].append(done[RL_CURVES[arm]])
     summary = summarise({a: r for a, r in rows.items() if r})
-    title = "SxS study: standard CoT vs SxS, SFT and SFT -> RL (latency in tokens)"
+    title = "SxS study: standard CoT vs SxS, SFT and SFT -> RL (latency in tokens" + \
+        (f"; in seconds over {task['latency_prompts']} streamed responses per arm)" if task["latency_prompts"] else ")")
     if missing:
         title += f"; not run: {', '.join(missing)}"
-    table = write_table(args.out, title, summary, {a: r for a, r in runs.items() if r}, args.seeds, command, KEYS)
+    keys = KEYS + (list(SECONDS) if task["latency_prompts"] else [])
+    table = write_table(args.out, title, summary, {a: r for a, r in runs.items() if r}, args.seeds, command, keys)
     for before, after in DIFFERENCES + (CONTROL_DIFFERENCES if task["control"] else []):
         if runs.get(before) and len(runs[before]) == len(runs.get(after, [])):  # paired within seeds
             evals = {arm: [Path(r) / arms[arm][1] for r in runs[arm]] for arm in (before, after)}

@@ -223,3 +223,23 @@ def test_the_data_settings_are_validated_and_key_the_caches(tmp_path):
             load_config(CONFIGS / "sxs_sft.yaml", [bad])
     with pytest.raises(Exception, match="sxs.disclosure_share = 0.5 shapes the interleaved SFT data"):
         load_config(CONFIGS / "sxs_rl.yaml", ["sxs.interleave_data=false", "sxs.disclosure_share=0.5"])
+
+
+# -- latency in seconds of a streamed response --------------------------------------------------------------------
+def test_seconds_metrics_by_hand():
+    from slime_ext.methods.sxs.metrics import seconds_metrics, seconds_summary
+
+    # a plain chain of thought: visible from the line of the last \boxed{, 0.9 s; "So" is an acknowledgement
+    cot = [[0.1, "Step 1: 2 + 3"], [0.3, " = 5.\n"], [0.6, "\\boxed{4}\n"], [0.7, "Check"], [0.9, "\nSo "],
+           [1.2, "\\boxed{5}"], [1.3, ""]]
+    m = seconds_metrics(cot, speak_only=False)
+    assert (m["first_visible_s"], m["first_disclosure_s"], m["total_s"]) == (0.9, 1.2, 1.3)
+    # SxS's speak stream: everything visible; "Let me work through it." is not a disclosure
+    sxs = [[0.2, "Let me work"], [0.25, " through it."], [0.5, "\n\nAfter step 1"], [0.8, ""]]
+    s = seconds_metrics(sxs, speak_only=True)
+    assert (s["first_visible_s"], s["first_disclosure_s"], s["total_s"]) == (0.2, 0.5, 0.8)
+    nothing = seconds_metrics([[0.4, "Step 1: 7"], [0.5, ""]], speak_only=False)
+    assert math.isnan(nothing["first_visible_s"]) and math.isnan(nothing["first_disclosure_s"]) and nothing["total_s"] == 0.5
+    summary = seconds_summary([{"deltas": sxs}, {"deltas": [[0.3, "Okay."], [0.6, ""]]}], speak_only=True)
+    assert summary["first_disclosure_s"] == 0.5 and summary["first_visible_s"] == pytest.approx(0.25)
+    assert summary["total_s"] == pytest.approx(0.7) and summary["nothing_disclosed"] == 0.5

@@ -299,6 +299,19 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     assert json.loads((tmp_path / "out" / "sxs_warm_starts.json").read_text()) == \
         ["/c/warmstart/sxs/hf", "/c/warmstart/restated/hf"]
     assert study.tokenizer_of(cot_summary.parent) == str(REPO / ".cache/slime_ext/tokenizers/tok-640-x")
+    assert "| first_disclosure_s |" in md and "first_disclosure_s" not in s["SxS SFT"]  # a column, none measured
+
+    # latency in seconds: a kept timeline is read (report-only measures nothing); SxS arms read the speak stream
+    timing = tmp_path / "out" / "latency" / "seed0"
+    timing.mkdir(parents=True)
+    (timing / "SxS_SFT.timing.jsonl").write_text(json.dumps({"deltas": [[0.2, "Okay."], [0.5, "After step 1"], [0.9, ""]]}) + "\n")
+    (timing / "CoT_SFT_to_RL.timing.jsonl").write_text(json.dumps({"deltas": [[0.4, "Step 1\n"], [1.5, "\\boxed{3}"], [1.6, ""]]}) + "\n")
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
+    assert (s["SxS SFT"]["first_visible_s"][0], s["SxS SFT"]["first_disclosure_s"][0], s["SxS SFT"]["total_s"][0]) == (0.2, 0.5, 0.9)
+    assert (s["CoT SFT->RL"]["first_visible_s"][0], s["CoT SFT->RL"]["total_s"][0]) == (1.5, 1.6)
+    assert "first_visible_s" not in s["Restated SFT"]
 
     # without a finished CoT run the SxS-format runs cannot have its tokenizer: named as not run
     (root / "cot-seed0").rename(root / "elsewhere")

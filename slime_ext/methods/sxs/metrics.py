@@ -63,10 +63,15 @@ def first_disclosure(channels: Sequence[int], token_texts: Optional[Sequence[str
     seen = ""
     for i in speak:
         seen += token_texts[i - 1]
-        rest = strip_acknowledgements(seen)
-        if any(ch.isalnum() for ch in rest) and rest not in {a[: len(rest)] for a in ACKNOWLEDGEMENTS}:
+        if substantive(seen):
             return i
     return None
+
+
+def substantive(visible: str) -> bool:
+    """Whether the visible text so far holds something beyond acknowledgements (and is not the start of one)."""
+    rest = strip_acknowledgements(visible)
+    return any(ch.isalnum() for ch in rest) and rest not in {a[: len(rest)] for a in ACKNOWLEDGEMENTS}
 
 
 def latency_metrics(channels: Sequence[int], token_texts: Optional[Sequence[str]] = None) -> dict[str, float]:
@@ -119,3 +124,44 @@ def cot_response_metrics(tokenizer: Any, output_ids: Sequence[int]) -> dict[str,
     """`cot_latency_metrics` of generated token ids (a final EOS dropped, each token decoded alone)."""
     ids = list(output_ids)[: content_length(output_ids, getattr(tokenizer, "eos_token_id", None))]
     return cot_latency_metrics([tokenizer.decode([t]) for t in ids])
+
+
+def seconds_metrics(deltas: Sequence[Sequence], speak_only: bool) -> dict[str, float]:
+    """Latency in seconds of one streamed response (`slime_ext.tools.stream_timing`: [[seconds, text delta], ...],
+    the last entry the stream's end): when the user saw the first visible text (`first_visible_s`), the first
+    substantive content (`first_disclosure_s`: acknowledgements skipped, as `first_disclosure` does in tokens) and the
+    end (`total_s`). `speak_only`: the stream is SxS's speak channel, all of it visible; else it is a plain chain of
+    thought, visible from the line of its last `\\boxed{` (`cot_channels`). NaN where nothing was disclosed."""
+    nan = float("nan")
+    out = {"first_visible_s": nan, "first_disclosure_s": nan, "total_s": float(deltas[-1][0]) if deltas else nan}
+    text = "".join(str(d[1]) for d in deltas)
+    if speak_only:
+        start = 0
+    else:
+        at = text.rfind(BOXED)
+        if at < 0:
+            return out
+        start = text.rfind("\n", 0, at) + 1
+    end = 0
+    for seconds, piece in deltas:
+        end += len(piece)
+        if not piece or end <= start:
+            continue
+        if out["first_visible_s"] != out["first_visible_s"]:
+            out["first_visible_s"] = float(seconds)
+        if substantive(text[start:end]):
+            out["first_disclosure_s"] = float(seconds)
+            break
+    return out
+
+
+def seconds_summary(records: Sequence[dict], speak_only: bool) -> dict[str, float]:
+    """Means over prompts of `seconds_metrics` (NaN prompts left out of each mean) and the share of prompts whose
+    stream disclosed nothing substantive."""
+    per = [seconds_metrics(r["deltas"], speak_only) for r in records]
+    out = {}
+    for key in ("first_visible_s", "first_disclosure_s", "total_s"):
+        values = [m[key] for m in per if m[key] == m[key]]
+        out[key] = mean(values) if values else float("nan")
+    out["nothing_disclosed"] = sum(m["first_disclosure_s"] != m["first_disclosure_s"] for m in per) / max(len(per), 1)
+    return out
