@@ -23,27 +23,14 @@ from typing import Any, Optional, Sequence
 
 
 def stream_one(base_url: str, prompt: str, params: dict[str, Any], timeout_s: float = 600.0) -> list[list]:
-    """[[seconds since sending, text delta], ...] of one streamed chat completion."""
-    import urllib.request
+    """[[seconds since sending, text delta], ...] of one streamed chat completion, then [end of stream, ""]."""
+    from slime_ext.clients.openai_client import OpenAIClient
 
-    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": prompt}], "stream": True,
-                       **params}).encode()
-    req = urllib.request.Request(base_url + "/v1/chat/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    start = time.perf_counter()
-    deltas: list[list] = []
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - our own server on loopback
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:"):].strip()
-            if data == "[DONE]":
-                break
-            text = json.loads(data)["choices"][0].get("delta", {}).get("content")
-            if text:
-                deltas.append([time.perf_counter() - start, text])
-    deltas.append([time.perf_counter() - start, ""])  # the end of the stream
+    stream = OpenAIClient(base_url, model="policy", timeout_s=timeout_s).stream_chat(
+        [{"role": "user", "content": prompt}], **params)
+    start = time.perf_counter()  # the request is sent at the first step of the stream
+    deltas = [[time.perf_counter() - start, text] for text in stream]
+    deltas.append([time.perf_counter() - start, ""])
     return deltas
 
 
