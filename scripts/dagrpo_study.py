@@ -280,12 +280,13 @@ def v2_differences(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO")
     lines = [f"## Difference to {reference} (joint accuracy after the last phase, greedy, per prompt, paired within "
              "seeds)", "", "| arm | difference, points |", "| --- | --- |"]
     arms = list(dict.fromkeys(a for runs in seed_runs for a in runs if a != reference))
+    references = [joint_correct(runs[reference]) if reference in runs else None for runs in seed_runs]  # read once
     for arm in arms:
         a: list[float] = []
         b: list[float] = []
-        for runs in seed_runs:
-            if reference in runs and arm in runs:
-                ref, other = joint_correct(runs[reference]), joint_correct(runs[arm])
+        for runs, ref in zip(seed_runs, references):
+            if ref is not None and arm in runs:
+                other = joint_correct(runs[arm])
                 keys = sorted(ref)
                 if sorted(other) != keys:
                     raise ValueError(f"{arm}: {runs[arm]} and {runs[reference]} evaluated different prompts")
