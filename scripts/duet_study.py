@@ -1,6 +1,6 @@
 """DUET study: GRPO (full and reduced rollouts) vs DUET at 100/50/25% budget vs DAPO.
 
-    python scripts/duet_study.py [--task v2] [--seeds 0 1 2] [--runs runs/duet_study_v2] [--out results/duet_study_v2] [k=v ...]
+    python scripts/duet_study.py [--task v2] [--seeds 0 1 2] [--runs runs/duet_study_v2] [--out results/duet_study_v2] [--report-only] [k=v ...]
 
 `--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each arm's config: levels V2-V10 in one
 weighted pool, responses up to 480 tokens, so DUET's grace and DAPO's overlong buffer are scaled to it), the SFT
@@ -9,7 +9,8 @@ by their gains over it, results/noise_floor_v2/README.md), 1026 held-out prompts
 the GRPO arm only), and a DUET 50% arm with `duet.n_min=2`. `--task v1` is the committed results/duet_study (the default job's level L2, SFT seed 0 for every
 run, 256 held-out prompts). Every arm draws RL prompts from one recurring pool of 256 training prompts
 (`rollout.prompt_pool`) and differs only in the method and `run.seed`. Finished runs are skipped and a run
-stopped part-way continues from its last checkpoint, so an interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
+stopped part-way continues from its last checkpoint, so an interrupted study resumes; `--report-only` runs nothing
+and rebuilds the tables and plots from the runs kept under `--out`/runs/ (what `results/` holds). Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
 seed's full GRPO arm ended at), speed-ups against full GRPO; on v2 also each seed's warm start at T = 1 and at
 T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2), each run's config, metrics, reports and
@@ -97,6 +98,17 @@ def row_of(run: Path, target: float) -> dict[str, float]:
     }
 
 
+def kept_run(out: Path, name: str, needs: str = "summary.json") -> Path:
+    """A finished run as the study kept it under `out/runs/` (`--report-only` tabulates these, so the table over
+    seeds can be rebuilt on a machine that holds only `results/`); a missing or unfinished one is an error naming it."""
+    folder = out / "runs" / name
+    if not (folder / needs).is_file():
+        raise SystemExit(f"--report-only: {folder / needs} is missing (that run has not finished or was not kept)")
+    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
+        raise SystemExit(f"--report-only: {folder / needs} is not marked complete (the run stopped part-way)")
+    return folder
+
+
 def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> None:
     import matplotlib
 
@@ -164,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="default: results/duet_study (v1), results/duet_study_v2 (v2)")
     ap.add_argument("--target", type=float, help="training-reward target for time-to-target; default: v1 0.7, v2 the "
                     "seed's full GRPO arm's reward over its last 5 steps")
+    ap.add_argument("--report-only", action="store_true", help="run nothing: tabulate the runs kept under --out/runs/")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     task = TASKS[args.task]
@@ -173,6 +186,9 @@ def main(argv=None) -> int:
     args.out = args.out or REPO / "results" / f"duet_study{suffix}"
     arms = {**ARMS, **task["extra_arms"]}
     fixed_target = args.target if args.target is not None else task["target"]
+    if args.report_only and args.overrides:
+        raise SystemExit("--report-only runs nothing, so it takes no overrides "
+                         f"(got {' '.join(args.overrides)}): the kept runs' config.yaml say what they ran")
     command = "python scripts/duet_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
@@ -182,19 +198,27 @@ def main(argv=None) -> int:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
             parent = args.runs / f"{slug}-seed{seed}"
-            overrides = arm_overrides(args.task, arm, config, [*COMMON, *args.overrides, *extra])  # the arm wins
-            run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
-                          shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
+            if args.report_only:
+                run = kept_run(args.out, parent.name)
+            else:
+                overrides = arm_overrides(args.task, arm, config, [*COMMON, *args.overrides, *extra])  # the arm wins
+                run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
+                              shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
             if arm == "GRPO full":  # the first arm of every seed
                 target = fixed_target if fixed_target is not None else final_reward(run)
                 if task["warm_start_per_seed"]:  # the seed's own baselines: its warm start, plain and cooled
                     baselines.setdefault(WARM, []).append(run / "eval_warm_start.json")
                 if task["sharpening"] is not None:
                     t = task["sharpening"]
-                    sharp = sharpening_eval(run, t, args.runs / f"sharpening_T{t}-seed{seed}")
+                    folder = f"sharpening_T{t}-seed{seed}"
+                    if args.report_only:
+                        sharp = kept_run(args.out, folder, "eval_sharpening.json") / "eval_sharpening.json"
+                    else:
+                        sharp = sharpening_eval(run, t, args.runs / folder)
+                        keep_run_files(sharp.parent, args.out / "runs" / folder, (sharp.name,))
                     baselines.setdefault(SHARP.format(t=t), []).append(sharp)
-                    keep_run_files(sharp.parent, args.out / "runs" / sharp.parent.name, (sharp.name,))
-            keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
+            if not args.report_only:
+                keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm].append(str(run))
             first.setdefault(arm, run)

@@ -160,12 +160,16 @@ def save_report(report: EvalReport, path: Path | str) -> Path:
 
 
 def load_report(path: Path | str) -> EvalReport:
-    """Inverse of `save_report`; a report saved without records (older runs) loads with none."""
+    """Inverse of `save_report`; a report saved without records (older runs) loads with none. The records may be
+    gzipped beside it (`<records>.gz`, as a study keeps a run's files under `results/`)."""
     path = Path(path)
     report = EvalReport.from_dict(json.loads(path.read_text()))
     side = records_path(path)
-    if side.exists():
-        report.records = [json.loads(line) for line in side.read_text().splitlines() if line.strip()]
+    zipped = side.with_name(side.name + ".gz")
+    if side.exists() or zipped.exists():
+        from slime_ext.studies.records import read_records
+
+        report.records = read_records(side if side.exists() else zipped)
     return report
 
 

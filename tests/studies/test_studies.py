@@ -260,3 +260,17 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     assert (kept / "GRPO_full-seed0" / "eval_warm_start.records.jsonl.gz").is_file()
     assert (kept / "DUET_50pct-seed0" / "metrics.jsonl").read_text() == metrics
     assert read_records(kept / "sharpening_T0.4-seed0" / "eval_sharpening.records.jsonl.gz")[0]["scores"] == cooled[0]
+    # --report-only rebuilds the same table from the kept files alone (a machine that holds only results/)
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    before = json.loads((out / "table.json").read_text())["summary"]
+    monkeypatch.setattr(study, "run_one", lambda *a, **k: pytest.fail("--report-only started a run"))
+    assert study.main(["--seeds", "0", "--out", str(out), "--report-only"]) == 0
+    assert json.loads((out / "table.json").read_text())["summary"] == before and len(evaluated) == 1
+    assert "| warm start, no RL, T = 0.4 (sharpening) | +25.0" in (out / "table.md").read_text()
+    with pytest.raises(SystemExit, match="takes no overrides"):
+        study.main(["--seeds", "0", "--out", str(out), "--report-only", "duet.n_min=2"])
+    shutil.rmtree(kept / "DAPO-seed0")
+    with pytest.raises(SystemExit, match=r"DAPO-seed0/summary.json is missing"):
+        study.main(["--seeds", "0", "--out", str(out), "--report-only"])

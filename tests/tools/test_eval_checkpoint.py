@@ -204,6 +204,12 @@ def test_records_per_prompt_round_trip(tmp_path):
     assert "records" not in json.loads(path.read_text())
     loaded = load_report(path)
     assert loaded.records == report.records and loaded.mean_at_k == report.mean_at_k
+    # a run's files as a study keeps them (records gzipped) load the same records
+    from slime_ext.studies import keep_run_files
+
+    keep_run_files(tmp_path, tmp_path / "kept", ("eval_final.json",))
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["eval_final.json", "eval_final.records.jsonl.gz"]
+    assert load_report(tmp_path / "kept" / "eval_final.json").records == report.records
 
 
 # -- the CLI on a real tiny checkpoint -------------------------------------------------------------
