@@ -1,16 +1,19 @@
 """DUET study: GRPO (full and reduced rollouts) vs DUET at 100/50/25% budget vs DAPO.
 
-    python scripts/duet_study.py [--task v2] [--seeds 0 1 2] [--runs runs/duet_study_v2] [--out results/duet_study_v2] [--report-only] [k=v ...]
+    python scripts/duet_study.py [--task v2] [--seeds 0 1 2] [--runs runs/duet_study_v2] [--out results/duet_study_v2]
+                                 [--arms ARM ...] [--report-only] [k=v ...]
 
 `--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each arm's config: levels V2-V10 in one
 weighted pool, responses up to 480 tokens, so DUET's grace and DAPO's overlong buffer are scaled to it), the SFT
 seed following the run seed (each seed its own warm start, the one configs/grpo_v2.yaml trains: arms are compared
 by their gains over it, results/noise_floor_v2/README.md), 1026 held-out prompts (the warm start evaluated in
-the GRPO arm only), and a DUET 50% arm with `duet.n_min=2`. `--task v1` is the committed results/duet_study (the default job's level L2, SFT seed 0 for every
+the GRPO arm only), a DUET 50% arm with `duet.n_min=2`, and DUET 50% / 25% run for full GRPO's wall clock
+(74 / 117 steps: accuracy at equal time). `--task v1` is the committed results/duet_study (the default job's level L2, SFT seed 0 for every
 run, 256 held-out prompts). Every arm draws RL prompts from one recurring pool of 256 training prompts
 (`rollout.prompt_pool`) and differs only in the method and `run.seed`. Finished runs are skipped and a run
-stopped part-way continues from its last checkpoint, so an interrupted study resumes; `--report-only` runs nothing
-and rebuilds the tables and plots from the runs kept under `--out`/runs/ (what `results/` holds). Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
+stopped part-way continues from its last checkpoint, so an interrupted study resumes; a run kept complete under
+`--out`/runs/ (what `results/` holds) is read from there, not run again, so a study goes on across machines;
+`--report-only` runs nothing and rebuilds the tables and plots from those kept runs alone. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
 seed's full GRPO arm ended at), speed-ups against full GRPO; on v2 also each seed's warm start at T = 1 and at
 T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2), each run's config, metrics, reports and
@@ -25,11 +28,12 @@ import json
 import sys
 from pathlib import Path
 from statistics import mean
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files  # noqa: E402
-from slime_ext.tools.study import (config_on_task, difference_table, evaluation_row, read_metrics, run_one,  # noqa: E402
+from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
+from slime_ext.tools.study import (config_on_task, difference_table, evaluation_row, finished_run, run_one,  # noqa: E402
                                    sharpening_eval, summarise, write_table)
 
 ARMS = {
@@ -56,7 +60,14 @@ TASKS = {
     # grace and overlong buffer x3 with max_response_len (160 -> 480); 1026 = 114 held-out prompts per level
     "v2": {"seeds": [0, 1, 2],
            "common": ["duet.grace=48", "dapo.overlong_buffer=96", "data.synthetic.n_eval=1026", "eval.n_prompts=1026"],
-           "extra_arms": {"DUET 50% n_min 2": ("duet.yaml", ["duet.budget_fraction=0.5", "duet.n_min=2"])},
+           "extra_arms": {"DUET 50% n_min 2": ("duet.yaml", ["duet.budget_fraction=0.5", "duet.n_min=2"]),
+                          # accuracy at equal wall clock: DUET run for as many seconds as full GRPO's 40 steps, i.e.
+                          # 40 x full GRPO's / DUET's seconds per step on seed 0 (34.1 / 18.4 and 34.1 / 11.6 s,
+                          # results/duet_study_v2/table.md), fixed in advance so every seed runs the same steps.
+                          # With a constant learning rate its first 40 steps are the 40-step arm's, whose
+                          # evaluation is the curve's middle point.
+                          "DUET 50% equal time": ("duet.yaml", ["duet.budget_fraction=0.5", "train.steps=74"]),
+                          "DUET 25% equal time": ("duet.yaml", ["duet.budget_fraction=0.25", "train.steps=117"])},
            "suffix": "_v2", "warm_start_per_seed": True, "target": None,
            # the noise floor's sharpening baseline (results/noise_floor_v2): each seed's warm start sampled cooler
            "sharpening": 0.4},
@@ -93,14 +104,26 @@ def row_of(run: Path, target: float) -> dict[str, float]:
         **evaluation,
         "tokens_per_step": mean(m["rollout/generated_tokens"] for m in metrics),
         "seconds_per_step": mean(times),
+        "rl_seconds": float(sum(times)),  # the RL steps' wall clock (evaluations aside): the equal-time arms' check
         "steps_to_target": float(hit + 1) if hit is not None else float("nan"),
         "seconds_to_target": float(sum(times[: hit + 1])) if hit is not None else float("nan"),
     }
 
 
+def kept_copy(out: Path, name: str, needs: str = "summary.json") -> Optional[Path]:
+    """A finished run as the study kept it under `out/runs/` (its small files and gzipped records), or None. The
+    study reads it instead of running again, so the table over seeds can be built on a machine that holds only
+    `results/` (every session may start on a fresh one)."""
+    folder = out / "runs" / name
+    if not (folder / needs).is_file():
+        return None
+    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
+        return None
+    return folder
+
+
 def kept_run(out: Path, name: str, needs: str = "summary.json") -> Path:
-    """A finished run as the study kept it under `out/runs/` (`--report-only` tabulates these, so the table over
-    seeds can be rebuilt on a machine that holds only `results/`); a missing or unfinished one is an error naming it."""
+    """`kept_copy`, required (`--report-only`): a missing or unfinished one is an error naming it."""
     folder = out / "runs" / name
     if not (folder / needs).is_file():
         raise SystemExit(f"--report-only: {folder / needs} is missing (that run has not finished or was not kept)")
@@ -176,6 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="default: results/duet_study (v1), results/duet_study_v2 (v2)")
     ap.add_argument("--target", type=float, help="training-reward target for time-to-target; default: v1 0.7, v2 the "
                     "seed's full GRPO arm's reward over its last 5 steps")
+    ap.add_argument("--arms", nargs="+", metavar="ARM", help="only these arms (quoted names, e.g. 'DUET 50%%'), "
+                    "plus full GRPO, which every other arm is measured against; default: all")
     ap.add_argument("--report-only", action="store_true", help="run nothing: tabulate the runs kept under --out/runs/")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
@@ -185,6 +210,11 @@ def main(argv=None) -> int:
     args.runs = args.runs or REPO / "runs" / f"duet_study{suffix}"
     args.out = args.out or REPO / "results" / f"duet_study{suffix}"
     arms = {**ARMS, **task["extra_arms"]}
+    if args.arms:  # full GRPO always: the reference of every difference, speed-up and target
+        unknown = [a for a in args.arms if a not in arms]
+        if unknown:
+            raise SystemExit(f"--arms: unknown arm(s) {unknown}; the {args.task} arms are {list(arms)}")
+        arms = {a: v for a, v in arms.items() if a == "GRPO full" or a in args.arms}
     fixed_target = args.target if args.target is not None else task["target"]
     if args.report_only and args.overrides:
         raise SystemExit("--report-only runs nothing, so it takes no overrides "
@@ -198,8 +228,12 @@ def main(argv=None) -> int:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
             parent = args.runs / f"{slug}-seed{seed}"
+            kept = kept_copy(args.out, parent.name)
             if args.report_only:
                 run = kept_run(args.out, parent.name)
+            elif kept is not None and finished_run(parent) is None:  # finished on another machine, kept in results/
+                print(f"[study] {arm} seed {seed}: kept earlier in {kept}, not run again (delete it to rerun)", flush=True)
+                run = kept
             else:
                 overrides = arm_overrides(args.task, arm, config, [*COMMON, *args.overrides, *extra])  # the arm wins
                 run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
@@ -211,13 +245,13 @@ def main(argv=None) -> int:
                 if task["sharpening"] is not None:
                     t = task["sharpening"]
                     folder = f"sharpening_T{t}-seed{seed}"
-                    if args.report_only:
+                    if args.report_only or kept_copy(args.out, folder, "eval_sharpening.json") is not None:
                         sharp = kept_run(args.out, folder, "eval_sharpening.json") / "eval_sharpening.json"
                     else:
                         sharp = sharpening_eval(run, t, args.runs / folder)
                         keep_run_files(sharp.parent, args.out / "runs" / folder, (sharp.name,))
                     baselines.setdefault(SHARP.format(t=t), []).append(sharp)
-            if not args.report_only:
+            if run != kept:
                 keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm].append(str(run))
@@ -231,7 +265,7 @@ def main(argv=None) -> int:
     print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
                       args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
-                       "step_speedup", "steps_to_target", "seconds_to_target"]))
+                       "step_speedup", "rl_seconds", "steps_to_target", "seconds_to_target"]))
     evals = {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}
     print(difference_table(args.out, {**evals, **baselines}, "GRPO full"))
     plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")}, first)

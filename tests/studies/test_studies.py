@@ -113,7 +113,7 @@ def test_every_duet_study_arm_on_v2_is_a_valid_config_of_its_method_on_the_v2_po
 
     study = _duet_study()
     arms = {**study.ARMS, **study.TASKS["v2"]["extra_arms"]}
-    assert len(arms) == 7
+    assert len(arms) == 9
     for arm, (config, extra) in arms.items():
         folder = tmp_path / arm.replace(" ", "_").replace("%", "pct")
         composed = config_on_task(config, "v2", folder)
@@ -129,6 +129,11 @@ def test_every_duet_study_arm_on_v2_is_a_valid_config_of_its_method_on_the_v2_po
     n_min = load_config(config_on_task("duet.yaml", "v2", tmp_path / "n_min"),
                         study.arm_overrides("v2", "DUET 50% n_min 2", "duet.yaml", arms["DUET 50% n_min 2"][1])).config
     assert (n_min.duet.n_min, n_min.duet.budget_fraction) == (2, 0.5)
+    for arm, (budget, steps) in {"DUET 50% equal time": (0.5, 74), "DUET 25% equal time": (0.25, 117)}.items():
+        long = load_config(config_on_task("duet.yaml", "v2", tmp_path / arm.replace(" ", "_").replace("%", "pct")),
+                           study.arm_overrides("v2", arm, "duet.yaml", arms[arm][1])).config
+        assert (long.duet.budget_fraction, long.train.steps, long.train.lr_warmup_steps,
+                long.train.lr_decay_style) == (budget, steps, 0, "constant"), arm  # its first 40 steps: the 40-step arm's
     # v1 runs each config as it is (the committed study)
     assert config_on_task("duet.yaml", "v1", tmp_path / "v1") == CONFIGS / "duet.yaml"
     with pytest.raises(ValueError, match="unknown task 'v3'"):
@@ -155,6 +160,7 @@ def test_duet_study_time_to_target_uses_the_full_grpo_arms_final_reward(tmp_path
     row = study.row_of(duet, study.final_reward(full))
     assert (row["steps_to_target"], row["seconds_to_target"]) == (7.0, 28.0)
     assert row["seconds_per_step"] == 4.0 and row["tokens_per_step"] == 100 and row["greedy"] == 0.35
+    assert row["rl_seconds"] == 40.0  # 10 steps x 4 s: what the equal-time arms match to full GRPO's
     (duet / "eval_final.json").write_text(json.dumps({"mean@4": 0.3, "pass@4": 0.5, "greedy": None}))  # eval.greedy off
     assert "greedy" not in study.row_of(duet, 0.6)
 
@@ -269,8 +275,17 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     assert study.main(["--seeds", "0", "--out", str(out), "--report-only"]) == 0
     assert json.loads((out / "table.json").read_text())["summary"] == before and len(evaluated) == 1
     assert "| warm start, no RL, T = 0.4 (sharpening) | +25.0" in (out / "table.md").read_text()
+    # a study resumed on a machine without the run folders reads the kept runs instead of running them again
+    assert study.main(["--seeds", "0", "--runs", str(tmp_path / "elsewhere"), "--out", str(out)]) == 0
+    assert json.loads((out / "table.json").read_text())["summary"] == before and len(evaluated) == 1
     with pytest.raises(SystemExit, match="takes no overrides"):
         study.main(["--seeds", "0", "--out", str(out), "--report-only", "duet.n_min=2"])
     shutil.rmtree(kept / "DAPO-seed0")
     with pytest.raises(SystemExit, match=r"DAPO-seed0/summary.json is missing"):
         study.main(["--seeds", "0", "--out", str(out), "--report-only"])
+    # --arms: those arms and full GRPO, the reference
+    assert study.main(["--seeds", "0", "--out", str(out), "--report-only", "--arms", "DUET 50%"]) == 0
+    assert sorted(json.loads((out / "table.json").read_text())["runs"]) == [
+        "DUET 50%", "GRPO full", "warm start, no RL (T = 1)", "warm start, no RL, T = 0.4 (sharpening)"]
+    with pytest.raises(SystemExit, match=r"--arms: unknown arm\(s\) \['DUET 60%'\]"):
+        study.main(["--seeds", "0", "--out", str(out), "--report-only", "--arms", "DUET 60%"])
