@@ -51,9 +51,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files  # noqa: E402
+from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import config_on_task, finished_run, read_metrics, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import config_on_task, finished_run, run_one, summarise, write_table  # noqa: E402
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}

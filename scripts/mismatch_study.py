@@ -23,7 +23,8 @@ from statistics import mean, stdev
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.tools.study import difference_table, read_metrics, run_one  # noqa: E402
+from slime_ext.studies import read_metrics  # noqa: E402
+from slime_ext.tools.study import difference_table, run_one  # noqa: E402
 
 COMMON = ["rollout.precision=bf16", "grpo.old_logprobs=trainer"]
 ARMS = {

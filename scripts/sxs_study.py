@@ -53,8 +53,8 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files  # noqa: E402
-from slime_ext.tools.study import (config_on_task, difference_table, finished_run, read_metrics, run_one,  # noqa: E402
+from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
+from slime_ext.tools.study import (config_on_task, difference_table, finished_run, run_one,  # noqa: E402
                                    summarise, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)

@@ -37,10 +37,10 @@ from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files  # noqa: E402
+from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (append_section, config_on_task, difference_table, eval_checkpoint,  # noqa: E402
-                                   evaluation_row, finished_run, read_metrics, run_one, sharpening_eval, summarise,
+                                   evaluation_row, finished_run, run_one, sharpening_eval, summarise,
                                    warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}

@@ -26,6 +26,7 @@ each mean@k its standard error over prompts and the delta row a paired bootstrap
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import inspect
 import json
@@ -166,10 +167,13 @@ def load_report(path: Path | str) -> EvalReport:
     report = EvalReport.from_dict(json.loads(path.read_text()))
     side = records_path(path)
     zipped = side.with_name(side.name + ".gz")
-    if side.exists() or zipped.exists():
-        from slime_ext.studies.records import read_records
-
-        report.records = read_records(side if side.exists() else zipped)
+    if side.exists():
+        text = side.read_text()
+    elif zipped.exists():
+        text = gzip.decompress(zipped.read_bytes()).decode()
+    else:
+        return report
+    report.records = [json.loads(line) for line in text.splitlines() if line.strip()]
     return report
 
 

@@ -117,10 +117,6 @@ def evaluation_row(report: Path) -> dict[str, float]:
     return {k: final[k] for k in ("mean@4", "pass@4", "greedy") if final.get(k) is not None}
 
 
-def read_metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def summarise(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tuple[float, float, int]]]:
     """Per method and key: (mean, std over seeds, number of seeds)."""
     out: dict[str, dict[str, tuple[float, float, int]]] = {}

@@ -165,3 +165,18 @@ def test_the_resolved_config_of_a_run_holds_its_sections_only(tmp_path):
     written = yaml.safe_load(resolved.write(tmp_path).read_text())
     assert set(written) == CORE | {"tandem_axes"}
     assert load_config(tmp_path / "config.yaml").config == resolved.config
+
+
+def test_a_method_config_module_imports_first_in_a_fresh_process():
+    """Importing a section's module before anything else (a script that only needs `TandemConfig`) used to fail with a
+    circular import: `slime_ext.config` composed the default model, which loads that half-initialised module. One
+    interpreter per module, since the cycle only shows on a module's first import."""
+    modules = sorted({path.split(":")[0] for path in registry.all_sections_paths().values()})
+    assert "slime_ext.methods.tandem.config" in modules
+    script = "import importlib, sys; importlib.import_module(sys.argv[1]); from slime_ext.config import Config; " \
+             "print('tandem_axes' in Config.model_fields)"
+    for module in modules:
+        done = subprocess.run([sys.executable, "-c", script, module], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, f"{module}: {done.stderr[-800:]}"
+        assert done.stdout.strip() == "True", module
