@@ -259,8 +259,9 @@ def main(argv=None) -> int:
     summary = summarise(rows)
     full = summary["GRPO full"]
     for arm, stats in summary.items():  # speed-ups against full GRPO (ratios of means)
-        stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, 1)
-        stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, 1)
+        n = min(stats["tokens_per_step"][2], full["tokens_per_step"][2])
+        stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, n)
+        stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, n)
     summary.update(summarise({name: [evaluation_row(r) for r in reports] for name, reports in baselines.items()}))
     print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
                       args.seeds, command,

@@ -8,6 +8,7 @@ checkpoint (`resume=`), so an interrupted study resumes where it stopped.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -118,12 +119,16 @@ def evaluation_row(report: Path) -> dict[str, float]:
 
 
 def summarise(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """Per method and key: (mean, std over seeds, number of seeds)."""
+    """Per method and key: (mean, std over seeds, number of seeds), over the seeds where the value is finite (a
+    time-to-target an arm never reached is NaN); NaN with 0 seeds where none is."""
     out: dict[str, dict[str, tuple[float, float, int]]] = {}
     for method, runs in rows.items():
         out[method] = {}
         for k in sorted({k for r in runs for k in r}):
-            vals = [r[k] for r in runs if k in r]
+            vals = [r[k] for r in runs if k in r and math.isfinite(r[k])]
+            if not vals:
+                out[method][k] = (math.nan, math.nan, 0)
+                continue
             out[method][k] = (statistics.mean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0, len(vals))
     return out
 
@@ -136,7 +141,8 @@ def write_table(out: Path, title: str, summary: dict, runs: dict[str, list[str]]
     keys = keys or sorted({k for stats in summary.values() for k in stats})
     lines = ["| method | " + " | ".join(keys) + " |", "| --- | " + " | ".join("---" for _ in keys) + " |"]
     for method, stats in summary.items():
-        cells = [f"{stats[k][0]:.3f} ± {stats[k][1]:.3f}" if k in stats else "-" for k in keys]
+        cells = [(f"{stats[k][0]:.3f} ± {stats[k][1]:.3f}" + (f" (n={stats[k][2]})" if stats[k][2] != len(seeds) else ""))
+                 if k in stats else "-" for k in keys]  # n: seeds behind a cell, named where not all of them
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     meta = (f"command: `{command}`  \nseeds: {list(seeds)} (mean ± std over seeds)  \n"
             f"date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}, machine: {os.uname().nodename}, "

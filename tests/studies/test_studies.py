@@ -289,3 +289,16 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
         "DUET 50%", "GRPO full", "warm start, no RL (T = 1)", "warm start, no RL, T = 0.4 (sharpening)"]
     with pytest.raises(SystemExit, match=r"--arms: unknown arm\(s\) \['DUET 60%'\]"):
         study.main(["--seeds", "0", "--out", str(out), "--report-only", "--arms", "DUET 60%"])
+
+
+def test_summarise_skips_what_an_arm_never_reached_and_the_table_names_the_seeds_behind_a_cell(tmp_path):
+    """A time-to-target an arm never reached is NaN on that seed: mean and std over the seeds that reached it, NaN
+    with 0 seeds where none did (statistics.stdev raised on NaN), and the table says n where it is not every seed."""
+    from slime_ext.tools.study import summarise, write_table
+
+    nan = float("nan")
+    summary = summarise({"a": [{"x": 1.0, "t": nan}, {"x": 3.0, "t": 5.0}], "b": [{"x": 2.0, "t": nan}, {"x": 2.0, "t": nan}]})
+    assert summary["a"]["x"] == pytest.approx((2.0, 2 ** 0.5, 2)) and summary["a"]["t"] == (5.0, 0.0, 1)
+    assert summary["b"]["t"][2] == 0 and summary["b"]["t"][0] != summary["b"]["t"][0]
+    table = write_table(tmp_path, "t", summary, {"a": [], "b": []}, [0, 1], "cmd", ["x", "t"])
+    assert "| a | 2.000 ± 1.414 | 5.000 ± 0.000 (n=1) |" in table and "| b | 2.000 ± 0.000 | nan ± nan (n=0) |" in table
