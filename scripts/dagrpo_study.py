@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from datetime import datetime, timezone
 from dataclasses import dataclass
@@ -390,7 +391,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start nothing")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    command = "python scripts/dagrpo_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/dagrpo_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
     suffix = "" if args.task == "v1" else "_v2"
     args.runs = args.runs or REPO / "runs" / f"dagrpo_study{suffix}"
     args.out = args.out or REPO / "results" / f"dagrpo_study{suffix}"

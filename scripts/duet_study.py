@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from statistics import mean
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
     if args.report_only and args.overrides:
         raise SystemExit("--report-only runs nothing, so it takes no overrides "
                          f"(got {' '.join(args.overrides)}): the kept runs' config.yaml say what they ran")
-    command = "python scripts/duet_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/duet_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
                     help="run only these arms (the table covers the arms run so far)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    command = "python scripts/mismatch_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/mismatch_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in args.arms}
     runs: dict[str, list[Path]] = {a: [] for a in args.arms}
     for seed in args.seeds:

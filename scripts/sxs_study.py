@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -221,7 +222,7 @@ def main(argv=None) -> int:
     args.seeds = args.seeds or task["seeds"]
     args.runs = args.runs or REPO / "runs" / f"sxs_study{task['suffix']}"
     args.out = args.out or REPO / "results" / f"sxs_study{task['suffix']}"
-    command = "python scripts/sxs_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/sxs_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
     plan = {**RUNS, **(CONTROL_RUNS if task["control"] else {})}
     arms = {**ARMS, **(CONTROL_ARMS if task["control"] else {})}
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     args.seeds = args.seeds or task["seeds"]
     args.runs = args.runs or REPO / "runs" / f"tandem_study{task['suffix']}"
     args.out = args.out or REPO / "results" / f"tandem_study{task['suffix']}"
-    command = "python scripts/tandem_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/tandem_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
 
     junior: Optional[str] = None
     junior_eval: Optional[Path] = None  # the junior alone on the held-out prompts
