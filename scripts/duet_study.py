@@ -15,7 +15,7 @@ stopped part-way continues from its last checkpoint, so an interrupted study res
 `--out`/runs/ (what `results/` holds) is read from there, not run again, so a study goes on across machines;
 `--report-only` runs nothing and rebuilds the tables and plots from those kept runs alone. Writes to `--out`: `table.md` / `table.json` (held-out mean@4, pass@4, greedy,
 generated tokens per step, wall-clock per step, steps and seconds to the target training reward (v2: what the
-seed's full GRPO arm ended at), speed-ups against full GRPO; on v2 also each seed's warm start at T = 1 and at
+seed's full GRPO arm ended at), speed-ups against full GRPO; DUET 50% (and n_min 2) paired with uniform half rollouts, the same tokens; on v2 also each seed's warm start at T = 1 and at
 T = 0.4, the noise floor's sharpening baseline, results/noise_floor_v2), each run's config, metrics, reports and
 gzipped per-prompt records under `--out`/runs/ (written as each run finishes), and plots of lambda, K1/K2, n_q fan-out, abort / marker / tail-trim rates over steps and the
 allocation per level (`duet_allocation_by_level.png`).
@@ -74,6 +74,10 @@ TASKS = {
            "sharpening": 0.4},
 }
 WARM, SHARP = "warm start, no RL (T = 1)", "warm start, no RL, T = {t} (sharpening)"
+# The arms that generate about half of full GRPO's tokens per step at 40 steps: DUET's allocation against uniform
+# half rollouts at the same budget, paired in a second difference table.
+UNIFORM_HALF = "GRPO x0.5 rollouts"
+SAME_TOKENS = [UNIFORM_HALF, "DUET 50%", "DUET 50% n_min 2"]
 
 
 def arm_overrides(task: str, arm: str, config: str, overrides: list[str]) -> list[str]:
@@ -270,6 +274,10 @@ def main(argv=None) -> int:
                        "step_speedup", "rl_seconds", "steps_to_target", "seconds_to_target"]))
     evals = {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}
     print(difference_table(args.out, {**evals, **baselines}, "GRPO full"))
+    same_tokens = [a for a in SAME_TOKENS if a in evals]  # DUET's claim: a better use of the same tokens
+    if UNIFORM_HALF in evals and len(same_tokens) > 1:
+        print(difference_table(args.out, {UNIFORM_HALF: evals[UNIFORM_HALF], **{a: evals[a] for a in same_tokens}},
+                               UNIFORM_HALF))
     plots(args.out, {a: r for a, r in first.items() if a.startswith("DUET")}, first)
     print(f"[study] wrote {args.out}")
     return 0

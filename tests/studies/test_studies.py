@@ -258,6 +258,8 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
     table = (out / "table.md").read_text()
     # paired with full GRPO over the 8 prompts: -25 and +25 points, no spread
     assert "| warm start, no RL (T = 1) | -25.0" in table and "| warm start, no RL, T = 0.4 (sharpening) | +25.0" in table
+    # DUET 50% at the same tokens as uniform half rollouts: a second difference table against that arm
+    assert "## Difference to GRPO x0.5 rollouts" in table and "| DUET 50% n_min 2 | +0.0" in table.split("x0.5 rollouts (held")[1]
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert len(evaluated) == 1  # the seed's sharpening evaluation is kept
     assert all((out / f).stat().st_size > 1000 for f in ("duet_controller.png", "duet_allocation_by_level.png"))
