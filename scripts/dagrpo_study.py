@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from datetime import datetime, timezone
 from dataclasses import dataclass
@@ -54,7 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import config_on_task, finished_run, run_one, summarise, write_table  # noqa: E402
+from slime_ext.tools.study import (command_line, config_on_task, finished_run, run_one, summarise,  # noqa: E402
+                                   write_table)
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start nothing")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    command = "python scripts/dagrpo_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
+    command = command_line("dagrpo_study.py", argv)
     suffix = "" if args.task == "v1" else "_v2"
     args.runs = args.runs or REPO / "runs" / f"dagrpo_study{suffix}"
     args.out = args.out or REPO / "results" / f"dagrpo_study{suffix}"

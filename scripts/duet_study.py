@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 from statistics import mean
@@ -34,8 +33,8 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
-from slime_ext.tools.study import (config_on_task, difference_table, evaluation_row, finished_run, run_one,  # noqa: E402
-                                   sharpening_eval, summarise, write_table)
+from slime_ext.tools.study import (command_line, config_on_task, difference_table, evaluation_row,  # noqa: E402
+                                   finished_run, run_one, sharpening_eval, summarise, write_table)
 
 ARMS = {
     "GRPO full": ("grpo.yaml", []),
@@ -115,25 +114,29 @@ def row_of(run: Path, target: float) -> dict[str, float]:
     }
 
 
+def _kept_problem(folder: Path, needs: str) -> Optional[str]:
+    """Why `folder` is not a finished kept run (None: it is one)."""
+    if not (folder / needs).is_file():
+        return f"{folder / needs} is missing (that run has not finished or was not kept)"
+    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
+        return f"{folder / needs} is not marked complete (the run stopped part-way)"
+    return None
+
+
 def kept_copy(out: Path, name: str, needs: str = "summary.json") -> Optional[Path]:
     """A finished run as the study kept it under `out/runs/` (its small files and gzipped records), or None. The
     study reads it instead of running again, so the table over seeds can be built on a machine that holds only
     `results/` (every session may start on a fresh one)."""
     folder = out / "runs" / name
-    if not (folder / needs).is_file():
-        return None
-    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
-        return None
-    return folder
+    return None if _kept_problem(folder, needs) else folder
 
 
 def kept_run(out: Path, name: str, needs: str = "summary.json") -> Path:
     """`kept_copy`, required (`--report-only`): a missing or unfinished one is an error naming it."""
     folder = out / "runs" / name
-    if not (folder / needs).is_file():
-        raise SystemExit(f"--report-only: {folder / needs} is missing (that run has not finished or was not kept)")
-    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
-        raise SystemExit(f"--report-only: {folder / needs} is not marked complete (the run stopped part-way)")
+    problem = _kept_problem(folder, needs)
+    if problem:
+        raise SystemExit(f"--report-only: {problem}")
     return folder
 
 
@@ -224,7 +227,7 @@ def main(argv=None) -> int:
     if args.report_only and args.overrides:
         raise SystemExit("--report-only runs nothing, so it takes no overrides "
                          f"(got {' '.join(args.overrides)}): the kept runs' config.yaml say what they ran")
-    command = "python scripts/duet_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
+    command = command_line("duet_study.py", argv)
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}
@@ -233,9 +236,9 @@ def main(argv=None) -> int:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
             parent = args.runs / f"{slug}-seed{seed}"
-            kept = kept_copy(args.out, parent.name)
+            kept = kept_run(args.out, parent.name) if args.report_only else kept_copy(args.out, parent.name)
             if args.report_only:
-                run = kept_run(args.out, parent.name)
+                run = kept
             elif kept is not None and finished_run(parent) is None:  # finished on another machine, kept in results/
                 print(f"[study] {arm} seed {seed}: kept earlier in {kept}, not run again (delete it to rerun)", flush=True)
                 run = kept
@@ -250,8 +253,10 @@ def main(argv=None) -> int:
                 if task["sharpening"] is not None:
                     t = task["sharpening"]
                     folder = f"sharpening_T{t}-seed{seed}"
-                    if args.report_only or kept_copy(args.out, folder, "eval_sharpening.json") is not None:
-                        sharp = kept_run(args.out, folder, "eval_sharpening.json") / "eval_sharpening.json"
+                    name = "eval_sharpening.json"
+                    kept_sharp = (kept_run if args.report_only else kept_copy)(args.out, folder, name)
+                    if kept_sharp is not None:
+                        sharp = kept_sharp / name
                     else:
                         sharp = sharpening_eval(run, t, args.runs / folder)
                         keep_run_files(sharp.parent, args.out / "runs" / folder, (sharp.name,))

@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +24,7 @@ from statistics import mean, stdev
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import read_metrics  # noqa: E402
-from slime_ext.tools.study import difference_table, run_one  # noqa: E402
+from slime_ext.tools.study import command_line, difference_table, run_one  # noqa: E402
 
 COMMON = ["rollout.precision=bf16", "grpo.old_logprobs=trainer"]
 ARMS = {
@@ -88,7 +87,7 @@ def main(argv=None) -> int:
                     help="run only these arms (the table covers the arms run so far)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    command = "python scripts/mismatch_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
+    command = command_line("mismatch_study.py", argv)
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in args.arms}
     runs: dict[str, list[Path]] = {a: [] for a in args.arms}
     for seed in args.seeds:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +54,7 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
-from slime_ext.tools.study import (config_on_task, difference_table, finished_run, run_one,  # noqa: E402
+from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run, run_one,  # noqa: E402
                                    summarise, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
@@ -222,7 +221,7 @@ def main(argv=None) -> int:
     args.seeds = args.seeds or task["seeds"]
     args.runs = args.runs or REPO / "runs" / f"sxs_study{task['suffix']}"
     args.out = args.out or REPO / "results" / f"sxs_study{task['suffix']}"
-    command = "python scripts/sxs_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
+    command = command_line("sxs_study.py", argv)
     plan = {**RUNS, **(CONTROL_RUNS if task["control"] else {})}
     arms = {**ARMS, **(CONTROL_ARMS if task["control"] else {})}
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}

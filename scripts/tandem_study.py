@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -40,9 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import (append_section, config_on_task, difference_table, eval_checkpoint,  # noqa: E402
-                                   evaluation_row, finished_run, run_one, sharpening_eval, summarise,
-                                   warm_start_of, write_table)
+from slime_ext.tools.study import (append_section, command_line, config_on_task, difference_table,  # noqa: E402
+                                   eval_checkpoint, evaluation_row, finished_run, run_one, sharpening_eval,
+                                   summarise, warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
@@ -192,7 +191,7 @@ def main(argv=None) -> int:
     args.seeds = args.seeds or task["seeds"]
     args.runs = args.runs or REPO / "runs" / f"tandem_study{task['suffix']}"
     args.out = args.out or REPO / "results" / f"tandem_study{task['suffix']}"
-    command = "python scripts/tandem_study.py " + shlex.join(sys.argv[1:] if argv is None else argv)  # quoted as typed
+    command = command_line("tandem_study.py", argv)
 
     junior: Optional[str] = None
     junior_eval: Optional[Path] = None  # the junior alone on the held-out prompts

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -116,6 +117,11 @@ def evaluation_row(report: Path) -> dict[str, float]:
     """A baseline's row: the held-out scores only (it trains nothing, so it has no cost columns)."""
     final = json.loads(report.read_text())
     return {k: final[k] for k in ("mean@4", "pass@4", "greedy") if final.get(k) is not None}
+
+
+def command_line(script: str, argv: Optional[Sequence[str]]) -> str:
+    """The study's command as typed, quoted (an arm name with spaces stays one argument), for its table."""
+    return f"python scripts/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def summarise(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tuple[float, float, int]]]:
