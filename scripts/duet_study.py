@@ -106,12 +106,25 @@ def row_of(run: Path, target: float) -> dict[str, float]:
     evaluation = {k: final[k] for k in ("mean@4", "pass@4", "greedy") if final.get(k) is not None}  # greedy: optional
     return {
         **evaluation,
+        **phase_rates(metrics),
         "tokens_per_step": mean(m["rollout/generated_tokens"] for m in metrics),
         "seconds_per_step": mean(times),
         "rl_seconds": float(sum(times)),  # the RL steps' wall clock (evaluations aside): the equal-time arms' check
         "steps_to_target": float(hit + 1) if hit is not None else float("nan"),
         "seconds_to_target": float(sum(times[: hit + 1])) if hit is not None else float("nan"),
     }
+
+
+def phase_rates(metrics: list[dict]) -> dict[str, float]:
+    """Milliseconds per generated token in the rollout phase and per trained token in the train phase: seconds per
+    step follow the machine's speed on the day as much as the arm's tokens, and these rates tell the two apart (an
+    arm equally fast per token in both phases differs only in what it generates). Empty for metrics without them."""
+    out = {}
+    for name, seconds, tokens in (("rollout_ms_per_token", "time/rollout", "rollout/generated_tokens"),
+                                  ("train_ms_per_token", "time/train", "train/tokens")):
+        if all(seconds in m and m.get(tokens) for m in metrics):
+            out[name] = 1000 * sum(m[seconds] for m in metrics) / sum(m[tokens] for m in metrics)
+    return out
 
 
 def _kept_problem(folder: Path, needs: str) -> Optional[str]:
@@ -276,7 +289,8 @@ def main(argv=None) -> int:
     print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
                       args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
-                       "step_speedup", "rl_seconds", "steps_to_target", "seconds_to_target"]))
+                       "step_speedup", "rl_seconds", "rollout_ms_per_token", "train_ms_per_token", "steps_to_target",
+                       "seconds_to_target"]))
     evals = {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}
     print(difference_table(args.out, {**evals, **baselines}, "GRPO full"))
     same_tokens = [a for a in SAME_TOKENS if a in evals]  # DUET's claim: a better use of the same tokens

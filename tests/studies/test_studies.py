@@ -161,6 +161,12 @@ def test_duet_study_time_to_target_uses_the_full_grpo_arms_final_reward(tmp_path
     assert (row["steps_to_target"], row["seconds_to_target"]) == (7.0, 28.0)
     assert row["seconds_per_step"] == 4.0 and row["tokens_per_step"] == 100 and row["greedy"] == 0.35
     assert row["rl_seconds"] == 40.0  # 10 steps x 4 s: what the equal-time arms match to full GRPO's
+    assert "rollout_ms_per_token" not in row  # these metrics carry no phase times
+    (duet / "metrics.jsonl").write_text("".join(json.dumps(  # 3 s rollout for 100 then 300 tokens, 1 s train for 50
+        {"reward/mean": 0.5, "time/step": 4.0, "time/rollout": 3.0, "time/train": 1.0,
+         "rollout/generated_tokens": n, "train/tokens": 50}) + "\n" for n in (100, 300)))
+    row = study.row_of(duet, 0.6)  # token-weighted: 6 s over 400 tokens, 2 s over 100
+    assert (row["rollout_ms_per_token"], row["train_ms_per_token"]) == (15.0, 20.0)
     (duet / "eval_final.json").write_text(json.dumps({"mean@4": 0.3, "pass@4": 0.5, "greedy": None}))  # eval.greedy off
     assert "greedy" not in study.row_of(duet, 0.6)
 
