@@ -30,7 +30,7 @@ false, lr 1e-4, eta_lambda 0.05). Arms: local-only tuning, DA-GRPO, and GRPO wit
 DA-GRPO's cloud rate: seed 0 runs the reward at each of `--assist-sweep` (0.2 0.5 0.8), the one whose training cloud
 rate over the last quarter of the far phase is nearest DA-GRPO's is the arm, and seeds 1 and 2 run it alone. Every
 phase evaluation is greedy and sampled (`dagrpo.eval_sampled`, T = eval.temperature) on 1026 held-out prompts per
-phase, with the random router and the router classifier at DA-GRPO's own rate. Writes `table_v2.md` / `table.json`
+phase, with the random router and the router classifier at DA-GRPO's own rate. Writes `table.md` / `table.json`
 (mean ± std over seeds: during-task and post-switch joint accuracy, forgetting, local-only and joint accuracy and
 cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the last quarter
 of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last phase, greedy,
@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import (command_line, config_on_task, finished_run, run_one, summarise,  # noqa: E402
+from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run, run_one, summarise,  # noqa: E402
                                    write_table)
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
@@ -359,14 +359,11 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         title += f"; fixed assistance reward tuned to DA-GRPO's far-phase cloud rate on seed {args.seeds[0]}: {chosen:g}"
     if missing:
         title += f"; not run: {', '.join(missing)}"
-    table = write_table(args.out, title, summarise(rows), names, args.seeds, command)
-    text = (args.out / "table.md").read_text() + "\n" + v2_differences(seed_runs) + "\n"
-    (args.out / "table_v2.md").write_text(text)
-    (args.out / "table.md").unlink()
-    print(table)
+    print(write_table(args.out, title, summarise(rows), names, args.seeds, command))
+    append_section(args.out, v2_differences(seed_runs))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")
-    print(f"[study] wrote {args.out / 'table_v2.md'}")
+    print(f"[study] wrote {args.out / 'table.md'}")
     return 0
 
 

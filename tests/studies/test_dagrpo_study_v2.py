@@ -70,7 +70,7 @@ def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
     assert s["DA-GRPO"]["training cloud rate near (last quarter)"] == pytest.approx([0.1, 0.0, 2])
     assert s["DA-GRPO"]["forgetting (1st)"] == pytest.approx([0.25, 0.0, 2])  # (0.8 - 0.6) / 0.8
     assert s["DA-GRPO"]["sampled cloud rate far"] == pytest.approx([0.4, 0.0, 2])
-    md = (tmp_path / "out" / "table_v2.md").read_text()
+    md = (tmp_path / "out" / "table.md").read_text()
     assert "tuned to DA-GRPO's far-phase cloud rate on seed 0: 0.5" in md
     # per prompt, both phases, greedy records only: local-only 0 vs 1 everywhere; the tuned arm loses half
     assert "| local-only | -100.0 ± 0.0 points" in md and "| fixed assistance reward (tuned) | -50.0 ±" in md
