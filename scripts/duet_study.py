@@ -241,6 +241,7 @@ def main(argv=None) -> int:
         raise SystemExit("--report-only runs nothing, so it takes no overrides "
                          f"(got {' '.join(args.overrides)}): the kept runs' config.yaml say what they ran")
     command = command_line("duet_study.py", argv)
+    find_kept = kept_run if args.report_only else kept_copy  # --report-only: a missing kept run is an error
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
             parent = args.runs / f"{slug}-seed{seed}"
-            kept = kept_run(args.out, parent.name) if args.report_only else kept_copy(args.out, parent.name)
+            kept = find_kept(args.out, parent.name)
             if args.report_only:
                 run = kept
             elif kept is not None and finished_run(parent) is None:  # finished on another machine, kept in results/
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
                     t = task["sharpening"]
                     folder = f"sharpening_T{t}-seed{seed}"
                     name = "eval_sharpening.json"
-                    kept_sharp = (kept_run if args.report_only else kept_copy)(args.out, folder, name)
+                    kept_sharp = find_kept(args.out, folder, name)
                     if kept_sharp is not None:
                         sharp = kept_sharp / name
                     else:
