@@ -53,8 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run, run_one, summarise,  # noqa: E402
-                                   write_table)
+from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run, run_one, save_figure,  # noqa: E402
+                                   summarise, write_table)
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}
@@ -205,9 +205,7 @@ def plots(out: Path, control_runs: dict[str, Path], suffix: str = "") -> None:
         ax.set_ylabel(label)
         ax.set_title(f"DA-GRPO {label}" + (" (dashed: tau)" if key == "dagrpo/cloud_rate" else ""))
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
-        plt.close(fig)
+        save_figure(fig, out / fname)
 
 
 # -- task family v2 -------------------------------------------------------------------------------------------------
@@ -315,11 +313,7 @@ def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     ax.set_xlabel("RL step (near phase, then far)")
     ax.set_ylabel("training cloud rate (black: tau)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "cloud_rate_v2.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "cloud_rate_v2.png")
 
 
 def main_v2(args: argparse.Namespace, command: str) -> int:

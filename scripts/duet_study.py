@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.tools.study import (command_line, config_on_task, difference_table, evaluation_row,  # noqa: E402
-                                   finished_run, run_one, sharpening_eval, summarise, write_table)
+                                   finished_run, run_one, save_figure, sharpening_eval, summarise,
+                                   write_table)
 
 ARMS = {
     "GRPO full": ("grpo.yaml", []),
@@ -177,9 +178,7 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
         ax.set_title(label)
         ax.set_xlabel("RL step")
     axes.flat[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "duet_controller.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "duet_controller.png")
 
     # where each budget goes on a mixed-level pool: mean rollouts per prompt of every level over steps
     levels = sorted({k.rsplit("/", 1)[1] for m in duet_metrics.values() for x in m for k in x if k.startswith("duet/n_mean/")},
@@ -192,9 +191,7 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
             ax.set(title=name, xlabel="RL step")
         axes[0][0].set_ylabel("rollouts per prompt (mean)")
         axes[0][-1].legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / "duet_allocation_by_level.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, out / "duet_allocation_by_level.png")
 
     # what each arm spends and what it gets for it
     fig, (ax_tok, ax_rew) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -207,9 +204,7 @@ def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> N
     ax_tok.set(title="generated tokens per step", xlabel="RL step")
     ax_rew.set(title="training reward vs tokens generated", xlabel="cumulative generated tokens (M)")
     ax_tok.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "duet_tokens.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "duet_tokens.png")
 
 
 def main(argv=None) -> int:

@@ -24,7 +24,7 @@ from statistics import mean, stdev
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import read_metrics  # noqa: E402
-from slime_ext.tools.study import command_line, difference_table, run_one  # noqa: E402
+from slime_ext.tools.study import command_line, difference_table, run_one, save_figure  # noqa: E402
 
 COMMON = ["rollout.precision=bf16", "grpo.old_logprobs=trainer"]
 ARMS = {
@@ -73,9 +73,7 @@ def plot(out: Path, runs: dict[str, list[Path]]) -> None:
         ax.set_title(key.removeprefix("train/"), fontsize=9)
         ax.set_xlabel("RL step")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "mismatch_over_steps.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "mismatch_over_steps.png")
 
 
 def main(argv=None) -> int:

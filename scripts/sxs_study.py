@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run, run_one,  # noqa: E402
-                                   summarise, write_table)
+                                   save_figure, summarise, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -198,11 +198,7 @@ def plots(out: Path, curves: dict[str, list[Path]]) -> Path:
     for ax in (blocks, window, acc):
         ax.set_xlabel("RL step")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "block_count.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "block_count.png")
 
 
 def main(argv=None) -> int:

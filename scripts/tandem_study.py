@@ -41,7 +41,7 @@ from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (append_section, command_line, config_on_task, difference_table,  # noqa: E402
                                    eval_checkpoint, evaluation_row, finished_run, run_one, sharpening_eval,
-                                   summarise, warm_start_of, write_table)
+                                   save_figure, summarise, warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
@@ -170,9 +170,7 @@ def plots(out: Path, first_runs: dict[str, Path], drift: dict[str, dict]) -> Non
     ax_r.set(xlabel="RL step", ylabel="training reward")
     ax_s.set(xlabel="RL step", ylabel="senior's share of rollout tokens", title="tandem co-generation")
     ax_r.legend()
-    fig.tight_layout()
-    fig.savefig(out / "reward.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "reward.png")
 
 
 def main(argv=None) -> int:

@@ -106,6 +106,17 @@ def eval_checkpoint(checkpoint: str | Path, config: Path, report: Path, *args: s
     return report
 
 
+def save_figure(fig, path: Path) -> Path:
+    """A study figure as a 120-dpi PNG, laid out tight, then closed: pyplot keeps every figure it made until it is
+    closed, and a study draws several."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def append_section(out: Path, section: str) -> str:
     """Append a markdown section to `out/table.md` (the study's table comes first); returns the section."""
     table_md = out / "table.md"
