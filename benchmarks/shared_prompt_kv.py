@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import resource
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -152,19 +151,11 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def _run_side(tree: Path, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--tree", str(tree), "--prompts", str(args.prompts), "--samples",
-           str(args.samples), "--new-tokens", str(args.new_tokens), "--vocab", str(args.vocab), "--threads",
-           str(args.threads)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(tree))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree, check=False)
-    if proc.returncode:
-        raise RuntimeError(f"{tree}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    side = json.loads(proc.stdout.strip().splitlines()[-1])
-    side["commit"] = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    check=False).stdout.strip()
-    side["dirty"] = bool(subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                                        capture_output=True, text=True, check=False).stdout.strip())
-    return side
+    from before_after import run_side  # this script's folder (a child imports the project from its own tree)
+
+    return run_side(__file__, tree, ["--prompts", str(args.prompts), "--samples", str(args.samples), "--new-tokens",
+                                     str(args.new_tokens), "--vocab", str(args.vocab), "--threads", str(args.threads)],
+                    args.threads)
 
 
 def _markdown(report: dict) -> str:

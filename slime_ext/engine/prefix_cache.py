@@ -11,6 +11,11 @@ prompt inserted at prefill), the new entry references that entry's blocks for th
 only its own tail, so n samples of a prompt hold the prompt's KV once, not n + 1 times. Blocks are
 reference-counted: the budget counts the tokens of the blocks held (each once), and evicting an entry frees
 a block only when no remaining entry uses it.
+
+Keys are indexed in a token trie (pygtrie), so a lookup or insertion walks the query's tokens once instead of
+comparing it with every entry: with thousands of entries (a handoff evaluation's turns, an evaluation's samples)
+the scan made each generate call quadratic in the entries cached. Of several entries sharing the longest prefix,
+a lookup takes (and refreshes) the lexicographically smallest key, the first the sorted trie reaches.
 """
 
 from __future__ import annotations
@@ -19,24 +24,42 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
+import pygtrie
 import torch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [heads, length, dim]
 TailKV = Callable[[int], KV]  # start -> KV of the sequence's tokens from `start` on, in storage it owns
 
 
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+class _KeyIndex:
+    """Token-id keys in a trie: the longest common prefix of a query with any key, and the smallest key that
+    shares it, in time proportional to the query's length."""
+
+    def __init__(self) -> None:
+        self._trie: pygtrie.Trie = pygtrie.Trie()
+        self._trie.enable_sorting(True)  # iteration in key order: the first key under a node is the smallest
+
+    def add(self, key: tuple[int, ...]) -> None:
+        self._trie[key] = True
+
+    def discard(self, key: tuple[int, ...]) -> None:
+        self._trie.pop(key, None)
+
+    def clear(self) -> None:
+        self._trie.clear()
+
+    def longest(self, query: tuple[int, ...], limit: int) -> tuple[int, Optional[tuple[int, ...]]]:
+        """(n, key): n the longest common prefix (at most `limit`) of `query` with any key, key the smallest key
+        starting with those n tokens; (0, None) when no key shares a first token."""
+        depth = -1  # the walk starts at the root (the empty prefix)
+        try:
+            for _ in self._trie.walk_towards(query[:limit]):
+                depth += 1
+        except KeyError:  # the query leaves the trie: `depth` is where
+            pass
+        if depth <= 0:
+            return 0, None
+        return depth, next(self._trie.iterkeys(prefix=query[:depth]))
 
 
 @dataclass(eq=False)
@@ -71,6 +94,8 @@ class PrefixCache:
         self.max_tokens = max_tokens  # budget in tokens of stored blocks (a shared prefix counts once)
         self._entries: "OrderedDict[tuple[int, ...], _Entry]" = OrderedDict()
         self._routing: dict[tuple[int, ...], torch.Tensor] = {}  # key -> [len(key), moe_layers, top_k]
+        self._index = _KeyIndex()  # every entry's key
+        self._routed_index = _KeyIndex()  # the keys that carry routing
         self._tokens = 0  # tokens of the blocks held
         self.hits = 0
         self.lookups = 0
@@ -120,6 +145,7 @@ class PrefixCache:
             self._entries.move_to_end(key)
             if routing is not None and key not in self._routing:
                 self._routing[key] = routing
+                self._routed_index.add(key)
             return None
         return key or None
 
@@ -136,8 +162,10 @@ class PrefixCache:
         for block, _ in segments:
             block.users += 1
         self._entries[key] = _Entry(segments)
+        self._index.add(key)
         if routing is not None:
             self._routing[key] = routing
+            self._routed_index.add(key)
         self._evict()
 
     def _shared_segments(self, key: tuple[int, ...]) -> tuple[list[tuple[_Block, int]], int]:
@@ -145,11 +173,8 @@ class PrefixCache:
         number of tokens they cover. A block only partly covered is shared when at least half of it is
         used, else that part is copied with the tail: a new entry must not pin a long block (say another
         prompt's, for a common chat-template prefix) to reuse a few of its tokens."""
-        source, best = None, 0
-        for other, entry in self._entries.items():
-            n = _common_prefix(other, key, len(key))
-            if n > best:
-                source, best = entry, n
+        best, other = self._index.longest(key, len(key))
+        source = self._entries[other] if other is not None else None
         segments: list[tuple[_Block, int]] = []
         covered = 0
         for block, used in source.segments if source is not None else ():
@@ -167,6 +192,8 @@ class PrefixCache:
         while self._tokens > self.max_tokens and len(self._entries) > 1:
             old, entry = self._entries.popitem(last=False)
             self._routing.pop(old, None)
+            self._index.discard(old)
+            self._routed_index.discard(old)
             self._release(entry)
 
     def _release(self, entry: _Entry) -> None:
@@ -179,13 +206,7 @@ class PrefixCache:
         self.lookups += 1
         query = tuple(int(i) for i in ids)
         limit = len(query) if max_len is None else min(max_len, len(query))
-        best_key, best_len = None, 0
-        for key in self._entries:
-            if with_routing and key not in self._routing:
-                continue
-            n = _common_prefix(key, query, limit)
-            if n > best_len:
-                best_key, best_len = key, n
+        best_len, best_key = (self._routed_index if with_routing else self._index).longest(query, limit)
         if best_key is None:
             return 0, None
         self._entries.move_to_end(best_key)
@@ -235,10 +256,11 @@ class PrefixCache:
         """Length of the longest cached prefix (no statistics, no reordering)."""
         query = tuple(int(i) for i in ids)
         limit = len(query) if max_len is None else min(max_len, len(query))
-        return max((_common_prefix(key, query, limit) for key in self._entries
-                    if not with_routing or key in self._routing), default=0)
+        return (self._routed_index if with_routing else self._index).longest(query, limit)[0]
 
     def clear(self) -> None:
         self._entries.clear()
         self._routing.clear()
+        self._index.clear()
+        self._routed_index.clear()
         self._tokens = 0

@@ -1,7 +1,9 @@
 """The prefix cache shares storage between entries: a sequence that extends a cached one stores only its tail.
 
 Lookups must return what the former cache (one full KV copy per entry, kept below as `ReferenceCache`, a copy
-of `PrefixCache` at commit 8662e84) returned: same lengths, same KV values, same routing. The budget now
+of `PrefixCache` at commit 8662e84 that scans every entry) returned: same lengths, same KV values, same routing.
+One policy differs from 8662e84, in both: of several entries sharing the longest prefix a lookup refreshes the
+smallest key (what the trie index finds without a scan), where 8662e84 took the least recently used. The budget now
 counts the tokens of the blocks held, each once, so n extensions of R tokens of a P-token prompt hold
 P + n*R tokens where the former cache held P + n*(P + R); a block is freed only when its last user is evicted.
 """
@@ -14,11 +16,17 @@ from typing import Optional, Sequence
 
 import torch
 
-from slime_ext.engine.prefix_cache import KV, PrefixCache, _common_prefix
+from slime_ext.engine.prefix_cache import KV, PrefixCache
+
 
 LAYERS, HEADS, DIM = 2, 2, 4
 TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4  # (K + V) per layer, fp32: 128 bytes
 MOE_LAYERS, TOP_K = 2, 2
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def kv_of(ids: Sequence[int]) -> KV:
@@ -98,7 +106,7 @@ class ReferenceCache:
             if with_routing and key not in self._routing:
                 continue
             n = _common_prefix(key, query, limit)
-            if n > best_len:
+            if n > best_len or (n == best_len and n > 0 and key < best_key):  # ties: the smallest key
                 best_key, best_len = key, n
         if best_key is None:
             return 0, None
@@ -315,3 +323,22 @@ def test_a_short_shared_part_of_a_long_block_is_copied_not_pinned():
     assert cache.held_tokens == 40 + 15 + 10 and len(cache._entries[tuple(long)].segments) == 2
     for ids in (a, short, long):
         _assert_same_kv(cache.longest_prefix(ids)[1], kv_of(ids))
+
+
+def test_the_key_index_finds_the_longest_shared_prefix_and_the_smallest_key_sharing_it():
+    """Hand-worked lookups of the trie index the cache uses instead of a scan over every entry."""
+    from slime_ext.engine.prefix_cache import _KeyIndex
+
+    index = _KeyIndex()
+    for key in [(1, 2, 3), (1, 2), (1, 5), (1, 2, 0, 9)]:
+        index.add(key)
+    assert index.longest((1, 2, 3, 4), 4) == (3, (1, 2, 3))
+    assert index.longest((1, 2, 3, 4), 2) == (2, (1, 2))  # the limit cuts the match; (1, 2) < (1, 2, 0, 9)
+    assert index.longest((1, 7), 2) == (1, (1, 2))  # four keys share (1,): the smallest
+    assert index.longest((9, 1), 2) == (0, None)
+    assert index.longest((1, 2), 0) == (0, None)
+    index.discard((1, 2))
+    index.discard((4, 4))  # not there: nothing happens
+    assert index.longest((1, 2, 7), 3) == (2, (1, 2, 0, 9))
+    index.clear()
+    assert index.longest((1, 2, 3), 3) == (0, None)
