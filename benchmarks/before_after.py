@@ -8,11 +8,15 @@ commit and whether it had uncommitted changes are added.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Optional
 
 
 def git_state(tree: Path) -> dict:
@@ -32,3 +36,30 @@ def run_side(script: str, tree: Path, child_args: list[str], threads: int) -> di
     if proc.returncode:
         raise RuntimeError(f"{tree}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), **git_state(tree)}
+
+
+def add_arguments(parser: argparse.ArgumentParser, root: Path) -> None:
+    """The options every before/after benchmark takes: the other tree, threads, output folder, and the hidden
+    child-mode flags."""
+    parser.add_argument("--before", type=Path, help="a checkout of the commit to compare against")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, default=root, help=argparse.SUPPRESS)
+
+
+def parse_or_run_child(parser: argparse.ArgumentParser, argv: Optional[list[str]],
+                       child: Callable[[argparse.Namespace], dict]) -> Optional[argparse.Namespace]:
+    """Parse; in child mode print `child(args)` as one JSON line and return None, else require --before."""
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return None
+    if args.before is None:
+        parser.error("--before is required")
+    return args
+
+
+def machine_and_date() -> dict:
+    return {"machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count()},
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from before_after import add_arguments, machine_and_date, parse_or_run_child, run_side  # this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,6 @@ def _markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, help="a checkout of the commit to compare against")
     parser.add_argument("--senior", required=True, help="HF checkpoint directory of the senior")
     parser.add_argument("--junior", required=True, help="HF checkpoint directory of the junior (same tokenizer)")
     parser.add_argument("--data", required=True, help="evaluation JSONL with a `prompt` per row")
@@ -80,25 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-end", default="\n", help="where a turn ends (task v2: a line)")
     parser.add_argument("--max-new-tokens", type=int, default=480)
     parser.add_argument("--template", default="plain")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args)))
+    add_arguments(parser, ROOT)
+    args = parse_or_run_child(parser, argv, child)
+    if args is None:
         return 0
-    if args.before is None:
-        parser.error("--before is required")
-    from before_after import run_side  # this script's folder (a child imports the project from its own tree)
-
     passed = ["--senior", args.senior, "--junior", args.junior, "--data", args.data, "--prompts", str(args.prompts),
               "--samples", str(args.samples), "--schedule", args.schedule, "--step-end", args.step_end,
               "--max-new-tokens", str(args.max_new_tokens), "--template", args.template]
     report = {"workload": {k: getattr(args, k) for k in ("senior", "junior", "data", "prompts", "samples", "schedule",
                                                          "step_end", "max_new_tokens", "template", "threads")},
-              "machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count()},
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              **machine_and_date()}
     for side, tree in (("before", args.before), ("after", ROOT)):
         print(f"[{datetime.now(timezone.utc):%H:%M:%S}] {side}: {tree}", file=sys.stderr, flush=True)
         report[side] = run_side(__file__, tree, passed, args.threads)

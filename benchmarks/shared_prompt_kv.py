@@ -31,14 +31,14 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import random
 import resource
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
+
+from before_after import add_arguments, machine_and_date, parse_or_run_child, run_side  # this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -151,8 +151,6 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def _run_side(tree: Path, args: argparse.Namespace) -> dict:
-    from before_after import run_side  # this script's folder (a child imports the project from its own tree)
-
     return run_side(__file__, tree, ["--prompts", str(args.prompts), "--samples", str(args.samples), "--new-tokens",
                                      str(args.new_tokens), "--vocab", str(args.vocab), "--threads", str(args.threads)],
                     args.threads)
@@ -173,26 +171,18 @@ def _markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, help="a checkout of the commit to compare against")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=320)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args)))
+    add_arguments(parser, ROOT)
+    args = parse_or_run_child(parser, argv, child)
+    if args is None:
         return 0
-    if args.before is None:
-        parser.error("--before is required")
     report = {"workload": {"prompts": args.prompts, "samples": args.samples, "prompt_tokens": "200-300",
                            "new_tokens": args.new_tokens, "vocab": args.vocab, "threads": args.threads,
                            "model": "embedded default shape (ModelConfig defaults), fp32"},
-              "machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count()},
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              **machine_and_date()}
     report["before"] = _run_side(args.before, args)
     report["after"] = _run_side(ROOT, args)
     table = _markdown(report)
