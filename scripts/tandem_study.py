@@ -11,7 +11,8 @@ share configs/grpo_v2.yaml's warm start of their seed, and the DUET study's too)
 seed (arms are compared by their gains over the seed's warm start, results/noise_floor_v2/README.md), RL prompts from
 a recurring pool of 256, 1026 held-out prompts for the solo evaluation and for the team evaluation (8 team rollouts
 per prompt, handoff pass@1/4/8). The junior is weaker than the senior: the same SFT recipe cut to
-`--junior-sft-steps` (default 300 of 1200; same tokenizer and vocabulary, SFT seed 0 for every seed), built once and
+`--junior-sft-steps` (default 900 of 1200, chosen by results/tandem_study_v2/pilot: 19.1 mean@4 against the seniors'
+22-24; same tokenizer and vocabulary, SFT seed 0 for every seed), built once and
 evaluated on the same prompts; TRL trains beside it, KL-Reg is pulled towards it, and every arm, GRPO included, is
 judged against it. Per seed the warm start is evaluated on the same axes against the junior (the row before RL)
 and at T = 0.4 (the noise floor's sharpening baseline). `--task v1` is the committed results/tandem_study (the
@@ -51,7 +52,7 @@ TASKS = {
     "v2": {"seeds": [0, 1, 2],
            "common": [*V2_HELD_OUT, "rollout.prompt_pool=256", "tandem_axes.prompts=1026", "tandem_axes.n_samples=8",
                       "tandem_axes.k=[1,4,8]"],
-           "suffix": "_v2", "warm_start_per_seed": True, "junior_sft_steps": 300, "sharpening": 0.4},
+           "suffix": "_v2", "warm_start_per_seed": True, "junior_sft_steps": 900, "sharpening": 0.4},
 }
 WARM, SHARP, JUNIOR = "warm start, no RL (T = 1)", "warm start, no RL, T = {t} (sharpening)", "junior alone"
 AXES_FILES = ("tandem_axes.json",)
@@ -179,7 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", help="default: v1 0 1, v2 0 1 2")
     ap.add_argument("--runs", type=Path, help="default: runs/tandem_study (v1), runs/tandem_study_v2 (v2)")
     ap.add_argument("--out", type=Path, help="default: results/tandem_study (v1), results/tandem_study_v2 (v2)")
-    ap.add_argument("--junior-sft-steps", type=int, help="v2: SFT steps of the weaker junior (default 300)")
+    ap.add_argument("--junior-sft-steps", type=int, help="v2: SFT steps of the weaker junior (default 900)")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the runs that finished (a partial study says which are missing)")
     ap.add_argument("overrides", nargs="*", help="key=value for every run (run-wide sections, tandem_axes.*; not "

@@ -97,9 +97,9 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     runs, out = tmp_path / "runs", tmp_path / "out"
     assert study.main(["--seeds", "0", "--runs", str(runs), "--out", str(out)]) == 0
 
-    junior = str(runs / "junior_sft300" / "hf")
+    junior = str(runs / "junior_sft900" / "hf")
     by_arm = dict(launched)
-    assert by_arm["junior_sft300"] == ["sft.steps=300"]
+    assert by_arm["junior_sft900"] == ["sft.steps=900"]
     assert f"tandem_axes.junior_path={junior}" in by_arm["GRPO-seed0"]
     assert not any(o.startswith("tandem.junior_path") for o in by_arm["GRPO-seed0"])
     assert f"tandem.junior_path={junior}" in by_arm["TRL-seed0"] and "eval.warm_start=false" in by_arm["KL-Reg-seed0"]
@@ -124,7 +124,7 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     assert kl_row.split(" | ")[-1].startswith("-25.0")
     assert (out / "runs" / "TRL-seed0" / "tandem_axes.json").is_file()
     assert (out / "runs" / "warm_axes-seed0" / "eval_warm_tandem_axes.json").is_file()
-    assert (out / "runs" / "junior_sft300" / "eval_sft.records.jsonl.gz").is_file()
+    assert (out / "runs" / "junior_sft900" / "eval_sft.records.jsonl.gz").is_file()
     assert all((out / f).stat().st_size > 1000 for f in ("drift_survival.png", "reward.png"))
 
     # again: nothing is trained or evaluated twice, and --report-only tabulates the same
