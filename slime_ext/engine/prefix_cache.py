@@ -48,16 +48,21 @@ class _KeyIndex:
     def clear(self) -> None:
         self._trie.clear()
 
-    def longest(self, query: tuple[int, ...], limit: int) -> tuple[int, Optional[tuple[int, ...]]]:
-        """(n, key): n the longest common prefix (at most `limit`) of `query` with any key, key the smallest key
-        starting with those n tokens; (0, None) when no key shares a first token."""
+    def shared_length(self, query: tuple[int, ...], limit: int) -> int:
+        """The longest common prefix (at most `limit` tokens) of `query` with any key."""
         depth = -1  # the walk starts at the root (the empty prefix)
         try:
             for _ in self._trie.walk_towards(query[:limit]):
                 depth += 1
         except KeyError:  # the query leaves the trie: `depth` is where
             pass
-        if depth <= 0:
+        return max(depth, 0)
+
+    def longest(self, query: tuple[int, ...], limit: int) -> tuple[int, Optional[tuple[int, ...]]]:
+        """(n, key): n = `shared_length`, key the smallest key starting with those n tokens; (0, None) when no key
+        shares a first token."""
+        depth = self.shared_length(query, limit)
+        if depth == 0:
             return 0, None
         return depth, next(self._trie.iterkeys(prefix=query[:depth]))
 
@@ -204,9 +209,7 @@ class PrefixCache:
 
     def _match(self, ids: Sequence[int], max_len: Optional[int], with_routing: bool) -> tuple[int, Optional[tuple[int, ...]]]:
         self.lookups += 1
-        query = tuple(int(i) for i in ids)
-        limit = len(query) if max_len is None else min(max_len, len(query))
-        best_len, best_key = (self._routed_index if with_routing else self._index).longest(query, limit)
+        best_len, best_key = self._index_for(with_routing).longest(*self._query(ids, max_len))
         if best_key is None:
             return 0, None
         self._entries.move_to_end(best_key)
@@ -254,9 +257,16 @@ class PrefixCache:
 
     def prefix_length(self, ids: Sequence[int], max_len: Optional[int] = None, with_routing: bool = False) -> int:
         """Length of the longest cached prefix (no statistics, no reordering)."""
+        return self._index_for(with_routing).shared_length(*self._query(ids, max_len))
+
+    @staticmethod
+    def _query(ids: Sequence[int], max_len: Optional[int]) -> tuple[tuple[int, ...], int]:
+        """The lookup key of `ids` and how many of its tokens a match may cover."""
         query = tuple(int(i) for i in ids)
-        limit = len(query) if max_len is None else min(max_len, len(query))
-        return (self._routed_index if with_routing else self._index).longest(query, limit)[0]
+        return query, len(query) if max_len is None else min(max_len, len(query))
+
+    def _index_for(self, with_routing: bool) -> _KeyIndex:
+        return self._routed_index if with_routing else self._index
 
     def clear(self) -> None:
         self._entries.clear()

@@ -16,8 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from slime_ext.engine.prefix_cache import KV, PrefixCache
-
+from slime_ext.engine.prefix_cache import KV, PrefixCache, _KeyIndex
 
 LAYERS, HEADS, DIM = 2, 2, 4
 TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4  # (K + V) per layer, fp32: 128 bytes
@@ -327,8 +326,6 @@ def test_a_short_shared_part_of_a_long_block_is_copied_not_pinned():
 
 def test_the_key_index_finds_the_longest_shared_prefix_and_the_smallest_key_sharing_it():
     """Hand-worked lookups of the trie index the cache uses instead of a scan over every entry."""
-    from slime_ext.engine.prefix_cache import _KeyIndex
-
     index = _KeyIndex()
     for key in [(1, 2, 3), (1, 2), (1, 5), (1, 2, 0, 9)]:
         index.add(key)
