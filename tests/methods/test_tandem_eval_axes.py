@@ -69,9 +69,17 @@ def test_alternate_schedule_alternates_steps_and_reuses_prefixes(models, step_to
 def test_bernoulli_schedule_is_seeded(models, step_token):
     s_eng, j_eng = engines(models, step_token)
     prompts = [[5, 6, 8, 9], [10, 11], [12]]
-    a, _ = team_rollouts(s_eng, j_eng, prompts, 4, "bernoulli", 60, EOS, seed=3)
+    heard: list[str] = []
+    a, _ = team_rollouts(s_eng, j_eng, prompts, 4, "bernoulli", 60, EOS, seed=3, progress=heard.append)
     b, _ = team_rollouts(s_eng, j_eng, prompts, 4, "bernoulli", 60, EOS, seed=3)
     assert [r.output_ids for r in a] == [r.output_ids for r in b]
+    # one progress line per turn, counting the rollouts still writing and whose turn each one is
+    expected = []
+    for t in range(max(r.turns for r in a)):
+        authors = [r.turn_authors[t] for r in a if r.turns > t]
+        expected.append(f"turn {t}: {len(authors)} of 12 rollouts unfinished "
+                        f"({authors.count('senior')} senior, {authors.count('junior')} junior)")
+    assert heard == expected
     patterns = {tuple(r.turn_authors[:2]) for r in a if r.turns >= 2}
     assert len(patterns) >= 2  # not a fixed order
     with pytest.raises(ValueError, match="unknown handoff schedule"):

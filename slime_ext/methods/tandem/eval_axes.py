@@ -57,12 +57,14 @@ class TeamRollout:
 
 def team_rollouts(senior: Any, junior: Any, prompts: Sequence[list[int]], n_samples: int, schedule: str,
                   max_new_tokens: int, eos_token_id: int, seed: int = 0, temperature: float = 1.0,
-                  step_end: str = STEP_END) -> tuple[list[TeamRollout], dict[str, float]]:
+                  step_end: str = STEP_END, progress: Callable[[str], None] | None = None,
+                  ) -> tuple[list[TeamRollout], dict[str, float]]:
     """Generate `n_samples` team responses per prompt, one reasoning step per turn.
 
     `schedule`: "alternate" (senior, junior, senior, ...) or "bernoulli" (each step's author drawn
     with P(senior) = 0.5 from a per-rollout coin stream); a turn ends at `step_end`. Each turn is one batched
     `generate` call per engine over the rollouts whose turn it is. Returns the rollouts and the engines' cache accounting.
+    `progress(msg)` hears each turn's start (a 1026-prompt x 8 evaluation runs ~10 minutes per schedule on 2 CPUs).
     """
     if schedule not in ("alternate", "bernoulli"):
         raise ValueError(f"unknown handoff schedule {schedule!r}; expected alternate or bernoulli")
@@ -76,6 +78,9 @@ def team_rollouts(senior: Any, junior: Any, prompts: Sequence[list[int]], n_samp
         for k in active:
             senior_turn = (turn % 2 == 0) if schedule == "alternate" else coins[k].bernoulli(0.5)
             by_engine["senior" if senior_turn else "junior"].append(k)
+        if progress is not None:
+            progress(f"turn {turn}: {len(active)} of {len(rollouts)} rollouts unfinished "
+                     f"({len(by_engine['senior'])} senior, {len(by_engine['junior'])} junior)")
         still = []
         for name, engine in (("senior", senior), ("junior", junior)):
             ks = by_engine[name]
@@ -112,12 +117,13 @@ def team_rollouts(senior: Any, junior: Any, prompts: Sequence[list[int]], n_samp
 
 def handoff_eval(senior: Any, junior: Any, tokenizer: Any, rows: Sequence[dict], n_samples: int, ks: Sequence[int],
                  schedule: str, max_new_tokens: int, template: str = "plain", reward_type: str = "math",
-                 seed: int = 0, step_end: str = STEP_END) -> dict[str, Any]:
+                 seed: int = 0, step_end: str = STEP_END, progress: Callable[[str], None] | None = None,
+                 ) -> dict[str, Any]:
     """Team pass@k under a handoff schedule, with per-rollout senior shares and cache accounting."""
     fmt = get_template(template)
     prompts = [tokenizer(fmt.format(r["prompt"]))["input_ids"] for r in rows]
     rollouts, cache = team_rollouts(senior, junior, prompts, n_samples, schedule, max_new_tokens,
-                                    tokenizer.eos_token_id, seed, step_end=step_end)
+                                    tokenizer.eos_token_id, seed, step_end=step_end, progress=progress)
     verify = get_verifier(reward_type)
     for r in rollouts:
         text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
@@ -269,7 +275,8 @@ def tandem_axes(senior_dir: str, junior_dir: str, tokenizer: Any, rows: Sequence
                            "step_end": common["step_end"]}
     for schedule in ("alternate", "bernoulli"):
         say(f"handoff ({schedule}) on {len(rows)} prompts x {common['n_samples']}")
-        out[f"handoff_{schedule}"] = handoff_eval(senior, junior, tokenizer, rows, schedule=schedule, **common)
+        out[f"handoff_{schedule}"] = handoff_eval(senior, junior, tokenizer, rows, schedule=schedule, progress=say,
+                                                  **common)
     fmt = get_template(cfg.data.template)
     prompts = [tokenizer(fmt.format(r["prompt"]))["input_ids"] for r in rows]
     say("solo generations of senior and junior (drift, legibility), and the junior again with other seeds")
