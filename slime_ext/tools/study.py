@@ -150,6 +150,13 @@ def summarise(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tu
     return out
 
 
+def _cell(mean: float, std: float, n: int, all_seeds: int) -> str:
+    """mean ± std where two or more seeds stand behind it (one seed has no spread: "± 0.000" would read as a
+    measured zero); n named where it is not every seed."""
+    text = f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
+    return text + (f" (n={n})" if n != all_seeds else "")
+
+
 def write_table(out: Path, title: str, summary: dict, runs: dict[str, list[str]], seeds: Sequence[int],
                 command: str, keys: Optional[list[str]] = None) -> str:
     """`table.json` and `table.md` (mean ± std over seeds) under `out`; returns the markdown table."""
@@ -158,10 +165,10 @@ def write_table(out: Path, title: str, summary: dict, runs: dict[str, list[str]]
     keys = keys or sorted({k for stats in summary.values() for k in stats})
     lines = ["| method | " + " | ".join(keys) + " |", "| --- | " + " | ".join("---" for _ in keys) + " |"]
     for method, stats in summary.items():
-        cells = [(f"{stats[k][0]:.3f} ± {stats[k][1]:.3f}" + (f" (n={stats[k][2]})" if stats[k][2] != len(seeds) else ""))
-                 if k in stats else "-" for k in keys]  # n: seeds behind a cell, named where not all of them
+        cells = [_cell(*stats[k], all_seeds=len(seeds)) if k in stats else "-" for k in keys]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    meta = (f"command: `{command}`  \nseeds: {list(seeds)} (mean ± std over seeds)  \n"
+    spread = "mean ± std over seeds" if len(seeds) > 1 else "one seed: no spread over seeds to show"
+    meta = (f"command: `{command}`  \nseeds: {list(seeds)} ({spread})  \n"
             f"date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}, machine: {os.uname().nodename}, "
             f"{os.cpu_count()} CPUs")
     table = "\n".join(lines)

@@ -301,7 +301,8 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
 
 def test_summarise_skips_what_an_arm_never_reached_and_the_table_names_the_seeds_behind_a_cell(tmp_path):
     """A time-to-target an arm never reached is NaN on that seed: mean and std over the seeds that reached it, NaN
-    with 0 seeds where none did (statistics.stdev raised on NaN), and the table says n where it is not every seed."""
+    with 0 seeds where none did (statistics.stdev raised on NaN), and the table says n where it is not every seed and
+    shows no "± 0.000" where one seed stands behind a cell."""
     from slime_ext.tools.study import summarise, write_table
 
     nan = float("nan")
@@ -309,4 +310,7 @@ def test_summarise_skips_what_an_arm_never_reached_and_the_table_names_the_seeds
     assert summary["a"]["x"] == pytest.approx((2.0, 2 ** 0.5, 2)) and summary["a"]["t"] == (5.0, 0.0, 1)
     assert summary["b"]["t"][2] == 0 and summary["b"]["t"][0] != summary["b"]["t"][0]
     table = write_table(tmp_path, "t", summary, {"a": [], "b": []}, [0, 1], "cmd", ["x", "t"])
-    assert "| a | 2.000 ± 1.414 | 5.000 ± 0.000 (n=1) |" in table and "| b | 2.000 ± 0.000 | nan ± nan (n=0) |" in table
+    assert "| a | 2.000 ± 1.414 | 5.000 (n=1) |" in table and "| b | 2.000 ± 0.000 | nan (n=0) |" in table
+    assert "(mean ± std over seeds)" in (tmp_path / "table.md").read_text()
+    one_seed = write_table(tmp_path, "t", summarise({"a": [{"x": 0.25}]}), {"a": []}, [2], "cmd", ["x"])
+    assert "| a | 0.250 |" in one_seed and "one seed: no spread" in (tmp_path / "table.md").read_text()
