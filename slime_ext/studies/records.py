@@ -78,5 +78,17 @@ def keep_run_files(run: Path | str, dest: Path | str, names: tuple[str, ...] = R
     for report in run.glob("eval_step*.json"):  # the evaluations between steps (eval.every)
         shutil.copyfile(report, dest / report.name)
     for rec in run.glob("eval_*.records.jsonl"):
-        with open(rec, "rb") as src, gzip.open(dest / (rec.name + ".gz"), "wb") as dst:
+        kept = dest / (rec.name + ".gz")
+        if kept.is_file() and _gunzipped(kept) == rec.read_bytes():
+            continue  # re-gzipping would stamp a new time in the header: an unchanged record would show as changed
+        with open(rec, "rb") as src, gzip.open(kept, "wb") as dst:
             shutil.copyfileobj(src, dst)
+
+
+def _gunzipped(path: Path) -> bytes | None:
+    """A kept file's content, None where it is not a readable gzip (then it is written again)."""
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError):
+        return None

@@ -150,10 +150,16 @@ def summarise(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, tu
     return out
 
 
+def _number(x: float) -> str:
+    """Three decimals, or three significant digits below 0.01 (a drift KL of 0.0040 against a floor of 0.0003
+    would both print as 0.00x)."""
+    return f"{x:#.3g}" if x != 0 and abs(x) < 0.01 else f"{x:.3f}"
+
+
 def _cell(mean: float, std: float, n: int, all_seeds: int) -> str:
     """mean ± std where two or more seeds stand behind it (one seed has no spread: "± 0.000" would read as a
     measured zero); n named where it is not every seed."""
-    text = f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
+    text = f"{_number(mean)} ± {_number(std)}" if n > 1 else _number(mean)
     return text + (f" (n={n})" if n != all_seeds else "")
 
 

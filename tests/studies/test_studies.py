@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,17 @@ def test_keep_run_files_copies_small_files_and_gzips_records(tmp_path):
     assert kept == ["config.yaml", "eval_final.records.jsonl.gz", "eval_step20.json", "metrics.jsonl"]  # no hf/
     assert read_records(tmp_path / "kept" / "eval_final.records.jsonl.gz") == [{"prompt_id": "p", "scores": [1, 0]}]
     assert [m["reward/mean"] for m in read_metrics(tmp_path / "kept")] == [0.5, 0.75]
+    gz = tmp_path / "kept" / "eval_final.records.jsonl.gz"
+    first = gz.read_bytes()
+    (tmp_path / "kept" / "eval_sft.records.jsonl.gz").write_bytes(b"not gzip")  # unreadable: written again
+    (run / "eval_sft.records.jsonl").write_text('{"prompt_id": "q", "scores": [0]}\n')
+    time.sleep(1.1)  # the gzip header holds whole seconds: a rewrite now would change the bytes
+    keep_run_files(run, tmp_path / "kept")
+    assert gz.read_bytes() == first  # unchanged records are not re-stamped (a study report would show them as changed)
+    assert read_records(tmp_path / "kept" / "eval_sft.records.jsonl.gz") == [{"prompt_id": "q", "scores": [0]}]
+    (run / "eval_final.records.jsonl").write_text('{"prompt_id": "p", "scores": [1, 1]}\n')
+    keep_run_files(run, tmp_path / "kept")
+    assert read_records(gz) == [{"prompt_id": "p", "scores": [1, 1]}]  # a changed record is written
 
 
 def study_script(name: str):
@@ -314,3 +326,5 @@ def test_summarise_skips_what_an_arm_never_reached_and_the_table_names_the_seeds
     assert "(mean ± std over seeds)" in (tmp_path / "table.md").read_text()
     one_seed = write_table(tmp_path, "t", summarise({"a": [{"x": 0.25}]}), {"a": []}, [2], "cmd", ["x"])
     assert "| a | 0.250 |" in one_seed and "one seed: no spread" in (tmp_path / "table.md").read_text()
+    small = write_table(tmp_path, "t", summarise({"a": [{"x": 0.004027}, {"x": 0.0003}]}), {"a": []}, [0, 1], "cmd", ["x"])
+    assert "| a | 0.00216 ± 0.00264 |" in small  # not "0.002 ± 0.003": a KL against its floor keeps its digits
