@@ -240,7 +240,8 @@ def main(argv=None) -> int:
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     runs: dict[str, list[str]] = {a: [] for a in arms}
     first: dict[str, Path] = {}
-    baselines: dict[str, list[Path]] = {}  # the task's baselines: one eval JSON per seed
+    baselines: dict[str, dict[int, Path]] = {}  # the task's baselines: an eval JSON by seed
+    evals: dict[str, dict[int, Path]] = {}  # each arm's held-out evaluation by seed, for the paired differences
     for seed in args.seeds:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
             if arm == "GRPO full":  # the first arm of every seed
                 target = fixed_target if fixed_target is not None else final_reward(run)
                 if task["warm_start_per_seed"]:  # the seed's own baselines: its warm start, plain and cooled
-                    baselines.setdefault(WARM, []).append(run / "eval_warm_start.json")
+                    baselines.setdefault(WARM, {})[seed] = run / "eval_warm_start.json"
                 if task["sharpening"] is not None:
                     t = task["sharpening"]
                     folder = f"sharpening_T{t}-seed{seed}"
@@ -269,11 +270,12 @@ def main(argv=None) -> int:
                     else:
                         sharp = sharpening_eval(run, t, args.runs / folder)
                         keep_run_files(sharp.parent, args.out / "runs" / folder, (sharp.name,))
-                    baselines.setdefault(SHARP.format(t=t), []).append(sharp)
+                    baselines.setdefault(SHARP.format(t=t), {})[seed] = sharp
             if run != kept:
                 keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm].append(str(run))
+            evals.setdefault(arm, {})[seed] = run / "eval_final.json"
             first.setdefault(arm, run)
     summary = summarise(rows)
     full = summary["GRPO full"]
@@ -281,13 +283,12 @@ def main(argv=None) -> int:
         n = min(stats["tokens_per_step"][2], full["tokens_per_step"][2])
         stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, n)
         stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, n)
-    summary.update(summarise({name: [evaluation_row(r) for r in reports] for name, reports in baselines.items()}))
-    print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
+    summary.update(summarise({name: [evaluation_row(r) for r in reports.values()] for name, reports in baselines.items()}))
+    print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs.values()] for n, rs in baselines.items()}},
                       args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
                        "step_speedup", "rl_seconds", "rollout_ms_per_token", "train_ms_per_token", "steps_to_target",
                        "seconds_to_target"]))
-    evals = {a: [Path(r) / "eval_final.json" for r in rs] for a, rs in runs.items()}
     print(difference_table(args.out, {**evals, **baselines}, "GRPO full"))
     same_tokens = [a for a in SAME_TOKENS if a in evals]  # DUET's claim: a better use of the same tokens
     if UNIFORM_HALF in evals and len(same_tokens) > 1:

@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     (args.out / "table.json").write_text(json.dumps({"rows": rows, "runs": {a: [str(p) for p in ps] for a, ps in runs.items()},
                                                      "seeds": args.seeds, "command": command}, indent=2) + "\n")
     print(table)
-    print(difference_table(args.out, {a: [p / "eval_final.json" for p in ps] for a, ps in runs.items()}, "no correction"))
+    print(difference_table(args.out, {a: {seed: p / "eval_final.json" for seed, p in zip(args.seeds, ps)}  # all ran
+                                            for a, ps in runs.items()}, "no correction"))
     plot(args.out, runs)
     print(f"[study] wrote {args.out}")
     return 0

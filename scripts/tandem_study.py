@@ -42,7 +42,7 @@ from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (append_section, command_line, config_on_task, difference_table,  # noqa: E402
                                    eval_checkpoint, evaluation_row, finished_run, run_one, sharpening_eval,
-                                   save_figure, summarise, warm_start_of, write_table)
+                                   save_figure, shared_seeds, summarise, warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
@@ -125,29 +125,32 @@ def team_scores(axes: dict, schedule: str, k: int) -> list[float]:
     return [pass_at_k(h["n_samples"], c, k) for c in h["correct_per_prompt"]]
 
 
-def team_difference_table(out: Path, arm_axes: dict[str, list[dict]], reference: str, ks: Sequence[int]) -> str:
+def team_difference_table(out: Path, arm_axes: dict[str, dict[int, dict]], reference: str, ks: Sequence[int]) -> str:
     """Each arm's team pass@k minus the reference arm's, prompt by prompt within seeds (the same held-out prompts in
-    the same order), pooled over seeds: mean ± SE and a 95% paired bootstrap interval. Appended to `out/table.md`."""
+    the same order; `arm_axes[arm]` maps a seed to its axes evaluation), pooled over the seeds both arms have: mean ±
+    SE and a 95% paired bootstrap interval. Appended to `out/table.md`."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
 
     lines = [f"## Team (handoff) difference to {reference} (held-out, per-prompt pass@k, paired within seeds)", "",
              "| arm | schedule | " + " | ".join(f"pass@{k}" for k in ks) + " |",
              "| --- | --- | " + " | ".join("---" for _ in ks) + " |"]
-    for arm, seeds in arm_axes.items():
+    for arm, axes in arm_axes.items():
         if arm == reference:
             continue
+        seeds, note = shared_seeds(arm_axes[reference], axes)
         for schedule in ("alternate", "bernoulli"):
             cells = []
             for k in ks:
                 a: list[float] = []
                 b: list[float] = []
-                for ref, this in zip(arm_axes[reference], seeds):
+                for seed in seeds:
+                    ref, this = arm_axes[reference][seed], axes[seed]
                     if ref["n_prompts"] != this["n_prompts"]:
                         raise ValueError(f"{arm}: team evaluations of {this['n_prompts']} and {ref['n_prompts']} "
                                          "prompts; cannot pair them")
                     a += team_scores(ref, schedule, k)
                     b += team_scores(this, schedule, k)
-                cells.append(describe_difference(paired_difference(a, b)))
+                cells.append(describe_difference(paired_difference(a, b)) + note if a else "-")
             lines.append(f"| {arm} | {schedule} | " + " | ".join(cells) + " |")
     return append_section(out, "\n".join(lines))
 
@@ -194,8 +197,8 @@ def main(argv=None) -> int:
 
     junior: Optional[str] = None
     junior_eval: Optional[Path] = None  # the junior alone on the held-out prompts
-    baselines: dict[str, list[Path]] = {}  # eval JSONs per seed of what trains nothing
-    baseline_axes: dict[str, list[dict]] = {}
+    baselines: dict[str, dict[int, Path]] = {}  # eval JSONs by seed of what trains nothing
+    baseline_axes: dict[str, dict[int, dict]] = {}
     steps = args.junior_sft_steps or task["junior_sft_steps"]
     if steps is not None:
         jrun = finished_run(args.runs / f"junior_sft{steps}") if args.report_only else junior_run(args.runs, steps, args.overrides)
@@ -204,7 +207,8 @@ def main(argv=None) -> int:
             keep_run_files(jrun, args.out / "runs" / jrun.parent.name)
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     runs: dict[str, list[str]] = {m: [] for m in METHODS}
-    arm_axes: dict[str, list[dict]] = {m: [] for m in METHODS}
+    seed_runs: dict[str, dict[int, Path]] = {m: {} for m in METHODS}
+    arm_axes: dict[str, dict[int, dict]] = {m: {} for m in METHODS}  # by seed: pairs only seeds both arms ran
     first: dict[str, Path] = {}
     missing = []
     for seed in args.seeds:
@@ -220,12 +224,13 @@ def main(argv=None) -> int:
                 missing.append(f"{method} seed {seed}")
                 continue
             keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
-            arm_axes[method].append(axes_of(run))
-            rows[method].append(row_of(run, arm_axes[method][-1]))
+            arm_axes[method][seed] = axes_of(run)
+            rows[method].append(row_of(run, arm_axes[method][seed]))
             runs[method].append(str(run))
+            seed_runs[method][seed] = run
             first.setdefault(method, run)
             if method == "GRPO" and junior_eval is not None:  # one junior for every seed: paired with each
-                baselines.setdefault(JUNIOR, []).append(junior_eval)
+                baselines.setdefault(JUNIOR, {})[seed] = junior_eval
             if method == "GRPO" and task["warm_start_per_seed"] and junior is not None:
                 folder, t = args.runs / f"warm_axes-seed{seed}", task["sharpening"]
                 sharp_folder = args.runs / f"sharpening_T{t}-seed{seed}"
@@ -234,20 +239,20 @@ def main(argv=None) -> int:
                     missing.append(f"the warm start's evaluations, seed {seed}")
                     continue
                 warm = warm_axes_eval(run, junior, folder)
-                baselines.setdefault(WARM, []).append(warm)
-                baseline_axes.setdefault(WARM, []).append(axes_of(warm))
+                baselines.setdefault(WARM, {})[seed] = warm
+                baseline_axes.setdefault(WARM, {})[seed] = axes_of(warm)
                 keep_run_files(folder, args.out / "runs" / folder.name, (warm.name, "eval_warm_tandem_axes.json"))
                 sharp = sharpening_eval(run, t, sharp_folder)
-                baselines.setdefault(SHARP.format(t=t), []).append(sharp)
+                baselines.setdefault(SHARP.format(t=t), {})[seed] = sharp
                 keep_run_files(sharp_folder, args.out / "runs" / sharp_folder.name, (sharp.name,))
     if not first:
         print("[study] no finished runs to tabulate")
         return 1
     summary = summarise(rows)
     if task["warm_start_per_seed"]:
-        summary.update(summarise({WARM: [axes_numbers(ax, json.loads(r.read_text()))
-                                         for ax, r in zip(baseline_axes.get(WARM, []), baselines.get(WARM, []))]}))
-        summary.update(summarise({n: [{f"solo_{k}": v for k, v in evaluation_row(r).items()} for r in rs]
+        summary.update(summarise({WARM: [axes_numbers(ax, json.loads(baselines[WARM][seed].read_text()))
+                                         for seed, ax in baseline_axes.get(WARM, {}).items()]}))
+        summary.update(summarise({n: [{f"solo_{k}": v for k, v in evaluation_row(r).items()} for r in rs.values()]
                                   for n, rs in baselines.items() if n != WARM}))
     else:  # v1: the warm start on the same axes, as its own junior (senior = junior)
         warm_hf = Path(axes_of(first["TRL"])["junior"])
@@ -260,21 +265,22 @@ def main(argv=None) -> int:
     keys = list(dict.fromkeys([k for method_rows in rows.values() for row in method_rows for k in row]))
     title = "Tandem study" + (f" (task {args.task})" if args.task != "v1" else " (the warm start is one model)") + (
         f"; not run: {', '.join(missing)}" if missing else "")
-    print(write_table(args.out, title, summary, {**runs, **{n: [str(r) for r in rs] for n, rs in baselines.items()}},
+    print(write_table(args.out, title, summary, {**runs, **{n: [str(r) for r in rs.values()] for n, rs in baselines.items()}},
                       args.seeds, command, keys))
-    complete = {m: [Path(r) / "eval_final.json" for r in rs] for m, rs in runs.items() if len(rs) == len(args.seeds)}
-    if "GRPO" in complete and len(complete) > 1:
-        print(difference_table(args.out, {**complete, **{n: rs for n, rs in baselines.items()
-                                                         if len(rs) == len(args.seeds)}}, "GRPO"))
-        team = {m: axes for m, axes in {**arm_axes, **baseline_axes}.items() if len(axes) == len(args.seeds)}
-        if all("correct_per_prompt" in a["handoff_alternate"] for axes in team.values() for a in axes):
-            ks = sorted(int(k.split("@")[1]) for k in team["GRPO"][0]["handoff_alternate"] if k.startswith("pass@"))
+    evals = {m: {seed: Path(r) / "eval_final.json" for seed, r in rs.items()} for m, rs in seed_runs.items() if rs}
+    if "GRPO" in evals and len(evals) > 1:  # an arm with fewer seeds is paired on the seeds it has, and says so
+        print(difference_table(args.out, {**evals, **baselines}, "GRPO"))
+        team = {m: axes for m, axes in {**arm_axes, **baseline_axes}.items() if axes}
+        if all("correct_per_prompt" in a["handoff_alternate"] for axes in team.values() for a in axes.values()):
+            grpo_axes = next(iter(team["GRPO"].values()))
+            ks = sorted(int(k.split("@")[1]) for k in grpo_axes["handoff_alternate"] if k.startswith("pass@"))
             print(team_difference_table(args.out, team, "GRPO", ks))
-    drift = {m: axes[0]["drift"] for m, axes in arm_axes.items() if axes}
+    drift = {m: next(iter(axes.values()))["drift"] for m, axes in arm_axes.items() if axes}  # each arm's first seed
     if baseline_axes.get(WARM):
-        drift[WARM] = baseline_axes[WARM][0]["drift"]
-        if "drift_floor" in baseline_axes[WARM][0]:
-            drift["junior vs itself (floor)"] = baseline_axes[WARM][0]["drift_floor"]
+        warm_axes = next(iter(baseline_axes[WARM].values()))
+        drift[WARM] = warm_axes["drift"]
+        if "drift_floor" in warm_axes:
+            drift["junior vs itself (floor)"] = warm_axes["drift_floor"]
     plots(args.out, first, drift)
     print(f"[study] wrote {args.out}")
     return 0

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -183,12 +183,21 @@ def write_table(out: Path, title: str, summary: dict, runs: dict[str, list[str]]
 
 
 
-def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference: str, k: Optional[int] = None) -> str:
+def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> tuple[list[int], str]:
+    """The seeds two arms can be paired on, and a note naming the seeds left out (an arm still running a seed,
+    one that failed): pairing by position would match one seed's prompts with another seed's."""
+    both = sorted(set(reference) & set(arm))
+    left = sorted(set(reference) ^ set(arm))
+    return both, (f" (seeds {', '.join(map(str, both))}; not paired: {', '.join(map(str, left))})" if left else "")
+
+
+def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], reference: str,
+                     k: Optional[int] = None) -> str:
     """Each arm's held-out score minus the reference arm's, paired prompt by prompt within each seed (the
-    per-prompt records beside each eval JSON; `arm_evals[arm]` lists one eval JSON per seed, in the same
-    seed order for every arm), pooled over seeds: mean ± SE and a 95% paired bootstrap interval, "no
-    measured difference" when it holds 0. Appended to `out/table.md`; returns the markdown section.
-    `k`: mean of the first k samples per prompt (None: all samples)."""
+    per-prompt records beside each eval JSON; `arm_evals[arm]` maps a seed to its eval JSON), pooled over the
+    seeds both arms have: mean ± SE and a 95% paired bootstrap interval, "no measured difference" when it holds
+    0. Appended to `out/table.md`; returns the markdown section. `k`: mean of the first k samples per prompt
+    (None: all samples)."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.evaluation import load_report
 
@@ -206,10 +215,12 @@ def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference:
     for arm, paths in arm_evals.items():
         if arm == reference:
             continue
+        seeds, note = shared_seeds(arm_evals[reference], paths)
         a: list[float] = []
         b: list[float] = []
-        for ref_path, path in zip(arm_evals[reference], paths):
-            ref, this = scores(Path(ref_path)), scores(Path(path))
+        for seed in seeds:
+            ref_path, path = Path(arm_evals[reference][seed]), Path(paths[seed])
+            ref, this = scores(ref_path), scores(path)
             if ref is None or this is None:  # evaluated before per-prompt records were written
                 a = []
                 break
@@ -217,6 +228,11 @@ def difference_table(out: Path, arm_evals: dict[str, Sequence[Path]], reference:
                 raise ValueError(f"{arm}: {path} and {ref_path} evaluated different prompts; cannot pair them")
             a += ref[1]
             b += this[1]
-        cell = describe_difference(paired_difference(a, b)) if a else "- (no per-prompt records in these runs)"
+        if not seeds:
+            cell = f"- (no seed in common with {reference})"
+        elif a:
+            cell = describe_difference(paired_difference(a, b)) + note
+        else:
+            cell = "- (no per-prompt records in these runs)"
         lines.append(f"| {arm} | {cell} |")
     return append_section(out, "\n".join(lines))

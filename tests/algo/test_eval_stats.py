@@ -81,7 +81,8 @@ def test_study_difference_table_pairs_within_seeds(tmp_path):
     better = [[1.0, 1.0] for _ in range(40)]
     paths = {}
     for arm, scores in (("GRPO", base), ("DUET", better), ("same", base)):
-        paths[arm] = [save_report(_report(scores, ids), tmp_path / arm / f"seed{seed}" / "eval_final.json") for seed in (0, 1)]
+        paths[arm] = {seed: save_report(_report(scores, ids), tmp_path / arm / f"seed{seed}" / "eval_final.json")
+                      for seed in (0, 1)}
     section = difference_table(tmp_path, paths, "GRPO")
     lines = section.splitlines()
     # base per-prompt means: odd i -> 0.5 + [i%3==0]/2, even -> [i%3==0]/2; mean over 40 = (20*0.5 + 14*0.5)/40
@@ -91,10 +92,28 @@ def test_study_difference_table_pairs_within_seeds(tmp_path):
     same = next(x for x in lines if x.startswith("| same"))
     assert same.startswith("| same | +0.0 ± 0.0 points") and "GRPO |" not in section
     assert "Difference to GRPO" in (tmp_path / "table.md").read_text()
-    bad = {"GRPO": paths["GRPO"], "other": [save_report(_report(base, [f"q{i}" for i in range(40)]), tmp_path / "q.json")] * 2}
+    bad = {"GRPO": paths["GRPO"], "other": dict.fromkeys((0, 1), save_report(_report(base, [f"q{i}" for i in range(40)]),
+                                                                             tmp_path / "q.json"))}
     with pytest.raises(ValueError, match="different prompts"):
         difference_table(tmp_path, bad, "GRPO")
     old_run = _report(base, ids)
     old_run.records = []  # a run evaluated before per-prompt records existed
-    old = {"GRPO": paths["GRPO"][:1], "old": [save_report(old_run, tmp_path / "old.json")]}
+    old = {"GRPO": {0: paths["GRPO"][0]}, "old": {0: save_report(old_run, tmp_path / "old.json")}}
     assert "| old | - (no per-prompt records in these runs) |" in difference_table(tmp_path, old, "GRPO")
+
+
+def test_study_difference_table_pairs_by_seed_not_by_position(tmp_path):
+    """An arm missing a seed is paired on the seeds both arms ran: its seed 1 with the reference's seed 1."""
+    from slime_ext.evaluation import save_report
+    from slime_ext.tools.study import difference_table
+
+    ids = [f"p{i}" for i in range(8)]
+
+    def evals(arm: str, seed_scores: dict[int, float]) -> dict:
+        return {seed: save_report(_report([[x, x]] * 8, ids), tmp_path / arm / f"seed{seed}.json")
+                for seed, x in seed_scores.items()}
+
+    paths = {"GRPO": evals("GRPO", {0: 0.0, 1: 1.0}), "late": evals("late", {1: 0.5}), "other": evals("o", {2: 1.0})}
+    section = difference_table(tmp_path, paths, "GRPO")
+    assert "| late | -50.0 ± 0.0 points (95% CI -50.0 to -50.0) (seeds 1; not paired: 0) |" in section  # not +50
+    assert "| other | - (no seed in common with GRPO) |" in section

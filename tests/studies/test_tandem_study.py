@@ -62,6 +62,7 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     solo = {"GRPO": [[0.0, 0.0, 1.0, 1.0]] * 4, "TRL": [[0.0, 1.0, 1.0, 1.0]] * 4, "KL-Reg": [[0.0, 0.0, 1.0, 1.0]] * 4}
     # team correct counts out of 8 per prompt: GRPO 4 of 8 everywhere, TRL 8 of 8, KL-Reg 0 of 8 on the first prompt
     team = {"GRPO": [4, 4, 4, 4], "TRL": [8, 8, 8, 8], "KL-Reg": [0, 4, 4, 4]}
+    solo[("GRPO", 1)], team[("GRPO", 1)] = [[1.0, 1.0, 1.0, 1.0]] * 4, [8, 8, 8, 8]  # seed 1: GRPO solves everything
     launched: list[tuple[str, list[str]]] = []
 
     def fake_run(config, seed, parent, overrides, shared_sft_seed=0):
@@ -76,8 +77,8 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
         method = parent.name.split("-seed")[0]
         (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward/mean": 0.5, "tandem/senior_token_share": 0.6})
                                                    + "\n" for i in range(3)))
-        _report(run / "eval_final.json", solo[method])
-        (run / "tandem_axes.json").write_text(json.dumps(_axes(team[method])))
+        _report(run / "eval_final.json", solo.get((method, seed), solo[method]))
+        (run / "tandem_axes.json").write_text(json.dumps(_axes(team.get((method, seed), team[method]))))
         return run
 
     evaluated: list[list[str]] = []
@@ -130,3 +131,16 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     # again: nothing is trained or evaluated twice, and --report-only tabulates the same
     assert study.main(["--seeds", "0", "--runs", str(runs), "--out", str(out)]) == 0 and len(evaluated) == 2
     assert study.main(["--seeds", "0", "--runs", str(runs), "--out", str(out), "--report-only"]) == 0
+
+    # seed 1, with TRL's seed-0 run unfinished: TRL is paired with GRPO's seed 1 only (0.75 - 1.0 solo, 8/8 - 8/8
+    # team), never with GRPO's seed 0 by position (that would read +25 and +50)
+    assert study.main(["--seeds", "1", "--runs", str(runs), "--out", str(out)]) == 0
+    summary_file = runs / "TRL-seed0" / "run" / "summary.json"
+    summary_file.write_text(summary_file.read_text().replace('"complete": true', '"complete": false'))
+    assert study.main(["--seeds", "0", "1", "--runs", str(runs), "--out", str(out), "--report-only"]) == 0
+    table = (out / "table.md").read_text()
+    assert "| TRL | -25.0 ± 0.0 points (95% CI -25.0 to -25.0) (seeds 1; not paired: 0) |" in table
+    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference (seeds 1; not paired: 0) "
+            "|") in table
+    kl_reg = next(line for line in table.splitlines() if line.startswith("| KL-Reg | -"))
+    assert kl_reg.startswith("| KL-Reg | -25.0 ± 9.4") and "not paired" not in kl_reg  # both seeds: (0 - 50) / 2
