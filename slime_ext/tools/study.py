@@ -188,7 +188,8 @@ def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> 
     one that failed): pairing by position would match one seed's prompts with another seed's."""
     both = sorted(set(reference) & set(arm))
     left = sorted(set(reference) ^ set(arm))
-    return both, (f" (seeds {', '.join(map(str, both))}; not paired: {', '.join(map(str, left))})" if left else "")
+    paired = f"seed{'s' if len(both) > 1 else ''} {', '.join(map(str, both))}"
+    return both, (f" ({paired}; not paired: {', '.join(map(str, left))})" if left else "")
 
 
 def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], reference: str,

@@ -115,5 +115,5 @@ def test_study_difference_table_pairs_by_seed_not_by_position(tmp_path):
 
     paths = {"GRPO": evals("GRPO", {0: 0.0, 1: 1.0}), "late": evals("late", {1: 0.5}), "other": evals("o", {2: 1.0})}
     section = difference_table(tmp_path, paths, "GRPO")
-    assert "| late | -50.0 ± 0.0 points (95% CI -50.0 to -50.0) (seeds 1; not paired: 0) |" in section  # not +50
+    assert "| late | -50.0 ± 0.0 points (95% CI -50.0 to -50.0) (seed 1; not paired: 0) |" in section  # not +50
     assert "| other | - (no seed in common with GRPO) |" in section

@@ -139,8 +139,8 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     summary_file.write_text(summary_file.read_text().replace('"complete": true', '"complete": false'))
     assert study.main(["--seeds", "0", "1", "--runs", str(runs), "--out", str(out), "--report-only"]) == 0
     table = (out / "table.md").read_text()
-    assert "| TRL | -25.0 ± 0.0 points (95% CI -25.0 to -25.0) (seeds 1; not paired: 0) |" in table
-    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference (seeds 1; not paired: 0) "
+    assert "| TRL | -25.0 ± 0.0 points (95% CI -25.0 to -25.0) (seed 1; not paired: 0) |" in table
+    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference (seed 1; not paired: 0) "
             "|") in table
     kl_reg = next(line for line in table.splitlines() if line.startswith("| KL-Reg | -"))
     assert kl_reg.startswith("| KL-Reg | -25.0 ± 9.4") and "not paired" not in kl_reg  # both seeds: (0 - 50) / 2
