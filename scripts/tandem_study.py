@@ -275,9 +275,10 @@ def main(argv=None) -> int:
             grpo_axes = next(iter(team["GRPO"].values()))
             ks = sorted(int(k.split("@")[1]) for k in grpo_axes["handoff_alternate"] if k.startswith("pass@"))
             print(team_difference_table(args.out, team, "GRPO", ks))
-    drift = {m: next(iter(axes.values()))["drift"] for m, axes in arm_axes.items() if axes}  # each arm's first seed
-    if baseline_axes.get(WARM):
-        warm_axes = next(iter(baseline_axes[WARM].values()))
+    plot_seed = next(iter(arm_axes["GRPO"] or next((a for a in arm_axes.values() if a), {})), None)
+    drift = {m: axes[plot_seed]["drift"] for m, axes in arm_axes.items() if plot_seed in axes}  # one seed's curves
+    if plot_seed in baseline_axes.get(WARM, {}):
+        warm_axes = baseline_axes[WARM][plot_seed]
         drift[WARM] = warm_axes["drift"]
         if "drift_floor" in warm_axes:
             drift["junior vs itself (floor)"] = warm_axes["drift_floor"]
