@@ -238,10 +238,9 @@ def main(argv=None) -> int:
     command = command_line("duet_study.py", argv)
     find_kept = kept_run if args.report_only else kept_copy  # --report-only: a missing kept run is an error
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
-    runs: dict[str, list[str]] = {a: [] for a in arms}
+    runs: dict[str, dict[int, Path]] = {a: {} for a in arms}  # by seed, for the paired differences
     first: dict[str, Path] = {}
     baselines: dict[str, dict[int, Path]] = {}  # the task's baselines: an eval JSON by seed
-    evals: dict[str, dict[int, Path]] = {}  # each arm's held-out evaluation by seed, for the paired differences
     for seed in args.seeds:
         for arm, (config, extra) in arms.items():
             slug = arm.replace(" ", "_").replace("%", "pct").replace(".", "")
@@ -274,8 +273,7 @@ def main(argv=None) -> int:
             if run != kept:
                 keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
-            runs[arm].append(str(run))
-            evals.setdefault(arm, {})[seed] = run / "eval_final.json"
+            runs[arm][seed] = run
             first.setdefault(arm, run)
     summary = summarise(rows)
     full = summary["GRPO full"]
@@ -284,11 +282,13 @@ def main(argv=None) -> int:
         stats["token_saving"] = (1 - stats["tokens_per_step"][0] / full["tokens_per_step"][0], 0.0, n)
         stats["step_speedup"] = (full["seconds_per_step"][0] / stats["seconds_per_step"][0], 0.0, n)
     summary.update(summarise({name: [evaluation_row(r) for r in reports.values()] for name, reports in baselines.items()}))
-    print(write_table(args.out, "DUET study", summary, {**runs, **{n: [str(r) for r in rs.values()] for n, rs in baselines.items()}},
+    paths = {a: [str(r) for r in rs.values()] for a, rs in {**runs, **baselines}.items()}
+    print(write_table(args.out, "DUET study", summary, paths,
                       args.seeds, command,
                       ["mean@4", "pass@4", "greedy", "tokens_per_step", "token_saving", "seconds_per_step",
                        "step_speedup", "rl_seconds", "rollout_ms_per_token", "train_ms_per_token", "steps_to_target",
                        "seconds_to_target"]))
+    evals = {a: {seed: run / "eval_final.json" for seed, run in rs.items()} for a, rs in runs.items()}
     print(difference_table(args.out, {**evals, **baselines}, "GRPO full"))
     same_tokens = [a for a in SAME_TOKENS if a in evals]  # DUET's claim: a better use of the same tokens
     if UNIFORM_HALF in evals and len(same_tokens) > 1:

@@ -221,8 +221,7 @@ def main(argv=None) -> int:
     plan = {**RUNS, **(CONTROL_RUNS if task["control"] else {})}
     arms = {**ARMS, **(CONTROL_ARMS if task["control"] else {})}
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
-    runs: dict[str, list[str]] = {a: [] for a in arms}
-    seed_runs: dict[str, dict[int, Path]] = {}  # by seed: a difference pairs only the seeds both arms ran
+    runs: dict[str, dict[int, Path]] = {a: {} for a in arms}  # by seed: a difference pairs only the seeds both arms ran
     curves: dict[str, list[Path]] = {a: [] for a, slug in RL_CURVES.items() if slug in plan}
     missing, warm_starts = [], []
     for seed in args.seeds:
@@ -259,8 +258,7 @@ def main(argv=None) -> int:
                     row.update(seconds_row(done[slug], eval_name, arm, args.out / "latency" / f"seed{seed}",
                                            task["latency_prompts"], measure=not args.report_only))
                 rows[arm].append(row)
-                runs[arm].append(str(done[slug]))
-                seed_runs.setdefault(arm, {})[seed] = done[slug]
+                runs[arm][seed] = done[slug]
         for arm in curves:
             if RL_CURVES[arm] in done:
                 curves[arm].append(done[RL_CURVES[arm]])
@@ -270,10 +268,11 @@ def main(argv=None) -> int:
     if missing:
         title += f"; not run: {', '.join(missing)}"
     keys = KEYS + (list(SECONDS) if task["latency_prompts"] else [])
-    table = write_table(args.out, title, summary, {a: r for a, r in runs.items() if r}, args.seeds, command, keys)
+    table = write_table(args.out, title, summary, {a: [str(r) for r in rs.values()] for a, rs in runs.items() if rs},
+                        args.seeds, command, keys)
     for before, after in DIFFERENCES + (CONTROL_DIFFERENCES if task["control"] else []):
-        if seed_runs.get(before) and seed_runs.get(after):  # paired within the seeds both arms ran
-            evals = {arm: {seed: run / arms[arm][1] for seed, run in seed_runs[arm].items()} for arm in (before, after)}
+        if runs.get(before) and runs.get(after):  # paired within the seeds both arms ran
+            evals = {arm: {seed: run / arms[arm][1] for seed, run in runs[arm].items()} for arm in (before, after)}
             print(difference_table(args.out, evals, before))
     if warm_starts:
         (args.out / "sxs_warm_starts.json").write_text(json.dumps(warm_starts, indent=2) + "\n")

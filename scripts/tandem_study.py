@@ -206,9 +206,8 @@ def main(argv=None) -> int:
             junior, junior_eval = warm_start_of(jrun), jrun / "eval_sft.json"
             keep_run_files(jrun, args.out / "runs" / jrun.parent.name)
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
-    runs: dict[str, list[str]] = {m: [] for m in METHODS}
-    seed_runs: dict[str, dict[int, Path]] = {m: {} for m in METHODS}
-    arm_axes: dict[str, dict[int, dict]] = {m: {} for m in METHODS}  # by seed: pairs only seeds both arms ran
+    runs: dict[str, dict[int, Path]] = {m: {} for m in METHODS}  # by seed: pairs only the seeds both arms ran
+    arm_axes: dict[str, dict[int, dict]] = {m: {} for m in METHODS}
     first: dict[str, Path] = {}
     missing = []
     for seed in args.seeds:
@@ -226,8 +225,7 @@ def main(argv=None) -> int:
             keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
             arm_axes[method][seed] = axes_of(run)
             rows[method].append(row_of(run, arm_axes[method][seed]))
-            runs[method].append(str(run))
-            seed_runs[method][seed] = run
+            runs[method][seed] = run
             first.setdefault(method, run)
             if method == "GRPO" and junior_eval is not None:  # one junior for every seed: paired with each
                 baselines.setdefault(JUNIOR, {})[seed] = junior_eval
@@ -265,9 +263,9 @@ def main(argv=None) -> int:
     keys = list(dict.fromkeys([k for method_rows in rows.values() for row in method_rows for k in row]))
     title = "Tandem study" + (f" (task {args.task})" if args.task != "v1" else " (the warm start is one model)") + (
         f"; not run: {', '.join(missing)}" if missing else "")
-    print(write_table(args.out, title, summary, {**runs, **{n: [str(r) for r in rs.values()] for n, rs in baselines.items()}},
-                      args.seeds, command, keys))
-    evals = {m: {seed: Path(r) / "eval_final.json" for seed, r in rs.items()} for m, rs in seed_runs.items() if rs}
+    paths = {a: [str(r) for r in rs.values()] for a, rs in {**runs, **baselines}.items()}
+    print(write_table(args.out, title, summary, paths, args.seeds, command, keys))
+    evals = {m: {seed: run / "eval_final.json" for seed, run in rs.items()} for m, rs in runs.items() if rs}
     if "GRPO" in evals and len(evals) > 1:  # an arm with fewer seeds is paired on the seeds it has, and says so
         print(difference_table(args.out, {**evals, **baselines}, "GRPO"))
         team = {m: axes for m, axes in {**arm_axes, **baseline_axes}.items() if axes}
