@@ -40,9 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import (append_section, command_line, config_on_task, difference_table,  # noqa: E402
-                                   eval_checkpoint, evaluation_row, finished_run, run_one, sharpening_eval,
-                                   save_figure, shared_seeds, summarise, warm_start_of, write_table)
+from slime_ext.tools.study import (across_seeds_cell, append_section, command_line, config_on_task,  # noqa: E402
+                                   difference_table, eval_checkpoint, evaluation_row, finished_run, run_one,
+                                   sharpening_eval, save_figure, shared_seeds, summarise, warm_start_of, write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
@@ -128,7 +128,8 @@ def team_scores(axes: dict, schedule: str, k: int) -> list[float]:
 def team_difference_table(out: Path, arm_axes: dict[str, dict[int, dict]], reference: str, ks: Sequence[int]) -> str:
     """Each arm's team pass@k minus the reference arm's, prompt by prompt within seeds (the same held-out prompts in
     the same order; `arm_axes[arm]` maps a seed to its axes evaluation), pooled over the seeds both arms have: mean ±
-    SE and a 95% paired bootstrap interval. Appended to `out/table.md`."""
+    SE and a 95% paired bootstrap interval; under it each seed's difference and a t interval across seeds.
+    Appended to `out/table.md`."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
 
     lines = [f"## Team (handoff) difference to {reference} (held-out, per-prompt pass@k, paired within seeds)", "",
@@ -143,14 +144,18 @@ def team_difference_table(out: Path, arm_axes: dict[str, dict[int, dict]], refer
             for k in ks:
                 a: list[float] = []
                 b: list[float] = []
+                per_seed: dict[int, float] = {}
                 for seed in seeds:
                     ref, this = arm_axes[reference][seed], axes[seed]
                     if ref["n_prompts"] != this["n_prompts"]:
                         raise ValueError(f"{arm}: team evaluations of {this['n_prompts']} and {ref['n_prompts']} "
                                          "prompts; cannot pair them")
-                    a += team_scores(ref, schedule, k)
-                    b += team_scores(this, schedule, k)
-                cells.append(describe_difference(paired_difference(a, b)) + note if a else "-")
+                    ref_scores, these = team_scores(ref, schedule, k), team_scores(this, schedule, k)
+                    a += ref_scores
+                    b += these
+                    per_seed[seed] = statistics.fmean(these) - statistics.fmean(ref_scores)
+                cells.append(f"{describe_difference(paired_difference(a, b))}{note}<br>{across_seeds_cell(per_seed)}"
+                             if a else "-")
             lines.append(f"| {arm} | {schedule} | " + " | ".join(cells) + " |")
     return append_section(out, "\n".join(lines))
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -29,3 +31,17 @@ def job_cache(tmp_path_factory) -> Path:
     so a job whose settings match an earlier job's reuses them, as a user's second run does, instead of training
     the same tokenizer and warm start again. The first job of each key still builds them."""
     return tmp_path_factory.mktemp("job-cache")
+
+
+def fake_our_subprocesses(monkeypatch: pytest.MonkeyPatch, handler: Callable[..., Any]) -> None:
+    """Send the commands our code starts (`python -m slime_ext...`) to `handler`, every other `subprocess.run` to
+    the real one: patching `subprocess.run` whole also caught a library's own call (matplotlib lists the fonts
+    with `fc-list` on its first import on a fresh machine)."""
+    real_run = subprocess.run
+
+    def run(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(cmd, (list, tuple)) and len(cmd) > 2 and cmd[1] == "-m" and str(cmd[2]).startswith("slime_ext."):
+            return handler(cmd, **kwargs)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)

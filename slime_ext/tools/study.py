@@ -192,13 +192,27 @@ def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> 
     return both, (f" ({paired}; not paired: {', '.join(map(str, left))})" if left else "")
 
 
+def across_seeds_cell(per_seed: Mapping[int, float]) -> str:
+    """Each seed's own difference (points) and a t interval over them (seeds - 1 degrees of freedom): the pooled
+    paired interval measures prompt noise only, this one the spread between seeds (different warm starts and
+    runs), which is what a claim about the method has to beat. One seed has no such interval."""
+    from slime_ext.studies.stats import ci_text, t_interval
+
+    seeds = sorted(per_seed)
+    each = ", ".join(f"s{seed} {100 * per_seed[seed]:+.1f}" for seed in seeds)
+    if len(seeds) < 2:
+        return f"{each}; one seed, no interval across seeds"
+    return f"{each}; {ci_text(t_interval([per_seed[seed] for seed in seeds]))}"
+
+
 def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], reference: str,
                      k: Optional[int] = None) -> str:
     """Each arm's held-out score minus the reference arm's, paired prompt by prompt within each seed (the
     per-prompt records beside each eval JSON; `arm_evals[arm]` maps a seed to its eval JSON), pooled over the
     seeds both arms have: mean ± SE and a 95% paired bootstrap interval, "no measured difference" when it holds
-    0. Appended to `out/table.md`; returns the markdown section. `k`: mean of the first k samples per prompt
-    (None: all samples)."""
+    0; beside it each seed's difference and a t interval across seeds (`across_seeds_cell`). Appended to
+    `out/table.md`; returns the markdown section. `k`: mean of the first k samples per prompt (None: all
+    samples)."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.evaluation import load_report
 
@@ -212,13 +226,15 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
 
     what = "mean over samples" if k is None else f"mean@{k}"
     lines = [f"## Difference to {reference} (held-out, per-prompt {what}, paired within seeds)", "",
-             "| arm | difference, points |", "| --- | --- |"]
+             "| arm | difference, points (paired over prompts, seeds pooled) | per seed; across seeds (t over seeds) |",
+             "| --- | --- | --- |"]
     for arm, paths in arm_evals.items():
         if arm == reference:
             continue
         seeds, note = shared_seeds(arm_evals[reference], paths)
         a: list[float] = []
         b: list[float] = []
+        per_seed: dict[int, float] = {}
         for seed in seeds:
             ref_path, path = Path(arm_evals[reference][seed]), Path(paths[seed])
             ref, this = scores(ref_path), scores(path)
@@ -229,11 +245,12 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
                 raise ValueError(f"{arm}: {path} and {ref_path} evaluated different prompts; cannot pair them")
             a += ref[1]
             b += this[1]
+            per_seed[seed] = statistics.fmean(this[1]) - statistics.fmean(ref[1])
         if not seeds:
-            cell = f"- (no seed in common with {reference})"
+            cells = f"- (no seed in common with {reference}) | -"
         elif a:
-            cell = describe_difference(paired_difference(a, b)) + note
+            cells = f"{describe_difference(paired_difference(a, b))}{note} | {across_seeds_cell(per_seed)}"
         else:
-            cell = "- (no per-prompt records in these runs)"
-        lines.append(f"| {arm} | {cell} |")
+            cells = "- (no per-prompt records in these runs) | -"
+        lines.append(f"| {arm} | {cells} |")
     return append_section(out, "\n".join(lines))

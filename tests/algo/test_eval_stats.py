@@ -117,3 +117,25 @@ def test_study_difference_table_pairs_by_seed_not_by_position(tmp_path):
     section = difference_table(tmp_path, paths, "GRPO")
     assert "| late | -50.0 ± 0.0 points (95% CI -50.0 to -50.0) (seed 1; not paired: 0) |" in section  # not +50
     assert "| other | - (no seed in common with GRPO) |" in section
+
+
+def test_study_difference_table_gives_each_seed_and_a_t_interval_across_seeds(tmp_path):
+    """Seeds differing by +1, +2 and +3 points: mean +2.0, SE 1/sqrt(3) = 0.58, t(0.975, 2 df) = 4.303, so the
+    interval across seeds is [-0.5, +4.5] (no measured difference) although each seed's pooled paired interval
+    is narrow; one shared seed gets no interval across seeds."""
+    from slime_ext.evaluation import save_report
+    from slime_ext.tools.study import difference_table
+
+    ids = [f"p{i}" for i in range(100)]
+
+    def evals(arm: str, correct_by_seed: dict[int, int]) -> dict:
+        return {seed: save_report(_report([[float(i < n)] * 2 for i in range(100)], ids),
+                                  tmp_path / arm / f"seed{seed}.json") for seed, n in correct_by_seed.items()}
+
+    paths = {"GRPO": evals("GRPO", {0: 0, 1: 0, 2: 0}), "TRL": evals("TRL", {0: 1, 1: 2, 2: 3}),
+             "one": evals("one", {2: 5})}
+    section = difference_table(tmp_path, paths, "GRPO")
+    trl = next(x for x in section.splitlines() if x.startswith("| TRL"))
+    assert trl.endswith("| s0 +1.0, s1 +2.0, s2 +3.0; +2.0 ± 0.6 [-0.5, +4.5] (no measured difference) |")
+    one = next(x for x in section.splitlines() if x.startswith("| one"))
+    assert one.endswith("(seed 2; not paired: 0, 1) | s2 +5.0; one seed, no interval across seeds |")

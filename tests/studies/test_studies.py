@@ -11,7 +11,7 @@ import pytest
 
 from slime_ext.studies import (ci_text, min_detectable_difference, paired_over_prompts, per_level_table,
                                per_prompt_scores, read_records, t_interval)
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, fake_our_subprocesses
 
 
 def test_t_interval_on_three_seeds():
@@ -206,7 +206,7 @@ def test_a_study_run_stopped_part_way_resumes_from_its_checkpoint_and_a_finished
             output = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("run.output_dir=")))
             run_dir(output, "grpo-20261127-170000", True, True)
 
-    monkeypatch.setattr(study.subprocess, "run", driver)
+    fake_our_subprocesses(monkeypatch, driver)
     killed = run_dir(tmp_path / "a", "grpo-20261127-150000", complete=False, checkpoint=True)  # at step 12
     run_dir(tmp_path / "a", "grpo-20261127-160000", complete=False, checkpoint=False)  # before its first checkpoint
     assert study.run_one("grpo.yaml", 0, tmp_path / "a", ["train.steps=40"]) == killed
@@ -260,10 +260,8 @@ def test_duet_study_v2_table_holds_each_seeds_warm_start_and_its_sharpening_pair
         evaluated.append(cmd[3:])
         _report(Path(cmd[cmd.index("--out") + 1]), cooled, temperature=0.4)
 
-    from slime_ext.tools import study as plumbing
-
     monkeypatch.setattr(study, "run_one", fake_run)
-    monkeypatch.setattr(plumbing.subprocess, "run", fake_eval)
+    fake_our_subprocesses(monkeypatch, fake_eval)
     out = tmp_path / "out"
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     run = tmp_path / "runs" / "GRPO_full-seed0" / "run"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, fake_our_subprocesses
 from tests.studies.test_studies import _report, study_script
 
 
@@ -57,7 +57,6 @@ def _axes(correct: list[int], n: int = 8, drift: float = 0.01) -> dict:
 
 def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs_the_team_scores(tmp_path, monkeypatch):
     study = _study()
-    from slime_ext.tools import study as plumbing
 
     solo = {"GRPO": [[0.0, 0.0, 1.0, 1.0]] * 4, "TRL": [[0.0, 1.0, 1.0, 1.0]] * 4, "KL-Reg": [[0.0, 0.0, 1.0, 1.0]] * 4}
     # team correct counts out of 8 per prompt: GRPO 4 of 8 everywhere, TRL 8 of 8, KL-Reg 0 of 8 on the first prompt
@@ -94,7 +93,7 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     monkeypatch.setattr(study, "run_one", fake_run)
     monkeypatch.setattr(study, "junior_run", lambda runs, steps, extra: fake_run(None, 0, runs / f"junior_sft{steps}", [
         f"sft.steps={steps}"]))
-    monkeypatch.setattr(plumbing.subprocess, "run", fake_eval)
+    fake_our_subprocesses(monkeypatch, fake_eval)
     runs, out = tmp_path / "runs", tmp_path / "out"
     assert study.main(["--seeds", "0", "--runs", str(runs), "--out", str(out)]) == 0
 
@@ -140,7 +139,9 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     assert study.main(["--seeds", "0", "1", "--runs", str(runs), "--out", str(out), "--report-only"]) == 0
     table = (out / "table.md").read_text()
     assert "| TRL | -25.0 ± 0.0 points (95% CI -25.0 to -25.0) (seed 1; not paired: 0) |" in table
-    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference (seed 1; not paired: 0) "
-            "|") in table
+    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference (seed 1; not paired: 0)"
+            "<br>s1 +0.0; one seed, no interval across seeds |") in table
     kl_reg = next(line for line in table.splitlines() if line.startswith("| KL-Reg | -"))
     assert kl_reg.startswith("| KL-Reg | -25.0 ± 9.4") and "not paired" not in kl_reg  # both seeds: (0 - 50) / 2
+    # across the two seeds: SE = |0 - (-50)| / 2 = 25, t(0.975, 1 df) = 12.706: half-width 317.7 points
+    assert kl_reg.endswith("| s0 +0.0, s1 -50.0; -25.0 ± 25.0 [-342.7, +292.7] (no measured difference) |")
