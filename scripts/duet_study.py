@@ -28,11 +28,10 @@ import json
 import sys
 from pathlib import Path
 from statistics import mean
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
+from slime_ext.studies import keep_run_files, kept_copy, kept_run, read_metrics  # noqa: E402
 from slime_ext.tools.study import (command_line, config_on_task, difference_table, evaluation_row,  # noqa: E402
                                    finished_run, run_one, save_figure, sharpening_eval, summarise,
                                    write_table)
@@ -126,32 +125,6 @@ def phase_rates(metrics: list[dict]) -> dict[str, float]:
         if all(seconds in m and m.get(tokens) for m in metrics):
             out[name] = 1000 * sum(m[seconds] for m in metrics) / sum(m[tokens] for m in metrics)
     return out
-
-
-def _kept_problem(folder: Path, needs: str) -> Optional[str]:
-    """Why `folder` is not a finished kept run (None: it is one)."""
-    if not (folder / needs).is_file():
-        return f"{folder / needs} is missing (that run has not finished or was not kept)"
-    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
-        return f"{folder / needs} is not marked complete (the run stopped part-way)"
-    return None
-
-
-def kept_copy(out: Path, name: str, needs: str = "summary.json") -> Optional[Path]:
-    """A finished run as the study kept it under `out/runs/` (its small files and gzipped records), or None. The
-    study reads it instead of running again, so the table over seeds can be built on a machine that holds only
-    `results/` (every session may start on a fresh one)."""
-    folder = out / "runs" / name
-    return None if _kept_problem(folder, needs) else folder
-
-
-def kept_run(out: Path, name: str, needs: str = "summary.json") -> Path:
-    """`kept_copy`, required (`--report-only`): a missing or unfinished one is an error naming it."""
-    folder = out / "runs" / name
-    problem = _kept_problem(folder, needs)
-    if problem:
-        raise SystemExit(f"--report-only: {problem}")
-    return folder
 
 
 def plots(out: Path, duet_runs: dict[str, Path], all_runs: dict[str, Path]) -> None:

@@ -4,7 +4,10 @@
 
 Each (method, seed) is one main-job run (`configs/tandem_grpo.yaml`, `tandem.yaml`, `tandem_klreg.yaml`) with
 `run.seed=SEED`; finished runs are skipped and a run stopped part-way continues from its checkpoint, so an
-interrupted study resumes. `--report-only` runs nothing and tabulates what finished.
+interrupted study resumes. A run kept complete under `--out`/runs/ (what `results/` holds) is read from there, not
+run again, so a study goes on across machines (restore the warm starts it used first:
+`python -m slime_ext.tools.warm_start_archive unpack`); `--report-only` runs nothing and tabulates the kept runs,
+listing the ones missing.
 
 `--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each config: one step per line, so the arms
 share configs/grpo_v2.yaml's warm start of their seed, and the DUET study's too), the SFT seed following the run
@@ -38,7 +41,7 @@ from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
+from slime_ext.studies import keep_run_files, kept_copy, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (across_seeds_cell, append_section, command_line, config_on_task,  # noqa: E402
                                    difference_table, eval_checkpoint, evaluation_row, finished_run, run_one,
@@ -70,6 +73,28 @@ def arm_overrides(task: str, method: str, junior: Optional[str], extra: Sequence
     if TASKS[task]["warm_start_per_seed"] and method != "GRPO":
         out.append("eval.warm_start=false")
     return out + list(extra)
+
+
+def reuse(args: argparse.Namespace, name: str) -> Optional[Path]:
+    """The run `name` without running anything: its copy kept under `--out`/runs/ when `--runs` has not finished it
+    (it finished on another machine), with `--report-only` also the finished one under `--runs`; None: the study
+    runs it (`run_one` skips or resumes what `--runs` holds)."""
+    kept = kept_copy(args.out, name)
+    local = finished_run(args.runs / name)
+    if kept is not None and local is None:
+        if not args.report_only:
+            print(f"[study] {name}: kept earlier in {kept}, not run again (delete it to rerun)", flush=True)
+        return kept
+    return local if args.report_only else None
+
+
+def require_checkpoint(path: str, what: str) -> None:
+    """A kept run names its warm start by a cache path; on another machine that checkpoint must be restored before
+    anything trains from it or evaluates it."""
+    if not (REPO / path / "config.json").is_file():
+        raise SystemExit(f"{what}: checkpoint {path} is not in this machine's cache; restore it first (python -m "
+                         "slime_ext.tools.warm_start_archive unpack results/*/warm_starts/<label>-<key>.tar.gz "
+                         ".cache/slime_ext), or delete the kept run under --out/runs/ to build it again")
 
 
 def junior_run(runs: Path, steps: int, extra: Sequence[str]) -> Path:
@@ -206,10 +231,16 @@ def main(argv=None) -> int:
     baseline_axes: dict[str, dict[int, dict]] = {}
     steps = args.junior_sft_steps or task["junior_sft_steps"]
     if steps is not None:
-        jrun = finished_run(args.runs / f"junior_sft{steps}") if args.report_only else junior_run(args.runs, steps, args.overrides)
+        name = f"junior_sft{steps}"
+        jrun = reuse(args, name)
+        if jrun is None and not args.report_only:
+            jrun = junior_run(args.runs, steps, args.overrides)
         if jrun is not None:
             junior, junior_eval = warm_start_of(jrun), jrun / "eval_sft.json"
-            keep_run_files(jrun, args.out / "runs" / jrun.parent.name)
+            if not args.report_only:
+                require_checkpoint(junior, f"the junior ({name})")
+            if jrun != kept_copy(args.out, name):
+                keep_run_files(jrun, args.out / "runs" / name)
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     runs: dict[str, dict[int, Path]] = {m: {} for m in METHODS}  # by seed: pairs only the seeds both arms ran
     arm_axes: dict[str, dict[int, dict]] = {m: {} for m in METHODS}
@@ -218,16 +249,16 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for method, config in METHODS.items():
             parent = args.runs / f"{method}-seed{seed}"
-            if args.report_only:
-                run = finished_run(parent)
-            else:
+            run = reuse(args, parent.name)
+            if run is None and not args.report_only:
                 run = run_one(config_on_task(config, args.task, parent), seed, parent,
                               arm_overrides(args.task, method, junior, args.overrides),
                               shared_sft_seed=seed if task["warm_start_per_seed"] else 0)
             if run is None:
                 missing.append(f"{method} seed {seed}")
                 continue
-            keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
+            if run != kept_copy(args.out, parent.name):
+                keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
             arm_axes[method][seed] = axes_of(run)
             rows[method].append(row_of(run, arm_axes[method][seed]))
             runs[method][seed] = run
@@ -235,19 +266,28 @@ def main(argv=None) -> int:
             if method == "GRPO" and junior_eval is not None:  # one junior for every seed: paired with each
                 baselines.setdefault(JUNIOR, {})[seed] = junior_eval
             if method == "GRPO" and task["warm_start_per_seed"] and junior is not None:
-                folder, t = args.runs / f"warm_axes-seed{seed}", task["sharpening"]
-                sharp_folder = args.runs / f"sharpening_T{t}-seed{seed}"
-                if args.report_only and not ((folder / "eval_warm_tandem_axes.json").exists()
-                                             and (sharp_folder / "eval_sharpening.json").exists()):
+                t = task["sharpening"]
+                warm_name, sharp_name = f"warm_axes-seed{seed}", f"sharpening_T{t}-seed{seed}"
+                warm_kept = kept_copy(args.out, warm_name, "eval_warm_tandem_axes.json")
+                sharp_kept = kept_copy(args.out, sharp_name, "eval_sharpening.json")
+                if args.report_only and not (warm_kept and sharp_kept):
                     missing.append(f"the warm start's evaluations, seed {seed}")
                     continue
-                warm = warm_axes_eval(run, junior, folder)
+                if warm_kept is not None:
+                    warm = warm_kept / "eval_warm.json"
+                else:
+                    require_checkpoint(warm_start_of(run), f"seed {seed}'s warm start")
+                    warm = warm_axes_eval(run, junior, args.runs / warm_name)
+                    keep_run_files(warm.parent, args.out / "runs" / warm_name,
+                                   (warm.name, "eval_warm_tandem_axes.json"))
                 baselines.setdefault(WARM, {})[seed] = warm
                 baseline_axes.setdefault(WARM, {})[seed] = axes_of(warm)
-                keep_run_files(folder, args.out / "runs" / folder.name, (warm.name, "eval_warm_tandem_axes.json"))
-                sharp = sharpening_eval(run, t, sharp_folder)
+                if sharp_kept is not None:
+                    sharp = sharp_kept / "eval_sharpening.json"
+                else:
+                    sharp = sharpening_eval(run, t, args.runs / sharp_name)
+                    keep_run_files(sharp.parent, args.out / "runs" / sharp_name, (sharp.name,))
                 baselines.setdefault(SHARP.format(t=t), {})[seed] = sharp
-                keep_run_files(sharp_folder, args.out / "runs" / sharp_folder.name, (sharp.name,))
     if not first:
         print("[study] no finished runs to tabulate")
         return 1

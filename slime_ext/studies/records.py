@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -92,3 +93,29 @@ def _gunzipped(path: Path) -> bytes | None:
             return f.read()
     except (OSError, EOFError):
         return None
+
+
+def _kept_problem(folder: Path, needs: str) -> Optional[str]:
+    """Why `folder` is not a finished kept run (None: it is one)."""
+    if not (folder / needs).is_file():
+        return f"{folder / needs} is missing (that run has not finished or was not kept)"
+    if needs == "summary.json" and not json.loads((folder / needs).read_text()).get("complete"):
+        return f"{folder / needs} is not marked complete (the run stopped part-way)"
+    return None
+
+
+def kept_copy(out: Path, name: str, needs: str = "summary.json") -> Optional[Path]:
+    """A finished run as the study kept it under `out/runs/` (its small files and gzipped records), or None. The
+    study reads it instead of running again, so the table over seeds can be built on a machine that holds only
+    `results/` (every session may start on a fresh one)."""
+    folder = out / "runs" / name
+    return None if _kept_problem(folder, needs) else folder
+
+
+def kept_run(out: Path, name: str, needs: str = "summary.json") -> Path:
+    """`kept_copy`, required (`--report-only`): a missing or unfinished one is an error naming it."""
+    folder = out / "runs" / name
+    problem = _kept_problem(folder, needs)
+    if problem:
+        raise SystemExit(f"--report-only: {problem}")
+    return folder

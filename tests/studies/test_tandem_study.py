@@ -4,6 +4,7 @@ team differences against hand-computed pass@k."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,8 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
         run.mkdir(parents=True, exist_ok=True)
         (run / "summary.json").write_text(json.dumps({"complete": True, "stages": {"sft": {"warm_start": str(parent / "hf")}}}))
         (run / "config.yaml").write_text("method: grpo\n")
+        (parent / "hf").mkdir(exist_ok=True)
+        (parent / "hf" / "config.json").write_text("{}")  # the warm start (or junior) checkpoint
         if parent.name.startswith("junior"):
             _report(run / "eval_sft.json", [[0.0, 0.0, 0.0, 0.0]] * 4)
             return run
@@ -136,12 +139,70 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     assert study.main(["--seeds", "1", "--runs", str(runs), "--out", str(out)]) == 0
     summary_file = runs / "TRL-seed0" / "run" / "summary.json"
     summary_file.write_text(summary_file.read_text().replace('"complete": true', '"complete": false'))
+    shutil.move(out / "runs" / "TRL-seed0", tmp_path / "TRL-seed0-kept")  # as if it had never finished
     assert study.main(["--seeds", "0", "1", "--runs", str(runs), "--out", str(out), "--report-only"]) == 0
     table = (out / "table.md").read_text()
     assert "| TRL | -25.0 ± 0.0 points (95% CI -25.0 to -25.0) (seed 1; not paired: 0) |" in table
-    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference (seed 1; not paired: 0)"
-            "<br>s1 +0.0; one seed, no interval across seeds |") in table
+    assert ("| TRL | alternate | +0.0 ± 0.0 points (95% CI +0.0 to +0.0), no measured difference "
+            "(seed 1; not paired: 0)<br>s1 +0.0; one seed, no interval across seeds |") in table
     kl_reg = next(line for line in table.splitlines() if line.startswith("| KL-Reg | -"))
     assert kl_reg.startswith("| KL-Reg | -25.0 ± 9.4") and "not paired" not in kl_reg  # both seeds: (0 - 50) / 2
     # across the two seeds: SE = |0 - (-50)| / 2 = 25, t(0.975, 1 df) = 12.706: half-width 317.7 points
     assert kl_reg.endswith("| s0 +0.0, s1 -50.0; -25.0 ± 25.0 [-342.7, +292.7] (no measured difference) |")
+
+
+def test_a_fresh_machine_goes_on_from_the_kept_runs_and_needs_the_checkpoints_they_name(tmp_path, monkeypatch):
+    """On a machine that holds only `results/` (no `--runs`), every kept run is read, nothing is trained or evaluated
+    again, and a seed whose warm-start evaluations are still to run stops with the checkpoint to restore named."""
+    study = _study()
+    launched: list[str] = []
+
+    def fake_run(config, seed, parent, overrides, shared_sft_seed=0):
+        launched.append(parent.name)
+        run = parent / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        warm = tmp_path / "cache" / f"warm{seed}" if not parent.name.startswith("junior") else tmp_path / "cache" / "jr"
+        (warm / "hf").mkdir(parents=True, exist_ok=True)
+        (warm / "hf" / "config.json").write_text("{}")
+        sft = {"warm_start": str(warm / "hf")}
+        (run / "summary.json").write_text(json.dumps({"complete": True, "stages": {"sft": sft}}))
+        (run / "config.yaml").write_text("method: grpo\n")
+        if parent.name.startswith("junior"):
+            _report(run / "eval_sft.json", [[0.0, 0.0, 0.0, 0.0]] * 4)
+            return run
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+        _report(run / "eval_final.json", [[0.0, 0.0, 1.0, 1.0]] * 4)
+        (run / "tandem_axes.json").write_text(json.dumps(_axes([4, 4, 4, 4])))
+        return run
+
+    def fake_eval(cmd, **_):
+        launched.append("eval " + Path(cmd[cmd.index("--out") + 1]).parent.name)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _report(out, [[0.0, 0.0, 0.0, 1.0]] * 4)
+        if "--tandem-junior" in cmd:
+            out.with_name(out.stem + "_tandem_axes.json").write_text(json.dumps(_axes([2, 2, 2, 2])))
+
+    monkeypatch.setattr(study, "run_one", fake_run)
+    monkeypatch.setattr(study, "junior_run",
+                        lambda runs, steps, extra: fake_run(None, 0, runs / f"junior_sft{steps}", []))
+    fake_our_subprocesses(monkeypatch, fake_eval)
+    out = tmp_path / "out"
+    assert study.main(["--seeds", "0", "--runs", str(tmp_path / "machine1"), "--out", str(out)]) == 0
+    assert len(launched) == 6  # junior, three arms, the warm start's two evaluations
+    first_table = (out / "table.md").read_text().split("date:")[1].split("\n", 1)[1]
+
+    launched.clear()  # machine 2: an empty --runs; the kept runs are read, the checkpoints are in the cache
+    assert study.main(["--seeds", "0", "--runs", str(tmp_path / "machine2"), "--out", str(out)]) == 0
+    assert launched == [] and not (tmp_path / "machine2").exists()
+    assert (out / "table.md").read_text().split("date:")[1].split("\n", 1)[1] == first_table
+
+    # machine 3: the warm start's evaluations were not kept and seed 0's warm start is not restored: stop, naming it
+    shutil.rmtree(out / "runs" / "warm_axes-seed0")
+    shutil.rmtree(tmp_path / "cache" / "warm0")
+    with pytest.raises(SystemExit, match=r"seed 0's warm start: checkpoint .*warm0/hf is not in this machine's cache; "
+                                         r"restore it first \(python -m slime_ext.tools.warm_start_archive unpack"):
+        study.main(["--seeds", "0", "--runs", str(tmp_path / "machine3"), "--out", str(out)])
+    assert launched == []
+    assert study.main(["--seeds", "0", "--runs", str(tmp_path / "machine3"), "--out", str(out), "--report-only"]) == 0
+    assert "not run: the warm start's evaluations, seed 0" in (out / "table.md").read_text()
