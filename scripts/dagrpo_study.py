@@ -18,7 +18,8 @@ the local model on L4).
   (default) trains on L1 and L4 prompts interleaved, where tau 0.5 is met by asking on L4 only;
   `--control-phase hard` on L4 alone, where every prompt is equally beyond the local model and a rate
   between 0 and 1 needs a mixed policy balanced at lambda = 1 (the first study; it did not settle).
-Finished runs are skipped, so an interrupted study resumes. Writes `table1.md` (unless
+Finished runs are skipped, so an interrupted study resumes (v2: a run kept under `--out`/runs/, finished on another
+machine, is read, not run again). Writes `table1.md` (unless
 `--controls-only`), `control[_mixed].md`, `study[_mixed].json` and the plots `cloud_rate[_mixed].png`,
 `lambda[_mixed].png` (and the per-level rates of a mixed phase) to `--out`.
 
@@ -53,8 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
-from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run, run_one, save_figure,  # noqa: E402
-                                   summarise, write_table)
+from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run,  # noqa: E402
+                                   reuse, run_one, save_figure, summarise, write_table)
 
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}
@@ -328,9 +329,8 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         done: dict[str, Path] = {}
         for arm, (config, extra) in v2_runs(args.phase_steps, sweep).items():
             parent = args.runs / f"{slug(arm)}-seed{seed}"
-            if args.report_only:
-                run = finished_run(parent)
-            else:
+            run = reuse(args.out, parent, args.report_only)  # kept under --out/runs/: finished on another machine
+            if run is None and not args.report_only:
                 run = run_one(config_on_task(config, "v2", parent), seed, parent, [*extra, *args.overrides],
                               shared_sft_seed=seed)
                 keep_run_files(run, args.out / "runs" / parent.name, RUN_FILES + ("continual_table.md",

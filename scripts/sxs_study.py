@@ -5,7 +5,8 @@ and latency.
                                 [--report-only] [k=v ...]
 
 Runs per seed (main-job runs, `run.seed=SEED`; finished runs are skipped and a run stopped part-way continues from its
-checkpoint, so an interrupted study resumes):
+checkpoint, so an interrupted study resumes; on v2 a run kept under `--out`/runs/ is read, not run again, so the study
+goes on across machines once the warm starts and the CoT tokenizer it names are restored):
 - `cot`: `configs/grpo.yaml` (SFT warm start on the plain `Step k:` ... `\\boxed{N}` solutions, then GRPO);
   its `eval_warm_start.json` is the "CoT SFT" row, its `eval_final.json` the "CoT SFT->RL" row;
 - `sxs_sft`: `configs/sxs_sft.yaml` (SFT on the same task's solutions interleaved by Algorithm 1,
@@ -54,8 +55,8 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
-from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run, run_one,  # noqa: E402
-                                   save_figure, summarise, write_table)
+from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run,  # noqa: E402
+                                   require_on_machine, reuse, run_one, save_figure, summarise, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -147,6 +148,10 @@ def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int,
     if not timing.exists():
         if not measure:
             return {}
+        if not (REPO / checkpoint_of(run, eval_name)).exists():  # a run kept from another machine keeps no weights
+            print(f"[study] {arm}: latency not measured, its weights {checkpoint_of(run, eval_name)} are not on this "
+                  "machine (measure it on the machine that ran it)", flush=True)
+            return {}
         folder.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint_of(run, eval_name), "--config",
                         str(run / "config.yaml"), "--prompts", str(prompts), "--out", str(timing),
@@ -236,9 +241,13 @@ def main(argv=None) -> int:
                     missing.append(f"{slug} seed {seed}")
                     continue
                 tokenizer = tokenizer_of(done["cot"])
-            if args.report_only:
+            # v2: a run kept under --out/runs/ (finished on another machine) is read, not run again
+            run = reuse(args.out, parent, args.report_only) if task["suffix"] else None
+            if args.report_only and not task["suffix"]:
                 run = finished_run(parent)
-            else:
+            elif run is None and not args.report_only:
+                if tokenizer is not None:
+                    require_on_machine(tokenizer, f"{slug} seed {seed}: the CoT run's tokenizer")
                 overrides = run_overrides(args.task, slug, tokenizer, args.overrides, extra)
                 run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
                               shared_sft_seed=seed if task["warm_start_per_seed"] else 0)

@@ -44,8 +44,9 @@ sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, kept_copy, read_metrics  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (across_seeds_cell, append_section, command_line, config_on_task,  # noqa: E402
-                                   difference_table, eval_checkpoint, evaluation_row, finished_run, run_one,
-                                   sharpening_eval, save_figure, shared_seeds, summarise, warm_start_of, write_table)
+                                   difference_table, eval_checkpoint, evaluation_row, require_on_machine, reuse,
+                                   run_one, sharpening_eval, save_figure, shared_seeds, summarise, warm_start_of,
+                                   write_table)
 
 METHODS = {"GRPO": "tandem_grpo.yaml", "TRL": "tandem.yaml", "KL-Reg": "tandem_klreg.yaml"}
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]  # 114 prompts per level V2-V10
@@ -73,28 +74,6 @@ def arm_overrides(task: str, method: str, junior: Optional[str], extra: Sequence
     if TASKS[task]["warm_start_per_seed"] and method != "GRPO":
         out.append("eval.warm_start=false")
     return out + list(extra)
-
-
-def reuse(args: argparse.Namespace, name: str) -> Optional[Path]:
-    """The run `name` without running anything: its copy kept under `--out`/runs/ when `--runs` has not finished it
-    (it finished on another machine), with `--report-only` also the finished one under `--runs`; None: the study
-    runs it (`run_one` skips or resumes what `--runs` holds)."""
-    kept = kept_copy(args.out, name)
-    local = finished_run(args.runs / name)
-    if kept is not None and local is None:
-        if not args.report_only:
-            print(f"[study] {name}: kept earlier in {kept}, not run again (delete it to rerun)", flush=True)
-        return kept
-    return local if args.report_only else None
-
-
-def require_checkpoint(path: str, what: str) -> None:
-    """A kept run names its warm start by a cache path; on another machine that checkpoint must be restored before
-    anything trains from it or evaluates it."""
-    if not (REPO / path / "config.json").is_file():
-        raise SystemExit(f"{what}: checkpoint {path} is not in this machine's cache; restore it first (python -m "
-                         "slime_ext.tools.warm_start_archive unpack results/*/warm_starts/<label>-<key>.tar.gz "
-                         ".cache/slime_ext), or delete the kept run under --out/runs/ to build it again")
 
 
 def junior_run(runs: Path, steps: int, extra: Sequence[str]) -> Path:
@@ -232,13 +211,13 @@ def main(argv=None) -> int:
     steps = args.junior_sft_steps or task["junior_sft_steps"]
     if steps is not None:
         name = f"junior_sft{steps}"
-        jrun = reuse(args, name)
+        jrun = reuse(args.out, args.runs / name, args.report_only)
         if jrun is None and not args.report_only:
             jrun = junior_run(args.runs, steps, args.overrides)
         if jrun is not None:
             junior, junior_eval = warm_start_of(jrun), jrun / "eval_sft.json"
             if not args.report_only:
-                require_checkpoint(junior, f"the junior ({name})")
+                require_on_machine(junior, f"the junior ({name})")
             if jrun != kept_copy(args.out, name):
                 keep_run_files(jrun, args.out / "runs" / name)
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
@@ -249,7 +228,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for method, config in METHODS.items():
             parent = args.runs / f"{method}-seed{seed}"
-            run = reuse(args, parent.name)
+            run = reuse(args.out, parent, args.report_only)
             if run is None and not args.report_only:
                 run = run_one(config_on_task(config, args.task, parent), seed, parent,
                               arm_overrides(args.task, method, junior, args.overrides),
@@ -276,7 +255,7 @@ def main(argv=None) -> int:
                 if warm_kept is not None:
                     warm = warm_kept / "eval_warm.json"
                 else:
-                    require_checkpoint(warm_start_of(run), f"seed {seed}'s warm start")
+                    require_on_machine(warm_start_of(run), f"seed {seed}'s warm start")
                     warm = warm_axes_eval(run, junior, args.runs / warm_name)
                     keep_run_files(warm.parent, args.out / "runs" / warm_name,
                                    (warm.name, "eval_warm_tandem_axes.json"))

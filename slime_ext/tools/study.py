@@ -28,6 +28,31 @@ def finished_run(parent: Path) -> Optional[Path]:
     return None
 
 
+def reuse(out: Path, parent: Path, report_only: bool) -> Optional[Path]:
+    """A finished run without running anything: its copy kept under `out/runs/<parent's name>` when `parent` (the
+    study's `--runs` folder for it) holds no finished run, i.e. it finished on another machine (every session may
+    start on a fresh one, with only `results/`); with `report_only` also the finished run under `parent`. None: the
+    study runs it (`run_one` skips or resumes what `parent` holds)."""
+    from slime_ext.studies import kept_copy
+
+    kept = kept_copy(out, parent.name)
+    local = finished_run(parent)
+    if kept is not None and local is None:
+        if not report_only:
+            print(f"[study] {parent.name}: kept earlier in {kept}, not run again (delete it to rerun)", flush=True)
+        return kept
+    return local if report_only else None
+
+
+def require_on_machine(path: str | Path, what: str) -> None:
+    """A kept run names its checkpoints and tokenizer by cache paths; on another machine they must be restored before
+    anything trains from or evaluates them: stop with the command that restores a warm start."""
+    if not (REPO / path).exists():
+        raise SystemExit(f"{what}: {path} is not in this machine's cache; restore it first (python -m "
+                         "slime_ext.tools.warm_start_archive unpack results/*/warm_starts/<label>-<key>.tar.gz "
+                         ".cache/slime_ext), or delete the kept run under --out/runs/ to build it again")
+
+
 # A study's task: None runs each config on its own task (v1's levels); otherwise an overlay put after the config.
 TASK_OVERLAYS: dict[str, Optional[str]] = {"v1": None, "v2": "tasks/v2.yaml"}
 

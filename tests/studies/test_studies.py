@@ -326,3 +326,30 @@ def test_summarise_skips_what_an_arm_never_reached_and_the_table_names_the_seeds
     assert "| a | 0.250 |" in one_seed and "one seed: no spread" in (tmp_path / "table.md").read_text()
     small = write_table(tmp_path, "t", summarise({"a": [{"x": 0.004027}, {"x": 0.0003}]}), {"a": []}, [0, 1], "cmd", ["x"])
     assert "| a | 0.00216 ± 0.00264 |" in small  # not "0.002 ± 0.003": a KL against its floor keeps its digits
+
+
+def test_reuse_reads_a_run_kept_from_another_machine_and_leaves_local_runs_to_run_one(tmp_path, capsys):
+    from slime_ext.tools.study import require_on_machine, reuse
+
+    out, runs = tmp_path / "results", tmp_path / "runs"
+
+    def finished(folder: Path, complete: bool = True) -> Path:
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"complete": complete}))
+        return folder
+
+    assert reuse(out, runs / "A-seed0", report_only=False) is None  # nothing anywhere: the study runs it
+    assert reuse(out, runs / "A-seed0", report_only=True) is None
+    kept = finished(out / "runs" / "A-seed0")
+    assert reuse(out, runs / "A-seed0", report_only=False) == kept  # finished elsewhere: read, not run again
+    assert "A-seed0: kept earlier in" in capsys.readouterr().out
+    assert reuse(out, runs / "A-seed0", report_only=True) == kept
+    local = finished(runs / "A-seed0" / "grpo-20261129-000000")
+    assert reuse(out, runs / "A-seed0", report_only=False) is None  # run_one returns the local run (skipped)
+    assert reuse(out, runs / "A-seed0", report_only=True) == local
+    finished(out / "runs" / "B-seed0", complete=False)  # kept part-way (should not happen): not a finished run
+    assert reuse(out, runs / "B-seed0", report_only=False) is None
+
+    require_on_machine(local, "a run")  # present: no error
+    with pytest.raises(SystemExit, match=r"the junior: .cache/x/hf is not in this machine's cache; restore it first"):
+        require_on_machine(".cache/x/hf", "the junior")

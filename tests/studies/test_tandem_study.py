@@ -200,7 +200,7 @@ def test_a_fresh_machine_goes_on_from_the_kept_runs_and_needs_the_checkpoints_th
     # machine 3: the warm start's evaluations were not kept and seed 0's warm start is not restored: stop, naming it
     shutil.rmtree(out / "runs" / "warm_axes-seed0")
     shutil.rmtree(tmp_path / "cache" / "warm0")
-    with pytest.raises(SystemExit, match=r"seed 0's warm start: checkpoint .*warm0/hf is not in this machine's cache; "
+    with pytest.raises(SystemExit, match=r"seed 0's warm start: .*warm0/hf is not in this machine's cache; "
                                          r"restore it first \(python -m slime_ext.tools.warm_start_archive unpack"):
         study.main(["--seeds", "0", "--runs", str(tmp_path / "machine3"), "--out", str(out)])
     assert launched == []
