@@ -56,6 +56,19 @@ def _axes(correct: list[int], n: int = 8, drift: float = 0.01) -> dict:
             "legibility": {"junior_ce_on_senior": 1.0, "overlap": 0.5}}
 
 
+def _evaluator(record):
+    """A stand-in for `eval_checkpoint`'s subprocess: records the command, writes the report the study reads (and the
+    team axes beside it when asked for)."""
+    def fake_eval(cmd, **_):
+        record(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _report(out, [[0.0, 0.0, 0.0, 1.0]] * 4)
+        if "--tandem-junior" in cmd:
+            out.with_name(out.stem + "_tandem_axes.json").write_text(json.dumps(_axes([2, 2, 2, 2])))
+    return fake_eval
+
+
 def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs_the_team_scores(tmp_path, monkeypatch):
     study = _study()
 
@@ -84,14 +97,7 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
         return run
 
     evaluated: list[list[str]] = []
-
-    def fake_eval(cmd, **_):
-        evaluated.append(cmd[3:])
-        out = Path(cmd[cmd.index("--out") + 1])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _report(out, [[0.0, 0.0, 0.0, 1.0]] * 4)
-        if "--tandem-junior" in cmd:
-            out.with_name(out.stem + "_tandem_axes.json").write_text(json.dumps(_axes([2, 2, 2, 2])))
+    fake_eval = _evaluator(lambda cmd: evaluated.append(cmd[3:]))
 
     monkeypatch.setattr(study, "run_one", fake_run)
     monkeypatch.setattr(study, "junior_run", lambda runs, steps, extra: fake_run(None, 0, runs / f"junior_sft{steps}", [
@@ -175,13 +181,7 @@ def test_a_fresh_machine_goes_on_from_the_kept_runs_and_needs_the_checkpoints_th
         (run / "tandem_axes.json").write_text(json.dumps(_axes([4, 4, 4, 4])))
         return run
 
-    def fake_eval(cmd, **_):
-        launched.append("eval " + Path(cmd[cmd.index("--out") + 1]).parent.name)
-        out = Path(cmd[cmd.index("--out") + 1])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _report(out, [[0.0, 0.0, 0.0, 1.0]] * 4)
-        if "--tandem-junior" in cmd:
-            out.with_name(out.stem + "_tandem_axes.json").write_text(json.dumps(_axes([2, 2, 2, 2])))
+    fake_eval = _evaluator(lambda cmd: launched.append("eval " + Path(cmd[cmd.index("--out") + 1]).parent.name))
 
     monkeypatch.setattr(study, "run_one", fake_run)
     monkeypatch.setattr(study, "junior_run",
