@@ -16,8 +16,9 @@ a recurring pool of 256, 1026 held-out prompts for the solo evaluation and for t
 per prompt, handoff pass@1/4/8). The junior is weaker than the senior: the same SFT recipe cut to
 `--junior-sft-steps` (default 900 of 1200, chosen by results/tandem_study_v2/pilot: 19.1 mean@4 against the seniors'
 22-24; same tokenizer and vocabulary, SFT seed 0 for every seed), built once and
-evaluated on the same prompts; TRL trains beside it, KL-Reg is pulled towards it, and every arm, GRPO included, is
-judged against it. Per seed the warm start is evaluated on the same axes against the junior (the row before RL)
+evaluated on the same prompts (a seed run with `--junior-tag` on another machine gets its own rebuild, recorded in
+`--out`/runs/juniors.json: SFT on another machine gives other weights); TRL trains beside it, KL-Reg is pulled
+towards it, and every arm, GRPO included, is judged against it. Per seed the warm start is evaluated on the same axes against the junior (the row before RL)
 and at T = 0.4 (the noise floor's sharpening baseline). `--task v1` is the committed results/tandem_study (the
 default job's level, paragraph steps, SFT seed 0 for every run, the warm start as its own junior).
 
@@ -76,10 +77,38 @@ def arm_overrides(task: str, method: str, junior: Optional[str], extra: Sequence
     return out + list(extra)
 
 
-def junior_run(runs: Path, steps: int, extra: Sequence[str]) -> Path:
+class JuniorNames:
+    """Which junior each seed's arms train with and are judged against: `junior_sft<steps>` unless
+    `--out`/runs/juniors.json names another for the seed. A junior rebuilt on another machine has other weights (SFT
+    rounding differs between machines) under the same cache key, so a seed run with `--junior-tag TAG` gets its own
+    folder `junior_sft<steps>TAG`, recorded there; a seed keeps the junior it was first run with."""
+
+    def __init__(self, out: Path, steps: Optional[int], tag: str):
+        self.path, self.steps, self.tag = out / "runs" / "juniors.json", steps, tag
+        self.by_seed: dict[str, str] = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def of(self, seed: int) -> Optional[str]:
+        if self.steps is None:
+            return None
+        default = f"junior_sft{self.steps}"
+        recorded = self.by_seed.get(str(seed))
+        if not self.tag:
+            return recorded or default
+        wanted = default + self.tag
+        if recorded not in (None, wanted):
+            raise SystemExit(f"--junior-tag {self.tag}: seed {seed} was run with the junior {recorded} "
+                             f"({self.path}); its arms keep it")
+        if recorded is None:
+            self.by_seed[str(seed)] = wanted
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.by_seed, indent=1, sort_keys=True) + "\n")
+        return wanted
+
+
+def junior_run(runs: Path, name: str, steps: int, extra: Sequence[str]) -> Path:
     """The weaker junior: configs/grpo_v2.yaml's SFT cut to `steps`, SFT seed 0, then evaluated alone on the held-out
-    prompts (`eval_sft.json`); no RL. Its warm start is the junior checkpoint (`warm_start_of`)."""
-    parent = runs / f"junior_sft{steps}"
+    prompts (`eval_sft.json`); no RL; in `runs/name`. Its warm start is the junior checkpoint (`warm_start_of`)."""
+    parent = runs / name
     return run_one(config_on_task("grpo.yaml", "v2", parent), 0, parent,
                    [*V2_HELD_OUT, f"sft.steps={steps}", "run.stages=[data,tokenizer,sft,eval]", *extra])
 
@@ -193,6 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=Path, help="default: runs/tandem_study (v1), runs/tandem_study_v2 (v2)")
     ap.add_argument("--out", type=Path, help="default: results/tandem_study (v1), results/tandem_study_v2 (v2)")
     ap.add_argument("--junior-sft-steps", type=int, help="v2: SFT steps of the weaker junior (default 900)")
+    ap.add_argument("--junior-tag", default="", help="v2: the seeds of this call use their own junior, "
+                    "junior_sft<steps><TAG> (a rebuild on another machine: same settings, other weights), recorded in "
+                    "--out/runs/juniors.json")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the runs that finished (a partial study says which are missing)")
     ap.add_argument("overrides", nargs="*", help="key=value for every run (run-wide sections, tandem_axes.*; not "
@@ -204,28 +236,37 @@ def main(argv=None) -> int:
     args.out = args.out or REPO / "results" / f"tandem_study{task['suffix']}"
     command = command_line("tandem_study.py", argv)
 
-    junior: Optional[str] = None
-    junior_eval: Optional[Path] = None  # the junior alone on the held-out prompts
     baselines: dict[str, dict[int, Path]] = {}  # eval JSONs by seed of what trains nothing
     baseline_axes: dict[str, dict[int, dict]] = {}
     steps = args.junior_sft_steps or task["junior_sft_steps"]
-    if steps is not None:
-        name = f"junior_sft{steps}"
-        jrun = reuse(args.out, args.runs / name, args.report_only)
-        if jrun is None and not args.report_only:
-            jrun = junior_run(args.runs, steps, args.overrides)
-        if jrun is not None:
-            junior, junior_eval = warm_start_of(jrun), jrun / "eval_sft.json"
-            if not args.report_only:
-                require_on_machine(junior, f"the junior ({name})")
-            if jrun != kept_copy(args.out, name):
-                keep_run_files(jrun, args.out / "runs" / name)
+    junior_names = JuniorNames(args.out, steps, args.junior_tag if not args.report_only else "")
+    juniors: dict[str, tuple[Optional[str], Optional[Path]]] = {}  # folder name -> (checkpoint, its eval alone)
+
+    def junior_of(seed: int) -> tuple[Optional[str], Optional[Path]]:
+        """The seed's junior (built once per folder) and its evaluation alone; (None, None) where there is none."""
+        name = junior_names.of(seed)
+        if name is None:
+            return None, None
+        if name not in juniors:
+            jrun = reuse(args.out, args.runs / name, args.report_only)
+            if jrun is None and not args.report_only:
+                jrun = junior_run(args.runs, name, steps, args.overrides)
+            juniors[name] = (None, None)
+            if jrun is not None:
+                juniors[name] = (warm_start_of(jrun), jrun / "eval_sft.json")
+                if not args.report_only:
+                    require_on_machine(juniors[name][0], f"the junior ({name})")
+                if jrun != kept_copy(args.out, name):
+                    keep_run_files(jrun, args.out / "runs" / name)
+        return juniors[name]
+
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     runs: dict[str, dict[int, Path]] = {m: {} for m in METHODS}  # by seed: pairs only the seeds both arms ran
     arm_axes: dict[str, dict[int, dict]] = {m: {} for m in METHODS}
     first: dict[str, Path] = {}
     missing = []
     for seed in args.seeds:
+        junior, junior_eval = junior_of(seed)
         for method, config in METHODS.items():
             parent = args.runs / f"{method}-seed{seed}"
             run = reuse(args.out, parent, args.report_only)
@@ -242,7 +283,7 @@ def main(argv=None) -> int:
             rows[method].append(row_of(run, arm_axes[method][seed]))
             runs[method][seed] = run
             first.setdefault(method, run)
-            if method == "GRPO" and junior_eval is not None:  # one junior for every seed: paired with each
+            if method == "GRPO" and junior_eval is not None:  # the seed's junior alone, paired with its arms
                 baselines.setdefault(JUNIOR, {})[seed] = junior_eval
             if method == "GRPO" and task["warm_start_per_seed"] and junior is not None:
                 t = task["sharpening"]

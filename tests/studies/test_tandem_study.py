@@ -86,8 +86,8 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
         (run / "config.yaml").write_text("method: grpo\n")
         (parent / "hf").mkdir(exist_ok=True)
         (parent / "hf" / "config.json").write_text("{}")  # the warm start (or junior) checkpoint
-        if parent.name.startswith("junior"):
-            _report(run / "eval_sft.json", [[0.0, 0.0, 0.0, 0.0]] * 4)
+        if parent.name.startswith("junior"):  # the rebuilt junior (tag _b) solves everything, the first nothing
+            _report(run / "eval_sft.json", [[float(parent.name.endswith("_b"))] * 4] * 4)
             return run
         method = parent.name.split("-seed")[0]
         (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward/mean": 0.5, "tandem/senior_token_share": 0.6})
@@ -100,7 +100,7 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     fake_eval = _evaluator(lambda cmd: evaluated.append(cmd[3:]))
 
     monkeypatch.setattr(study, "run_one", fake_run)
-    monkeypatch.setattr(study, "junior_run", lambda runs, steps, extra: fake_run(None, 0, runs / f"junior_sft{steps}", [
+    monkeypatch.setattr(study, "junior_run", lambda runs, name, steps, extra: fake_run(None, 0, runs / name, [
         f"sft.steps={steps}"]))
     fake_our_subprocesses(monkeypatch, fake_eval)
     runs, out = tmp_path / "runs", tmp_path / "out"
@@ -156,6 +156,23 @@ def test_tandem_study_v2_builds_one_junior_judges_every_arm_against_it_and_pairs
     # across the two seeds: SE = |0 - (-50)| / 2 = 25, t(0.975, 1 df) = 12.706: half-width 317.7 points
     assert kl_reg.endswith("| s0 +0.0, s1 -50.0; -25.0 ± 25.0 [-342.7, +292.7] (no measured difference) |")
 
+    # seed 2 with its own junior (a rebuild: --junior-tag _b): built once in its own folder, recorded, used by seed 2's
+    # arms and its "junior alone" row; seeds 0 and 1 keep junior_sft900
+    assert study.main(["--seeds", "2", "--runs", str(runs), "--out", str(out), "--junior-tag", "_b"]) == 0
+    rebuilt = str(runs / "junior_sft900_b" / "hf")
+    by_arm = dict(launched)
+    assert f"tandem.junior_path={rebuilt}" in by_arm["TRL-seed2"] and by_arm["junior_sft900_b"] == ["sft.steps=900"]
+    assert json.loads((out / "runs" / "juniors.json").read_text()) == {"2": "junior_sft900_b"}
+    with pytest.raises(SystemExit, match="seed 2 was run with the junior junior_sft900_b"):
+        study.main(["--seeds", "2", "--runs", str(runs), "--out", str(out), "--junior-tag", "_c"])
+    assert study.main(["--seeds", "0", "1", "2", "--runs", str(runs), "--out", str(out), "--report-only"]) == 0
+    table = (out / "table.md").read_text().splitlines()
+    assert "| junior alone | 0.333 ± 0.577 |" in "\n".join(table)  # the seeds' juniors: 0, 0 and 1
+    junior_row = next(line for line in table if line.startswith("| junior alone | ") and "points" in line)
+    assert junior_row.endswith(
+        "| s0 -50.0, s1 -100.0, s2 +50.0; -33.3 ± 44.1 [-223.1, +156.4] (no measured difference) |")
+
+
 
 def test_a_fresh_machine_goes_on_from_the_kept_runs_and_needs_the_checkpoints_they_name(tmp_path, monkeypatch):
     """On a machine that holds only `results/` (no `--runs`), every kept run is read, nothing is trained or evaluated
@@ -185,7 +202,7 @@ def test_a_fresh_machine_goes_on_from_the_kept_runs_and_needs_the_checkpoints_th
 
     monkeypatch.setattr(study, "run_one", fake_run)
     monkeypatch.setattr(study, "junior_run",
-                        lambda runs, steps, extra: fake_run(None, 0, runs / f"junior_sft{steps}", []))
+                        lambda runs, name, steps, extra: fake_run(None, 0, runs / name, []))
     fake_our_subprocesses(monkeypatch, fake_eval)
     out = tmp_path / "out"
     assert study.main(["--seeds", "0", "--runs", str(tmp_path / "machine1"), "--out", str(out)]) == 0
