@@ -243,8 +243,7 @@ def main(argv=None) -> int:
                         sharp = sharpening_eval(run, t, args.runs / folder)
                         keep_run_files(sharp.parent, args.out / "runs" / folder, (sharp.name,))
                     baselines.setdefault(SHARP.format(t=t), {})[seed] = sharp
-            if run != kept:
-                keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
+            keep_run_files(run, args.out / "runs" / parent.name)  # each finished run lands as it finishes
             rows[arm].append({**row_of(run, target), "target_reward": target})
             runs[arm][seed] = run
             first.setdefault(arm, run)

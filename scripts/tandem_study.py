@@ -18,7 +18,8 @@ per prompt, handoff pass@1/4/8). The junior is weaker than the senior: the same 
 22-24; same tokenizer and vocabulary, SFT seed 0 for every seed), built once and
 evaluated on the same prompts (a seed run with `--junior-tag` on another machine gets its own rebuild, recorded in
 `--out`/runs/juniors.json: SFT on another machine gives other weights); TRL trains beside it, KL-Reg is pulled
-towards it, and every arm, GRPO included, is judged against it. Per seed the warm start is evaluated on the same axes against the junior (the row before RL)
+towards it, and every arm, GRPO included, is judged against it. Per seed the warm start is evaluated on the same axes
+against the junior (the row before RL)
 and at T = 0.4 (the noise floor's sharpening baseline). `--task v1` is the committed results/tandem_study (the
 default job's level, paragraph steps, SFT seed 0 for every run, the warm start as its own junior).
 
@@ -256,8 +257,7 @@ def main(argv=None) -> int:
                 juniors[name] = (warm_start_of(jrun), jrun / "eval_sft.json")
                 if not args.report_only:
                     require_on_machine(juniors[name][0], f"the junior ({name})")
-                if jrun != kept_copy(args.out, name):
-                    keep_run_files(jrun, args.out / "runs" / name)
+                keep_run_files(jrun, args.out / "runs" / name)
         return juniors[name]
 
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
@@ -277,8 +277,7 @@ def main(argv=None) -> int:
             if run is None:
                 missing.append(f"{method} seed {seed}")
                 continue
-            if run != kept_copy(args.out, parent.name):
-                keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
+            keep_run_files(run, args.out / "runs" / parent.name, (*RUN_FILES, *AXES_FILES))
             arm_axes[method][seed] = axes_of(run)
             rows[method].append(row_of(run, arm_axes[method][seed]))
             runs[method][seed] = run

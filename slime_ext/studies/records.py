@@ -70,8 +70,10 @@ def read_metrics(run: Path | str) -> list[dict]:
 
 def keep_run_files(run: Path | str, dest: Path | str, names: tuple[str, ...] = RUN_FILES) -> None:
     """Copy a run's small files (`names`, those that exist) and its evaluation records, gzipped, into `dest`:
-    what a study commits under `results/`."""
+    what a study commits under `results/`. A run read from its kept copy (`dest` itself) is left as it is."""
     run, dest = Path(run), Path(dest)
+    if run.resolve() == dest.resolve():
+        return
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:
         if (run / name).is_file():
