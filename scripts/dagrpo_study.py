@@ -25,17 +25,18 @@ machine, is read, not run again). Writes `table1.md` (unless
 
 `--task v2` (the default; `--task v1` is the study above, committed in results/dagrpo_study): task family v2, three
 seeds (each its own warm start: the SFT seed follows the run seed), continual phases of mixed levels, "near" (V2-V4,
-where the local model is often right) then "far" (V6-V8, where it rarely is), `--phase-steps` each (default 40),
-tau 0.3 in both, with the settings that held the rate in the v1 control (KL 0.2 to the warm start, normalize_std
-false, lr 1e-4, eta_lambda 0.05). Arms: local-only tuning, DA-GRPO, and GRPO with a fixed assistance reward tuned to
-DA-GRPO's cloud rate: seed 0 runs the reward at each of `--assist-sweep` (0.2 0.5 0.8), the one whose training cloud
-rate over the last quarter of the far phase is nearest DA-GRPO's is the arm, and seeds 1 and 2 run it alone. Every
-phase evaluation is greedy and sampled (`dagrpo.eval_sampled`, T = eval.temperature) on 1026 held-out prompts per
-phase, with the random router and the router classifier at DA-GRPO's own rate. Writes `table.md` / `table.json`
-(mean ± std over seeds: during-task and post-switch joint accuracy, forgetting, local-only and joint accuracy and
-cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the last quarter
-of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last phase, greedy,
-within seeds, pooled), and `cloud_rate_v2.png` (training cloud rate and tau over steps, per arm and seed).
+where the local model is often right) then "far" (V6-V8, where it rarely is), `--phase-steps` each (default 40), tau
+0.3 in both, with the settings that held the rate in the v1 control (KL 0.2 to the warm start, normalize_std false, lr
+1e-4, eta_lambda 0.05). Arms, in the order they run: DA-GRPO, local-only tuning, and GRPO with a fixed assistance
+reward tuned to DA-GRPO's cloud rate: seed 0 runs the reward at each of `--assist-sweep` (0.2 0.5 0.8), the one whose
+training cloud rate over the last quarter of the far phase is nearest DA-GRPO's is the arm, and seeds 1 and 2 run it
+alone. Every phase evaluation is greedy and sampled (`dagrpo.eval_sampled`, T = eval.temperature) on 1026 held-out
+prompts per phase, with the random router and the router classifier at DA-GRPO's own rate. Writes `table.md` /
+`table.json` (mean ± std over seeds: during-task and post-switch joint accuracy, forgetting, local-only and joint
+accuracy and cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the
+last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
+phase, greedy, within seeds, pooled), and `cloud_rate_v2.png` (training cloud rate and tau over steps, per arm and
+seed).
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ V2_SETTINGS = ["grpo.kl_coef=0.2", "grpo.normalize_std=false", "train.lr=1e-4", 
 V2_COMMON = ["data.synthetic.train_level_weights=null", "data.synthetic.n_eval=1026", "eval.n_prompts=1026",
              "dagrpo.eval_sampled=true", "dagrpo.cloud_url=solver:synthetic_math_answer"]
 ASSIST = "fixed assistance reward {h:g}"
-V2_ARMS = {"local-only": "dagrpo_local_only.yaml", "DA-GRPO": "dagrpo.yaml"}
+# DA-GRPO first: a seed stopped part-way has the arm every comparison is made against
+V2_ARMS = {"DA-GRPO": "dagrpo.yaml", "local-only": "dagrpo_local_only.yaml"}
 
 
 def v2_runs(phase_steps: int, assist: tuple[float, ...]) -> dict[str, tuple[str, list[str]]]:

@@ -17,7 +17,7 @@ def test_every_v2_arm_composes_and_validates(tmp_path):
 
     study = study_script("dagrpo_study")
     runs = study.v2_runs(40, (0.2, 0.5))
-    assert list(runs) == ["local-only", "DA-GRPO", "fixed assistance reward 0.2", "fixed assistance reward 0.5"]
+    assert list(runs) == ["DA-GRPO", "local-only", "fixed assistance reward 0.2", "fixed assistance reward 0.5"]
     for arm, (config, overrides) in runs.items():
         cfg = load_config(config_on_task(config, "v2", tmp_path / study.slug(arm)), overrides).config
         near, far = cfg.dagrpo.phases
@@ -62,7 +62,7 @@ def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
                        "--out", str(tmp_path / "out")]) == 0
     table = json.loads((tmp_path / "out" / "table.json").read_text())
     s = table["summary"]
-    assert list(s) == ["local-only", "DA-GRPO", "fixed assistance reward (tuned)"]
+    assert list(s) == ["DA-GRPO", "local-only", "fixed assistance reward (tuned)"]
     assert all(len(table["runs"][arm]) == 2 for arm in s)
     tuned = s["fixed assistance reward (tuned)"]
     # the last quarter of the far phase (steps 7 of 4-7): 0.35 and 0.25
