@@ -18,18 +18,19 @@ goes on across machines once the warm starts and the CoT tokenizer it names are 
 `--task v2` (the default): task family v2 (configs/tasks/v2.yaml after each config), the SFT seed following the run
 seed (each seed its own warm starts), RL prompts from a recurring pool of 256, 1026 held-out prompts (114 per level).
 The CoT run is the DUET study's full-GRPO run of the seed (the same config and keys; `--cot-runs` names that study's
-runs folder to reuse it, else it runs here). The SxS data report the running total after half the intermediate steps
-(`sxs.disclosure_share=0.5`: think blocks span one to several steps, so their number and size can move under RL and
-the shaping), and two more runs give the control that separates interleaving from restating the answer:
-`restated_sft` / `restated_rl` (`sxs.answer_placement=after_reasoning`: the same text with the whole account after
-the reasoning) -> "Restated SFT" / "Restated SFT->RL". Every SxS-format run uses the CoT run's tokenizer
-(`tokenizer.path`), so lengths and latencies are in the same tokens; their responses are longer (the account), so
-their `rollout.max_response_len` is 640 against CoT's 480 (V10 at share 0.5: up to ~620 tokens with that tokenizer).
-Latency in seconds: each arm's weights are served by our HTTP server and 64 held-out prompts streamed one at a time
-(`slime_ext.tools.stream_timing`, the SxS formats' speak stream), kept under `--out`/latency/seedS/ and summarised as
-first_visible_s, first_disclosure_s and total_s (`slime_ext.methods.sxs.metrics.seconds_metrics`).
-`--task v1` is the committed results/sxs_study (the default job's level, one seed, SFT seed 0, each arm's own
-tokenizer).
+runs folder to reuse it, and its kept runs under `--cot-kept` (results/duet_study_v2) are read where that folder has
+none, else it runs here; a tokenizer a kept CoT run names is built again from its data where this machine has none).
+The SxS data report the running total after half the intermediate steps (`sxs.disclosure_share=0.5`: think blocks span
+one to several steps, so their number and size can move under RL and the shaping), and two more runs give the control
+that separates interleaving from restating the answer: `restated_sft` / `restated_rl`
+(`sxs.answer_placement=after_reasoning`: the same text with the whole account after the reasoning) -> "Restated SFT" /
+"Restated SFT->RL". Every SxS-format run uses the CoT run's tokenizer (`tokenizer.path`), so lengths and latencies are
+in the same tokens; their responses are longer (the account), so their `rollout.max_response_len` is 640 against CoT's
+480 (V10 at share 0.5: up to ~620 tokens with that tokenizer). Latency in seconds: each arm's weights are served by
+our HTTP server and 64 held-out prompts streamed one at a time (`slime_ext.tools.stream_timing`, the SxS formats'
+speak stream), kept under `--out`/latency/seedS/ and summarised as first_visible_s, first_disclosure_s and total_s
+(`slime_ext.methods.sxs.metrics.seconds_metrics`). `--task v1` is the committed results/sxs_study (the default job's
+level, one seed, SFT seed 0, each arm's own tokenizer).
 
 Columns (`--out`/table.md, table.json; mean ± std over seeds): held-out mean@4 / pass@4 / greedy, the
 truncation rate, and the latency metrics of `slime_ext.methods.sxs.metrics` averaged over the sampled eval
@@ -56,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run,  # noqa: E402
-                                   require_on_machine, reuse, run_one, save_figure, summarise, write_table)
+                                   restore_tokenizer, reuse, run_one, save_figure, summarise, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -214,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="default: results/sxs_study (v1), results/sxs_study_v2 (v2)")
     ap.add_argument("--cot-runs", type=Path,
                     help="v2: the DUET study's runs folder (its GRPO_full-seedS runs are the CoT runs)")
+    ap.add_argument("--cot-kept", type=Path, default=REPO / "results" / "duet_study_v2",
+                    help="v2, with --cot-runs: the DUET study's --out, whose kept runs are read when --cot-runs has "
+                         "none (default results/duet_study_v2)")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the runs that finished (a partial study says which are missing)")
     ap.add_argument("overrides", nargs="*")
@@ -241,13 +245,16 @@ def main(argv=None) -> int:
                     missing.append(f"{slug} seed {seed}")
                     continue
                 tokenizer = tokenizer_of(done["cot"])
-            # v2: a run kept under --out/runs/ (finished on another machine) is read, not run again
+            # v2: a run kept under --out/runs/ (finished on another machine) is read, not run again; the CoT run
+            # also from the DUET study's kept runs
             run = reuse(args.out, parent, args.report_only) if task["suffix"] else None
+            if run is None and task["suffix"] and slug == "cot" and args.cot_runs is not None:
+                run = reuse(args.cot_kept, parent, args.report_only)
             if args.report_only and not task["suffix"]:
                 run = finished_run(parent)
             elif run is None and not args.report_only:
-                if tokenizer is not None:
-                    require_on_machine(tokenizer, f"{slug} seed {seed}: the CoT run's tokenizer")
+                if tokenizer is not None:  # built again from the CoT run's data where it finished elsewhere
+                    restore_tokenizer(done["cot"], args.runs / f"cot_tokenizer-seed{seed}")
                 overrides = run_overrides(args.task, slug, tokenizer, args.overrides, extra)
                 run = run_one(config_on_task(config, args.task, parent), seed, parent, overrides,
                               shared_sft_seed=seed if task["warm_start_per_seed"] else 0)

@@ -53,6 +53,31 @@ def require_on_machine(path: str | Path, what: str) -> None:
                          ".cache/slime_ext), or delete the kept run under --out/runs/ to build it again")
 
 
+def driver_env() -> dict[str, str]:
+    """The environment of a main-job subprocess: Ray's token auth off unless the caller set it (a local cluster)."""
+    return {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+
+
+def restore_tokenizer(run: Path, folder: Path) -> str:
+    """The tokenizer a finished run used (its summary's tokenizer stage), built again from the run's own config where
+    this machine lacks it. An embedded tokenizer is trained from the run's data and cached under a hash of its
+    texts and vocabulary size, so the same config gives the same path and, as checked across machines, the same
+    files: a study can go on from a run kept in `results/` without archiving its tokenizer."""
+    recorded = json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"]
+    if (REPO / recorded).exists():
+        return str(REPO / recorded)
+    cmd = [sys.executable, "-m", "slime_ext.orchestration.driver", str(run / "config.yaml"),
+           "run.stages=[data,tokenizer]", f"run.output_dir={folder}"]
+    print(f"[study] {recorded} is not on this machine; building it again: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True, env=driver_env())
+    if not (REPO / recorded).exists():
+        built = [json.loads(summary.read_text())["stages"]["tokenizer"]["path"]
+                 for summary in sorted(folder.glob("*/summary.json"))]
+        raise RuntimeError(f"{run}: its config built the tokenizer {built[-1] if built else '(none)'}, not the "
+                           f"{recorded} its summary records (other data or tokenizer settings)")
+    return str(REPO / recorded)
+
+
 # A study's task: None runs each config on its own task (v1's levels); otherwise an overlay put after the config.
 TASK_OVERLAYS: dict[str, Optional[str]] = {"v1": None, "v2": "tasks/v2.yaml"}
 
@@ -97,8 +122,7 @@ def run_one(config: str | Path, seed: int, parent: Path, overrides: Sequence[str
         cmd = [sys.executable, "-m", "slime_ext.orchestration.driver", str(REPO / "configs" / config),
                f"run.seed={seed}", f"sft.seed={shared_sft_seed}", f"run.output_dir={parent}", *overrides]
     print(f"[study] {' '.join(cmd)}", flush=True)
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    subprocess.run(cmd, cwd=REPO, check=True, env=env)
+    subprocess.run(cmd, cwd=REPO, check=True, env=driver_env())
     run = finished_run(parent)
     if run is None:
         raise RuntimeError(f"{config} seed {seed}: the run ended without a complete summary under {parent}")

@@ -318,3 +318,24 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
                        "--out", str(tmp_path / "out2")]) == 0
     assert "not run: cot seed 0, sxs_sft seed 0, sxs_rl seed 0" in (tmp_path / "out2" / "table.md").read_text()
+
+
+def test_v2_cot_run_is_read_from_the_duet_studys_kept_runs(tmp_path):
+    """On a machine without the DUET study's runs folder the CoT run is its copy kept in results/duet_study_v2."""
+    study = load_study()
+    root = tmp_path / "runs"
+    make_study(root, seeds=(0,))
+    kept = tmp_path / "duet_out" / "runs" / "GRPO_full-seed0"
+    next((root / "cot-seed0").iterdir()).rename(kept.parent.mkdir(parents=True) or kept)  # as keep_run_files lays it
+    (root / "cot-seed0").rmdir()
+    summary = json.loads((kept / "summary.json").read_text())
+    summary["stages"]["tokenizer"] = {"path": ".cache/slime_ext/tokenizers/tok-640-x"}
+    (kept / "summary.json").write_text(json.dumps(summary))
+    args = ["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root), "--out", str(tmp_path / "out"),
+            "--cot-runs", str(tmp_path / "duet_runs")]
+    assert study.main([*args, "--cot-kept", str(tmp_path / "duet_out")]) == 0
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert table["runs"]["CoT SFT->RL"] == [str(kept)] and table["summary"]["CoT SFT->RL"]["mean@4"][0] == 0.8
+    assert "## Difference to CoT SFT->RL " in (tmp_path / "out" / "table.md").read_text()
+    assert study.main([*args, "--cot-kept", str(tmp_path / "nowhere")]) == 0  # not kept there: not run, named
+    assert "not run: cot seed 0" in (tmp_path / "out" / "table.md").read_text()

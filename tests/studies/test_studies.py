@@ -353,3 +353,35 @@ def test_reuse_reads_a_run_kept_from_another_machine_and_leaves_local_runs_to_ru
     require_on_machine(local, "a run")  # present: no error
     with pytest.raises(SystemExit, match=r"the junior: .cache/x/hf is not in this machine's cache; restore it first"):
         require_on_machine(".cache/x/hf", "the junior")
+
+
+def test_restore_tokenizer_builds_a_kept_runs_tokenizer_again_from_its_config(tmp_path, monkeypatch, capsys):
+    """A kept run names its tokenizer by a cache path; on another machine the study builds it again from the run's
+    config (data + tokenizer stages only) and gets the same files; a config that builds another one is an error."""
+    import hashlib
+    import shutil
+
+    from slime_ext.orchestration import driver
+    from slime_ext.tools import study
+
+    monkeypatch.setattr(study, "REPO", tmp_path)  # the study's paths are under the repository; here under tmp_path
+    small = ["run.stages=[data,tokenizer]", f"run.cache_dir={tmp_path / 'cache'}", "data.synthetic.n_train=300",
+             "data.synthetic.n_eval=20", "tokenizer.n_training_texts=300"]
+    assert driver.main([str(CONFIGS / "grpo.yaml"), *small, f"run.output_dir={tmp_path / 'first'}"]) == 0
+    run = next((tmp_path / "first").iterdir())  # stands for a run kept in results/: its config and summary
+    recorded = Path(json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"])
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in recorded.iterdir()}
+    assert "tokenizer.json" in files
+    assert study.restore_tokenizer(run, tmp_path / "again") == str(recorded)  # on the machine: nothing runs
+    assert not (tmp_path / "again").exists()
+
+    shutil.rmtree(recorded)  # another machine
+    assert study.restore_tokenizer(run, tmp_path / "again") == str(recorded)
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in recorded.iterdir()} == files
+    assert "is not on this machine; building it again" in capsys.readouterr().out
+
+    summary = json.loads((run / "summary.json").read_text())
+    summary["stages"]["tokenizer"]["path"] = str(recorded.with_name("tok-640-other"))  # other data built it
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RuntimeError, match=rf"built the tokenizer {recorded}, not the .*tok-640-other"):
+        study.restore_tokenizer(run, tmp_path / "third")
