@@ -53,7 +53,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
+from slime_ext.studies import keep_run_files, read_metrics, read_records  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run,  # noqa: E402
                                    reuse, run_one, save_figure, summarise, write_table)
@@ -268,8 +268,8 @@ def tuned_assist(runs: dict[str, Path], assist: tuple[float, ...]) -> float:
 def joint_correct(run: Path) -> dict[tuple[str, str], float]:
     """(phase, prompt id) -> greedy joint correctness after the last phase (its per-prompt records)."""
     out = {}
-    for line in (run / "eval_after_phase_1.records.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    side = run / "eval_after_phase_1.records.jsonl"  # gzipped in a run kept under --out/runs/
+    for r in read_records(side if side.exists() else side.with_name(side.name + ".gz")):
         if r.get("decoding", "greedy") == "greedy":
             out[(r["phase"], r["prompt_id"])] = float(r["correct"])
     return out
@@ -305,6 +305,7 @@ def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
+    dual = ax.twinx()  # the dual variable that moves the rate: DA-GRPO's alone (the other arms have none)
     arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
     for i, arm in enumerate(arms):
         for j, runs in enumerate(seed_runs):
@@ -313,8 +314,12 @@ def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
                 ax.plot([x["step"] for x in m], [x.get("dagrpo/cloud_rate", float("nan")) for x in m], color=f"C{i}",
                         ls=("-", "--", ":")[j % 3], label=f"{arm}" if j == 0 else None)
                 ax.plot([x["step"] for x in m], [x.get("dagrpo/tau", float("nan")) for x in m], color="k", lw=0.6)
+                if any("dagrpo/lambda" in x for x in m) and not arm.startswith("local"):
+                    dual.plot([x["step"] for x in m], [x.get("dagrpo/lambda", float("nan")) for x in m], color=f"C{i}",
+                              ls=("-", "--", ":")[j % 3], lw=0.8, alpha=0.5)
     ax.set_xlabel("RL step (near phase, then far)")
     ax.set_ylabel("training cloud rate (black: tau)")
+    dual.set_ylabel("lambda (faint lines)")
     ax.legend(fontsize=8)
     return save_figure(fig, out / "cloud_rate_v2.png")
 

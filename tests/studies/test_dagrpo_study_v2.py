@@ -3,6 +3,7 @@ the real file formats (the tuned fixed reward chosen by its far-phase cloud rate
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -44,7 +45,11 @@ def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: 
         (run / f"eval_after_phase_{k}.json").write_text(json.dumps({"near": phase, "far": dict(phase, joint_accuracy=0.3)}))
     records = [{"phase": p, "decoding": d, "prompt_id": str(i), "correct": c if d == "greedy" else 0.0}
                for p in ("near", "far") for d in ("greedy", "sampled") for i, c in enumerate(correct)]
-    (run / "eval_after_phase_1.records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if seed == 1:  # as a run kept under --out/runs/ holds them
+        (run / "eval_after_phase_1.records.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    else:
+        (run / "eval_after_phase_1.records.jsonl").write_text(text)
 
 
 def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
