@@ -268,8 +268,7 @@ def tuned_assist(runs: dict[str, Path], assist: tuple[float, ...]) -> float:
 def joint_correct(run: Path) -> dict[tuple[str, str], float]:
     """(phase, prompt id) -> greedy joint correctness after the last phase (its per-prompt records)."""
     out = {}
-    side = run / "eval_after_phase_1.records.jsonl"  # gzipped in a run kept under --out/runs/
-    for r in read_records(side if side.exists() else side.with_name(side.name + ".gz")):
+    for r in read_records(run / "eval_after_phase_1.records.jsonl"):  # gzipped in a run kept under --out/runs/
         if r.get("decoding", "greedy") == "greedy":
             out[(r["phase"], r["prompt_id"])] = float(r["correct"])
     return out
@@ -311,12 +310,15 @@ def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
         for j, runs in enumerate(seed_runs):
             if arm in runs:
                 m = read_metrics(runs[arm])
-                ax.plot([x["step"] for x in m], [x.get("dagrpo/cloud_rate", float("nan")) for x in m], color=f"C{i}",
-                        ls=("-", "--", ":")[j % 3], label=f"{arm}" if j == 0 else None)
-                ax.plot([x["step"] for x in m], [x.get("dagrpo/tau", float("nan")) for x in m], color="k", lw=0.6)
+                steps, style = [x["step"] for x in m], {"color": f"C{i}", "ls": ("-", "--", ":")[j % 3]}
+
+                def series(key: str, rows: list[dict] = m) -> list[float]:
+                    return [x.get(key, float("nan")) for x in rows]
+
+                ax.plot(steps, series("dagrpo/cloud_rate"), **style, label=f"{arm}" if j == 0 else None)
+                ax.plot(steps, series("dagrpo/tau"), color="k", lw=0.6)
                 if any(x.get("dagrpo/lambda", 0.0) for x in m):  # the fixed-reward arms log lambda 0 throughout
-                    dual.plot([x["step"] for x in m], [x.get("dagrpo/lambda", float("nan")) for x in m], color=f"C{i}",
-                              ls=("-", "--", ":")[j % 3], lw=0.8, alpha=0.5)
+                    dual.plot(steps, series("dagrpo/lambda"), **style, lw=0.8, alpha=0.5)
     ax.set_xlabel("RL step (near phase, then far)")
     ax.set_ylabel("training cloud rate (black: tau)")
     dual.set_ylabel("lambda (faint lines)")

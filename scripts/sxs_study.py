@@ -57,7 +57,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run,  # noqa: E402
-                                   restore_tokenizer, reuse, run_one, save_figure, summarise, write_table)
+                                   restore_tokenizer, reuse, run_one, save_figure, summarise, tokenizer_of,
+                                   write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -126,12 +127,6 @@ def check_same_warm_start(runs: dict[str, Path], family: str = "SxS") -> str:
     if len(set(starts.values())) != 1 or None in starts.values():
         raise RuntimeError(f"the {family} runs do not share one SFT warm start: {starts}")
     return next(iter(starts.values()))
-
-
-def tokenizer_of(run: Path) -> str:
-    """The tokenizer a finished run used (its tokenizer stage's path, absolute)."""
-    path = Path(json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"])
-    return str(path if path.is_absolute() else REPO / path)
 
 
 def checkpoint_of(run: Path, eval_name: str) -> str:

@@ -16,8 +16,11 @@ __all__ = ["RUN_FILES", "read_records", "read_metrics", "per_prompt_scores", "le
 
 
 def read_records(path: Path | str) -> list[dict]:
-    """The records of one evaluation, gzipped or not."""
+    """The records of one evaluation, gzipped or not; a missing `x.records.jsonl` is read from `x.records.jsonl.gz`
+    beside it (how a study keeps a run's records under `results/`)."""
     path = Path(path)
+    if not path.exists() and path.suffix != ".gz":
+        path = path.with_name(path.name + ".gz")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]

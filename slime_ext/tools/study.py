@@ -58,24 +58,29 @@ def driver_env() -> dict[str, str]:
     return {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
 
 
+def tokenizer_of(run: Path) -> str:
+    """The tokenizer a finished run used (its summary's tokenizer stage), as an absolute path."""
+    return str(REPO / json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"])
+
+
 def restore_tokenizer(run: Path, folder: Path) -> str:
     """The tokenizer a finished run used (its summary's tokenizer stage), built again from the run's own config where
     this machine lacks it. An embedded tokenizer is trained from the run's data and cached under a hash of its
     texts and vocabulary size, so the same config gives the same path and, as checked across machines, the same
     files: a study can go on from a run kept in `results/` without archiving its tokenizer."""
-    recorded = json.loads((run / "summary.json").read_text())["stages"]["tokenizer"]["path"]
-    if (REPO / recorded).exists():
-        return str(REPO / recorded)
+    recorded = tokenizer_of(run)
+    if Path(recorded).exists():
+        return recorded
     cmd = [sys.executable, "-m", "slime_ext.orchestration.driver", str(run / "config.yaml"),
            "run.stages=[data,tokenizer]", f"run.output_dir={folder}"]
     print(f"[study] {recorded} is not on this machine; building it again: {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, env=driver_env())
-    if not (REPO / recorded).exists():
+    if not Path(recorded).exists():
         built = [json.loads(summary.read_text())["stages"]["tokenizer"]["path"]
                  for summary in sorted(folder.glob("*/summary.json"))]
         raise RuntimeError(f"{run}: its config built the tokenizer {built[-1] if built else '(none)'}, not the "
                            f"{recorded} its summary records (other data or tokenizer settings)")
-    return str(REPO / recorded)
+    return recorded
 
 
 # A study's task: None runs each config on its own task (v1's levels); otherwise an overlay put after the config.
