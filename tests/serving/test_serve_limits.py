@@ -47,6 +47,52 @@ def raw_http(port: int, data: bytes, timeout: float = 5.0) -> bytes:
         return out
 
 
+def send_then_read(port: int, head: bytes, body_bytes: int, timeout: float = 10.0) -> bytes:
+    """Send a whole request (headers, then `body_bytes` spaces) before reading anything, as httpx does."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head)
+        block = b" " * (1 << 20)
+        for start in range(0, body_bytes, len(block)):
+            s.sendall(block[: body_bytes - start])
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_body_still_being_sent_gets_the_answer_not_a_reset():
+    """A body refused by its declared length is answered while the client is still sending it (32 MB here,
+    far beyond the sockets' buffers). Closing then would reset the connection and lose the 400 (CI saw
+    "Connection reset by peer", and before the lingering close this sendall failed): the server drops the
+    rest of the body and closes once the client has read its answer and closed."""
+    with running(max_request_bytes=1000) as (srv, _, engine):
+        size = 32 << 20
+        out = send_then_read(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                                       b"\r\nContent-Length: %d\r\n\r\n" % size, size)
+        assert out.startswith(b"HTTP/1.1 400") and b"request_too_large" in out, out[:300]
+        assert b"connection: close" in out.lower()
+        assert engine.calls == 0
+        assert httpx.post(srv.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 1}).status_code == 200
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_client_that_never_stops_sending_is_closed_after_the_linger(monkeypatch):
+    from slime_ext.serving import http_protocol
+
+    monkeypatch.setattr(http_protocol, "LINGER_S", 0.5)
+    with running(max_request_bytes=1000) as (srv, _, _):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n")
+            start, sent = time.monotonic(), 0
+            with pytest.raises(OSError):  # reset once the linger ends
+                while time.monotonic() - start < 20:
+                    sent += s.send(b" " * 65536)
+            closed_after = time.monotonic() - start
+        assert sent > 1 << 20  # it was read (and dropped) while lingering, not refused at once
+        assert 0.4 < closed_after < 10, closed_after
+
+
 # -- item 1: one request must not take the server down ------------------------------------------------
 @pytest.mark.timeout(60)
 def test_context_length_and_prompt_limits(stub):
