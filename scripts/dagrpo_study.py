@@ -35,7 +35,8 @@ prompts per phase, with the random router and the router classifier at DA-GRPO's
 `table.json` (mean ± std over seeds: during-task and post-switch joint accuracy, forgetting, local-only and joint
 accuracy and cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the
 last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
-phase, greedy, within seeds, pooled), and `cloud_rate_v2.png` (training cloud rate and tau over steps, per arm and
+phase, greedy, within seeds, pooled), where each asking arm asks (sampled asks on the prompts its own greedy answer
+gets wrong against those it gets right, and per level), and `cloud_rate_v2.png` (training cloud rate and tau over steps, per arm and
 seed).
 """
 
@@ -297,6 +298,59 @@ def v2_differences(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO")
     return "\n".join(lines)
 
 
+def asks_by_competence(runs: list[Path]) -> dict[str, dict]:
+    """Per phase, pooled over `runs` (one per seed): the sampled evaluation's asks after the last phase, split by
+    whether the same model's greedy answer to the prompt (which never asked in this study) is wrong or right, and
+    by level. A policy that learned *when* to ask asks more where it would be wrong; one that learned only *how
+    often* asks alike on both."""
+    out: dict[str, dict] = {}
+    for run in runs:
+        records = read_records(run / "eval_after_phase_1.records.jsonl")
+        greedy = {(r["phase"], r["prompt_id"]): float(r["correct"]) for r in records if r["decoding"] == "greedy"}
+        for r in records:
+            if r["decoding"] != "sampled":
+                continue
+            phase = out.setdefault(r["phase"], {"wrong": [], "right": [], "levels": {}})
+            phase["right" if greedy[(r["phase"], r["prompt_id"])] > 0 else "wrong"].append(float(r["asked"]))
+            phase["levels"].setdefault(r["level"], []).append(float(r["asked"]))
+    return out
+
+
+def rate_difference(a: list[float], b: list[float]) -> str:
+    """mean(a) - mean(b) of two independent samples of 0/1, in points, with a bootstrap 95% interval."""
+    from scipy.stats import bootstrap
+    import numpy as np
+
+    x, y = np.asarray(a), np.asarray(b)
+    diff = 100 * (x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return f"{diff:+.1f} (too few prompts for an interval)"
+    ci = bootstrap((x, y), lambda p, q, axis=-1: p.mean(axis=axis) - q.mean(axis=axis), vectorized=True,
+                   n_resamples=2000, method="percentile", rng=np.random.default_rng(0)).confidence_interval
+    verdict = ", no measured difference" if ci.low <= 0 <= ci.high else ""
+    return f"{diff:+.1f} (95% CI {100 * ci.low:+.1f} to {100 * ci.high:+.1f}){verdict}"
+
+
+def v2_asking(seed_runs: list[dict[str, Path]]) -> str:
+    """The section on where each asking arm asks, pooled over seeds."""
+    lines = ["## Where each arm asks (sampled evaluation after the last phase, pooled over seeds)", "",
+             "Ask rate on the prompts the arm's own greedy answer gets wrong and on those it gets right, their "
+             "difference (bootstrap over prompts), and the ask rate per level.", "",
+             "| arm | phase | asks, greedy wrong | asks, greedy right | wrong - right, points | asks by level |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
+    for arm in arms:
+        for phase, split in asks_by_competence([runs[arm] for runs in seed_runs if arm in runs]).items():
+            if not any(split["wrong"] + split["right"]):
+                continue  # never asks: nothing to split
+            wrong, right = split["wrong"], split["right"]
+            levels = ", ".join(f"{lv} {mean(v):.3f}" for lv, v in sorted(split["levels"].items()))
+            lines.append(f"| {arm} | {phase} | {mean(wrong) if wrong else float('nan'):.3f} ({len(wrong)}) | "
+                         f"{mean(right) if right else float('nan'):.3f} ({len(right)}) | "
+                         f"{rate_difference(wrong, right)} | {levels} |")
+    return "\n".join(lines)
+
+
 def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     import matplotlib
 
@@ -364,6 +418,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         title += f"; not run: {', '.join(missing)}"
     print(write_table(args.out, title, summarise(rows), names, args.seeds, command))
     append_section(args.out, v2_differences(seed_runs))
+    append_section(args.out, v2_asking(seed_runs))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")
     print(f"[study] wrote {args.out / 'table.md'}")

@@ -32,7 +32,8 @@ def test_every_v2_arm_composes_and_validates(tmp_path):
             assert cfg.method == "collab_grpo" and cfg.dagrpo.hierarchical_reward == float(arm.split()[-1])
 
 
-def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: list[float]) -> None:
+def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: list[float],
+                asked: list[bool] | None = None) -> None:
     run = root / f"{arm_slug}-seed{seed}" / f"{arm_slug}-20260101-000000"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"complete": True}))
@@ -43,7 +44,9 @@ def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: 
         phase = {"joint_accuracy": near_acc, "local_only_accuracy": 0.5, "cloud_rate": 0.2,
                  "sampled/cloud_rate": 0.4, "sampled/joint_accuracy": 0.55}
         (run / f"eval_after_phase_{k}.json").write_text(json.dumps({"near": phase, "far": dict(phase, joint_accuracy=0.3)}))
-    records = [{"phase": p, "decoding": d, "prompt_id": str(i), "correct": c if d == "greedy" else 0.0}
+    asked = asked or [False] * len(correct)
+    records = [{"phase": p, "decoding": d, "prompt_id": str(i), "level": f"V{2 + i % 2}",
+                "asked": asked[i] and d == "sampled", "correct": c if d == "greedy" else 0.0}
                for p in ("near", "far") for d in ("greedy", "sampled") for i, c in enumerate(correct)]
     text = "".join(json.dumps(r) + "\n" for r in records)
     if seed == 1:  # as a run kept under --out/runs/ holds them
@@ -80,3 +83,27 @@ def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
     # per prompt, both phases, greedy records only: local-only 0 vs 1 everywhere; the tuned arm loses half
     assert "| local-only | -100.0 ± 0.0 points" in md and "| fixed assistance reward (tuned) | -50.0 ±" in md
     assert (tmp_path / "out" / "cloud_rate_v2.png").stat().st_size > 0
+
+
+def test_the_asking_section_splits_asks_by_the_arms_own_greedy_correctness(tmp_path):
+    """Seed 0 asks on 8 of the 10 prompts its greedy answer gets wrong and 1 of the 10 it gets right; seed 1 on 2
+    of 10 and 1 of 10: pooled 10/20 = 0.5 against 2/20 = 0.1, +40 points; the arm that never asks has no row."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    correct = [0.0] * 10 + [1.0] * 10
+    fake_v2_run(root, "DA_GRPO", 0, 0.3, correct, asked=[k < 8 for k in range(10)] + [k == 0 for k in range(10)])
+    fake_v2_run(root, "DA_GRPO", 1, 0.3, correct, asked=[k < 2 for k in range(10)] + [k == 5 for k in range(10)])
+    fake_v2_run(root, "local_only", 0, 0.0, correct)
+    runs = [{"DA-GRPO": study.finished_run(root / "DA_GRPO-seed0"), "local-only": study.finished_run(
+        root / "local_only-seed0")}, {"DA-GRPO": study.finished_run(root / "DA_GRPO-seed1")}]
+    split = study.asks_by_competence([r["DA-GRPO"] for r in runs])
+    assert set(split) == {"near", "far"}
+    assert (sum(split["far"]["wrong"]), len(split["far"]["wrong"])) == (10, 20)
+    assert (sum(split["far"]["right"]), len(split["far"]["right"])) == (2, 20)
+    # levels alternate V2, V3 by prompt index: V2 holds asked prompts 0, 2, 4, 6, 10 (seed 0) and 0 (seed 1)
+    assert sum(split["near"]["levels"]["V2"]) == 6 and len(split["near"]["levels"]["V2"]) == 20
+    section = study.v2_asking(runs)
+    rows = [line for line in section.splitlines() if line.startswith("| DA-GRPO |")]
+    assert len(rows) == 2 and all("| 0.500 (20) | 0.100 (20) | +40.0 (95% CI +" in row for row in rows), rows
+    assert "local-only" not in section.split("| --- |")[-1]
+    assert "no measured difference" not in section
