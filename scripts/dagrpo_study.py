@@ -36,8 +36,8 @@ prompts per phase, with the random router and the router classifier at DA-GRPO's
 accuracy and cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the
 last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
 phase, greedy, within seeds, pooled), where each asking arm asks (sampled asks on the prompts its own greedy answer
-gets wrong against those it gets right, and per level), and `cloud_rate_v2.png` (training cloud rate and tau over steps, per arm and
-seed).
+gets wrong against those it gets right, and per level), `cloud_rate_v2.png` (training cloud rate and tau over steps, per
+arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per level over steps, per asking arm).
 """
 
 from __future__ import annotations
@@ -380,6 +380,43 @@ def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     return save_figure(fig, out / "cloud_rate_v2.png")
 
 
+def moving_mean(values: list[float], width: int = 4) -> list[float]:
+    """Trailing mean over up to `width` steps (per-level rates of one step rest on ~170 samples each)."""
+    return [mean(values[max(0, k - width + 1):k + 1]) for k in range(len(values))]
+
+
+def v2_level_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Optional[Path]:
+    """Training cloud rate per level over steps, one panel per asking arm (seeds as line styles): where the rate
+    goes, which is what "learning when to ask" changes; a rate that moves alike on every level is only "how often"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in dict.fromkeys(a for runs in seed_runs for a in runs) if a != "local-only"]
+    if not arms:
+        return None
+    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.6), sharey=True, squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for j, runs in enumerate(seed_runs):
+            if arm not in runs:
+                continue
+            m = read_metrics(runs[arm])
+            levels = sorted({k.rsplit("/", 1)[1] for x in m for k in x if k.startswith("dagrpo/cloud_rate/")},
+                            key=lambda lv: int(lv.lstrip("V")) if lv.lstrip("V").isdigit() else 0)
+            for i, lv in enumerate(levels):
+                rows = [x for x in m if f"dagrpo/cloud_rate/{lv}" in x]
+                ax.plot([x["step"] for x in rows], moving_mean([x[f"dagrpo/cloud_rate/{lv}"] for x in rows]),
+                        color=f"C{i}", ls=("-", "--", ":")[j % 3], label=lv if j == 0 else None)
+            ax.plot([x["step"] for x in m], [x.get("dagrpo/tau", float("nan")) for x in m], color="k", lw=0.6)
+        ax.set_title(arm, fontsize=9)
+        ax.set_xlabel("RL step (near, then far)")
+        ax.legend(fontsize=7, ncol=2)
+    axes[0][0].set_ylabel("training cloud rate (4-step mean)")
+    fig.suptitle("training cloud rate per level (black: tau)", fontsize=9)
+    return save_figure(fig, out / "cloud_rate_by_level_v2.png")
+
+
 def main_v2(args: argparse.Namespace, command: str) -> int:
     assist = tuple(args.assist_sweep)
     seed_runs: list[dict[str, Path]] = []
@@ -392,8 +429,9 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         done: dict[str, Path] = {}
         for arm, (config, extra) in v2_runs(args.phase_steps, sweep).items():
             parent = args.runs / f"{slug(arm)}-seed{seed}"
-            run = reuse(args.out, parent, args.report_only)  # kept under --out/runs/: finished on another machine
-            if run is None and not args.report_only:
+            skip = args.report_only or (args.only is not None and not any(t in arm for t in args.only))
+            run = reuse(args.out, parent, skip)  # kept under --out/runs/: finished on another machine
+            if run is None and not skip:
                 run = run_one(config_on_task(config, "v2", parent), seed, parent, [*extra, *args.overrides],
                               shared_sft_seed=seed)
                 keep_run_files(run, args.out / "runs" / parent.name, RUN_FILES + ("continual_table.md",
@@ -421,6 +459,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
     append_section(args.out, v2_asking(seed_runs))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")
+        print(f"[study] plot {v2_level_plot(args.out, seed_runs)}")
     print(f"[study] wrote {args.out / 'table.md'}")
     return 0
 
@@ -438,8 +477,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lambda-starts", type=float, nargs="+", default=[0.0, 0.5, 1.0])
     ap.add_argument("--controls-only", action="store_true", help="only the cloud-rate control runs")
     ap.add_argument("--only", nargs="+", default=None, metavar="TEXT",
-                    help="start only the runs whose name contains one of these (tabulate every finished run): "
-                         "lets two processes share the cores")
+                    help="start only the runs whose name (v2: arm, e.g. DA-GRPO) contains one of these (tabulate "
+                         "every finished run): lets two processes share the cores, or a pilot run one arm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=Path, help="default: runs/dagrpo_study (v1), runs/dagrpo_study_v2 (v2)")
     ap.add_argument("--out", type=Path, help="default: results/dagrpo_study (v1), results/dagrpo_study_v2 (v2)")

@@ -38,7 +38,8 @@ def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: 
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"complete": True}))
     metrics = [{"step": k, "dagrpo/phase": float(k >= 4), "dagrpo/tau": 0.3,
-                "dagrpo/cloud_rate": 0.1 if k < 4 else (0.9 if k < 7 else far_rate)} for k in range(8)]
+                "dagrpo/cloud_rate": 0.1 if k < 4 else (0.9 if k < 7 else far_rate),
+                f"dagrpo/cloud_rate/V{2 if k < 4 else 6}": 0.1} for k in range(8)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     for k, near_acc in ((0, 0.8), (1, 0.6)):
         phase = {"joint_accuracy": near_acc, "local_only_accuracy": 0.5, "cloud_rate": 0.2,
@@ -83,6 +84,8 @@ def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
     # per prompt, both phases, greedy records only: local-only 0 vs 1 everywhere; the tuned arm loses half
     assert "| local-only | -100.0 ± 0.0 points" in md and "| fixed assistance reward (tuned) | -50.0 ±" in md
     assert (tmp_path / "out" / "cloud_rate_v2.png").stat().st_size > 0
+    assert (tmp_path / "out" / "cloud_rate_by_level_v2.png").stat().st_size > 0
+    assert study.moving_mean([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]) == [0.0, 0.5, 1.0, 1.5, 2.5, 3.5]
 
 
 def test_the_asking_section_splits_asks_by_the_arms_own_greedy_correctness(tmp_path):
@@ -107,3 +110,25 @@ def test_the_asking_section_splits_asks_by_the_arms_own_greedy_correctness(tmp_p
     assert len(rows) == 2 and all("| 0.500 (20) | 0.100 (20) | +40.0 (95% CI +" in row for row in rows), rows
     assert "local-only" not in section.split("| --- |")[-1]
     assert "no measured difference" not in section
+
+
+def test_only_starts_the_named_arms_and_tabulates_the_rest(tmp_path, monkeypatch):
+    """`--only DA-GRPO` (a pilot of one arm) runs DA-GRPO alone; the finished local-only run is still read."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    fake_v2_run(root, "local_only", 0, 0.0, [0.0] * 4)
+    started = []
+
+    def fake_run_one(config, seed, parent, overrides, shared_sft_seed=None):
+        started.append((parent.name, [o for o in overrides if o.startswith("train.steps")]))
+        fake_v2_run(root, parent.name.rsplit("-seed", 1)[0], seed, 0.3, [1.0] * 4)
+        return study.finished_run(parent)
+
+    monkeypatch.setattr(study, "run_one", fake_run_one)
+    monkeypatch.setattr(study, "keep_run_files", lambda *a, **k: None)
+    assert study.main(["--task", "v2", "--seeds", "0", "--phase-steps", "80", "--only", "DA-GRPO", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    assert started == [("DA_GRPO-seed0", ["train.steps=160"])]
+    summary = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
+    assert list(summary) == ["DA-GRPO", "local-only"]
+    assert "not run: fixed assistance reward 0.2 seed 0" in (tmp_path / "out" / "table.md").read_text()
