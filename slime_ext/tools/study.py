@@ -96,6 +96,7 @@ def config_on_task(config: str, task: str, folder: Path) -> Path:
     overlay = TASK_OVERLAYS[task]
     if overlay is None:
         return base
+    folder = Path(folder).resolve()  # the driver runs in the repository root: a relative path would name configs/...
     folder.mkdir(parents=True, exist_ok=True)
     composed = folder / f"{Path(config).stem}.{task}.yaml"
     composed.write_text(f"# {config} on task {task} (written by slime_ext.tools.study)\n"
@@ -115,7 +116,9 @@ def interrupted_run(parent: Path) -> Optional[Path]:
 
 def run_one(config: str | Path, seed: int, parent: Path, overrides: Sequence[str], shared_sft_seed: int = 0) -> Path:
     """One main-job run (resumed study: skipped when already complete, continued from its checkpoint when stopped
-    part-way); returns its run directory. `config`: a name under configs/ or a path (`config_on_task`)."""
+    part-way); returns its run directory. `config`: a name under configs/ or a path (`config_on_task`); `parent`
+    may be relative to the caller's directory (the driver runs in the repository root)."""
+    parent = Path(parent).resolve()
     done = finished_run(parent)
     if done is not None:
         print(f"[study] {config} seed {seed}: done earlier ({done})", flush=True)

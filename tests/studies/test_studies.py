@@ -218,6 +218,15 @@ def test_a_study_run_stopped_part_way_resumes_from_its_checkpoint_and_a_finished
     assert new == tmp_path / "b" / "grpo-20261127-170000"
     assert calls[1][1:] == ["run.seed=3", "sft.seed=3", f"run.output_dir={tmp_path / 'b'}", "train.steps=40"]
 
+    # folders relative to the caller's directory (`--runs runs/pilot`), while the driver runs in the repository root:
+    # both the composed config and the output folder reach it as absolute paths (a relative one named configs/runs/...)
+    monkeypatch.chdir(tmp_path)
+    composed = study.config_on_task("grpo.yaml", "v2", Path("rel") / "c")
+    assert composed == tmp_path / "rel" / "c" / "grpo.v2.yaml" and composed.exists()
+    study.run_one(composed, 0, Path("rel") / "c", [])
+    assert calls[2][:3] == [str(composed), "run.seed=0", "sft.seed=0"]
+    assert calls[2][3] == f"run.output_dir={tmp_path / 'rel' / 'c'}"
+
 
 def _report(path, scores_per_prompt: list[list[float]], temperature: float = 1.0) -> None:
     """An eval JSON with its per-prompt records (4 samples a prompt; no greedy)."""
