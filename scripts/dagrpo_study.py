@@ -35,7 +35,8 @@ prompts per phase, with the random router and the router classifier at DA-GRPO's
 `table.json` (mean ± std over seeds: during-task and post-switch joint accuracy, forgetting, local-only and joint
 accuracy and cloud rate greedy and sampled after the last phase, the routers, the training cloud rate and tau over the
 last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
-phase, greedy, within seeds, pooled), where each asking arm asks (sampled asks on the prompts its own greedy answer
+phase, greedy, within seeds, pooled), forgetting (each arm's change on the near prompts across the far phase, and its
+difference to DA-GRPO's, paired), where each asking arm asks (sampled asks on the prompts its own greedy answer
 gets wrong against those it gets right, and per level), `cloud_rate_v2.png` (training cloud rate and tau over steps, per
 arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per level over steps, per asking arm).
 """
@@ -298,6 +299,47 @@ def v2_differences(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO")
     return "\n".join(lines)
 
 
+def first_phase_change(run: Path) -> dict[str, float]:
+    """Prompt id -> greedy correctness on the first (near) phase's prompts after the last phase minus after the first:
+    below 0 where training on the far phase made the arm forget a prompt it had solved."""
+    after = []
+    for k in (0, 1):
+        after.append({r["prompt_id"]: float(r["correct"]) for r in read_records(run / f"eval_after_phase_{k}.records.jsonl")
+                      if r["decoding"] == "greedy" and r["phase"] == "near"})
+    if sorted(after[0]) != sorted(after[1]):
+        raise ValueError(f"{run}: the two phase evaluations scored different near prompts")
+    return {k: after[1][k] - after[0][k] for k in after[0]}
+
+
+def v2_forgetting(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO") -> str:
+    """Each arm's change on the near prompts across the far phase (paired over prompts, pooled over seeds) and its
+    difference to DA-GRPO's change, paired prompt by prompt within seeds: forgetting against the baselines."""
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
+
+    lines = ["## Forgetting: the near phase's greedy accuracy after the far phase minus after the near phase", "",
+             "Per prompt, pooled over seeds; the second column pairs each arm's change with DA-GRPO's on the same "
+             "prompts (an arm that asks under greedy decoding is scored on its joint answers).", "",
+             "| arm | change, points | change minus DA-GRPO's, points |", "| --- | --- | --- |"]
+    arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
+    changes = [{arm: first_phase_change(run) for arm, run in runs.items()} for runs in seed_runs]
+    for arm in arms:
+        own: list[float] = []
+        ref: list[float] = []
+        mine_paired: list[float] = []
+        for per_arm in changes:
+            if arm not in per_arm:
+                continue
+            own += list(per_arm[arm].values())
+            if reference in per_arm and arm != reference:
+                keys = sorted(per_arm[reference])
+                ref += [per_arm[reference][k] for k in keys]
+                mine_paired += [per_arm[arm][k] for k in keys]
+        change = describe_difference(paired_difference([0.0] * len(own), own))
+        versus = describe_difference(paired_difference(ref, mine_paired)) if ref else "-"
+        lines.append(f"| {arm} | {change} | {versus} |")
+    return "\n".join(lines)
+
+
 def asks_by_competence(runs: list[Path]) -> dict[str, dict]:
     """Per phase, pooled over `runs` (one per seed): the sampled evaluation's asks after the last phase, split by
     whether the same model's greedy answer to the prompt (which never asked in this study) is wrong or right, and
@@ -456,6 +498,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         title += f"; not run: {', '.join(missing)}"
     print(write_table(args.out, title, summarise(rows), names, args.seeds, command))
     append_section(args.out, v2_differences(seed_runs))
+    append_section(args.out, v2_forgetting(seed_runs))
     append_section(args.out, v2_asking(seed_runs))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")

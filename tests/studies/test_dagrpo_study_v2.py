@@ -33,7 +33,9 @@ def test_every_v2_arm_composes_and_validates(tmp_path):
 
 
 def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: list[float],
-                asked: list[bool] | None = None) -> None:
+                asked: list[bool] | None = None, before: list[float] | None = None) -> None:
+    """A finished v2 run: greedy correctness `correct` after the last phase (`before`, default the same, after the
+    first), the sampled answers wrong, asking where `asked`."""
     run = root / f"{arm_slug}-seed{seed}" / f"{arm_slug}-20260101-000000"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"complete": True}))
@@ -46,14 +48,15 @@ def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: 
                  "sampled/cloud_rate": 0.4, "sampled/joint_accuracy": 0.55}
         (run / f"eval_after_phase_{k}.json").write_text(json.dumps({"near": phase, "far": dict(phase, joint_accuracy=0.3)}))
     asked = asked or [False] * len(correct)
-    records = [{"phase": p, "decoding": d, "prompt_id": str(i), "level": f"V{2 + i % 2}",
-                "asked": asked[i] and d == "sampled", "correct": c if d == "greedy" else 0.0}
-               for p in ("near", "far") for d in ("greedy", "sampled") for i, c in enumerate(correct)]
-    text = "".join(json.dumps(r) + "\n" for r in records)
-    if seed == 1:  # as a run kept under --out/runs/ holds them
-        (run / "eval_after_phase_1.records.jsonl.gz").write_bytes(gzip.compress(text.encode()))
-    else:
-        (run / "eval_after_phase_1.records.jsonl").write_text(text)
+    for k, scores in ((0, before or correct), (1, correct)):
+        records = [{"phase": p, "decoding": d, "prompt_id": str(i), "level": f"V{2 + i % 2}",
+                    "asked": asked[i] and d == "sampled", "correct": c if d == "greedy" else 0.0}
+                   for p in ("near", "far") for d in ("greedy", "sampled") for i, c in enumerate(scores)]
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        if seed == 1:  # as a run kept under --out/runs/ holds them
+            (run / f"eval_after_phase_{k}.records.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            (run / f"eval_after_phase_{k}.records.jsonl").write_text(text)
 
 
 def test_v2_table_picks_the_reward_nearest_dagrpo_and_pairs_prompts(tmp_path):
@@ -132,3 +135,22 @@ def test_only_starts_the_named_arms_and_tabulates_the_rest(tmp_path, monkeypatch
     summary = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
     assert list(summary) == ["DA-GRPO", "local-only"]
     assert "not run: fixed assistance reward 0.2 seed 0" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_the_forgetting_section_pairs_each_arms_change_with_dagrpos(tmp_path):
+    """DA-GRPO keeps all 20 near prompts it solved; local-only loses 10 of them (-50 points, -50 against DA-GRPO);
+    the fixed reward gains 5 it had missed (+25, +25 against DA-GRPO); intervals from the bootstrap over prompts."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    fake_v2_run(root, "DA_GRPO", 0, 0.3, [1.0] * 20)
+    fake_v2_run(root, "local_only", 0, 0.0, [1.0] * 10 + [0.0] * 10, before=[1.0] * 20)
+    fake_v2_run(root, "fixed_assistance_reward_0.5", 0, 0.3, [1.0] * 15 + [0.0] * 5, before=[1.0] * 10 + [0.0] * 10)
+    runs = [{"DA-GRPO": study.finished_run(root / "DA_GRPO-seed0"),
+             "local-only": study.finished_run(root / "local_only-seed0"),
+             "fixed assistance reward (tuned)": study.finished_run(root / "fixed_assistance_reward_0.5-seed0")}]
+    assert sum(study.first_phase_change(runs[0]["local-only"]).values()) == -10
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in study.v2_forgetting(runs).splitlines()
+            if line.startswith("| ") and "---" not in line and "arm |" not in line}
+    assert rows["DA-GRPO"].startswith("| DA-GRPO | +0.0 ± 0.0 points") and rows["DA-GRPO"].endswith("| - |")
+    assert "| -50.0 ± 11.5 points (95% CI" in rows["local-only"] and rows["local-only"].count("-50.0 ± 11.5") == 2
+    assert rows["fixed assistance reward (tuned)"].count("+25.0 ± 9.9") == 2
