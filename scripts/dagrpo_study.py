@@ -37,7 +37,7 @@ accuracy and cloud rate greedy and sampled after the last phase, the routers, th
 last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
 phase, greedy, within seeds, pooled), forgetting (each arm's change on the near prompts across the far phase, and its
 difference to DA-GRPO's, paired), where each asking arm asks (sampled asks on the prompts its own greedy answer
-gets wrong against those it gets right, and per level), `cloud_rate_v2.png` (training cloud rate and tau over steps, per
+gets wrong against those it gets right, per level, and the hardest level minus the easiest), `cloud_rate_v2.png` (training cloud rate and tau over steps, per
 arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per level over steps, per asking arm).
 """
 
@@ -55,7 +55,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from slime_ext.studies import keep_run_files, read_metrics, read_records  # noqa: E402
+from slime_ext.studies import keep_run_files, level_key, read_metrics, read_records  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run,  # noqa: E402
                                    reuse, run_one, save_figure, summarise, write_table)
@@ -377,19 +377,23 @@ def v2_asking(seed_runs: list[dict[str, Path]]) -> str:
     """The section on where each asking arm asks, pooled over seeds."""
     lines = ["## Where each arm asks (sampled evaluation after the last phase, pooled over seeds)", "",
              "Ask rate on the prompts the arm's own greedy answer gets wrong and on those it gets right, their "
-             "difference (bootstrap over prompts), and the ask rate per level.", "",
-             "| arm | phase | asks, greedy wrong | asks, greedy right | wrong - right, points | asks by level |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "difference (bootstrap over prompts), the ask rate per level and the hardest level's minus the "
+             "easiest's.", "",
+             "| arm | phase | asks, greedy wrong | asks, greedy right | wrong - right, points | asks by level | "
+             "hardest - easiest level, points |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
     for arm in arms:
         for phase, split in asks_by_competence([runs[arm] for runs in seed_runs if arm in runs]).items():
             if not any(split["wrong"] + split["right"]):
                 continue  # never asks: nothing to split
             wrong, right = split["wrong"], split["right"]
-            levels = ", ".join(f"{lv} {mean(v):.3f}" for lv, v in sorted(split["levels"].items()))
+            ordered = sorted(split["levels"].items(), key=lambda kv: level_key(kv[0]))
+            levels = ", ".join(f"{lv} {mean(v):.3f}" for lv, v in ordered)
+            spread = rate_difference(ordered[-1][1], ordered[0][1]) if len(ordered) > 1 else "-"
             lines.append(f"| {arm} | {phase} | {mean(wrong) if wrong else float('nan'):.3f} ({len(wrong)}) | "
                          f"{mean(right) if right else float('nan'):.3f} ({len(right)}) | "
-                         f"{rate_difference(wrong, right)} | {levels} |")
+                         f"{rate_difference(wrong, right)} | {levels} | {spread} |")
     return "\n".join(lines)
 
 
