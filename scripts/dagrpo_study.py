@@ -37,8 +37,9 @@ accuracy and cloud rate greedy and sampled after the last phase, the routers, th
 last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
 phase, greedy, within seeds, pooled), forgetting (each arm's change on the near prompts across the far phase, and its
 difference to DA-GRPO's, paired), where each asking arm asks (sampled asks on the prompts its own greedy answer
-gets wrong against those it gets right, per level, and the hardest level minus the easiest), `cloud_rate_v2.png` (training cloud rate and tau over steps, per
-arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per level over steps, per asking arm).
+gets wrong against those it gets right, per level, and the hardest level minus the easiest), `cloud_rate_v2.png`
+(training cloud rate and tau over steps, per arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per
+level over steps, per asking arm).
 """
 
 from __future__ import annotations
