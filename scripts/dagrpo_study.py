@@ -464,6 +464,20 @@ def v2_level_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Optional[Path]
     return save_figure(fig, out / "cloud_rate_by_level_v2.png")
 
 
+def require_phase_steps(run: Path, phase_steps: int) -> None:
+    """Stop when a run found by name (kept under --out/runs/ or finished under --runs) trained other phase lengths:
+    runs are matched by folder name only, and 40-step and 80-step runs must not share one table."""
+    import yaml
+
+    config = run / "config.yaml"
+    if not config.exists():
+        return
+    steps = [int(p["steps"]) for p in (yaml.safe_load(config.read_text()).get("dagrpo") or {}).get("phases") or []]
+    if steps and any(s != phase_steps for s in steps):
+        raise SystemExit(f"{run}: its phases trained {steps} RL steps, this study {phase_steps} (--phase-steps): "
+                         "give this length its own --runs and --out")
+
+
 def main_v2(args: argparse.Namespace, command: str) -> int:
     assist = tuple(args.assist_sweep)
     seed_runs: list[dict[str, Path]] = []
@@ -486,6 +500,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
             if run is None:
                 missing.append(f"{arm} seed {seed}")
                 continue
+            require_phase_steps(run, args.phase_steps)
             done[arm] = run
         if chosen is None and all(ASSIST.format(h=h) in done for h in assist) and "DA-GRPO" in done:
             chosen = tuned_assist(done, assist)

@@ -156,3 +156,16 @@ def test_the_forgetting_section_pairs_each_arms_change_with_dagrpos(tmp_path):
     assert rows["DA-GRPO"].startswith("| DA-GRPO | +0.0 ± 0.0 points") and rows["DA-GRPO"].endswith("| - |")
     assert "| -50.0 ± 11.5 points (95% CI" in rows["local-only"] and rows["local-only"].count("-50.0 ± 11.5") == 2
     assert rows["fixed assistance reward (tuned)"].count("+25.0 ± 9.9") == 2
+
+
+def test_a_run_of_other_phase_lengths_is_refused_not_tabulated(tmp_path):
+    """Runs are found by folder name: a 40-step kept run read by an 80-step study would mix lengths in one table."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    fake_v2_run(root, "DA_GRPO", 0, 0.3, [1.0] * 4)
+    run = study.finished_run(root / "DA_GRPO-seed0")
+    (run / "config.yaml").write_text("dagrpo:\n  phases:\n  - {name: near, steps: 40}\n  - {name: far, steps: 40}\n")
+    study.require_phase_steps(run, 40)
+    with pytest.raises(SystemExit, match=r"trained \[40, 40\] RL steps, this study 80 \(--phase-steps\)"):
+        study.main(["--task", "v2", "--report-only", "--seeds", "0", "--phase-steps", "80", "--runs", str(root),
+                    "--out", str(tmp_path / "out")])
