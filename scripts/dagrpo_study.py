@@ -450,7 +450,7 @@ def v2_level_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Optional[Path]
                 continue
             m = read_metrics(runs[arm])
             levels = sorted({k.rsplit("/", 1)[1] for x in m for k in x if k.startswith("dagrpo/cloud_rate/")},
-                            key=lambda lv: int(lv.lstrip("V")) if lv.lstrip("V").isdigit() else 0)
+                            key=level_key)
             for i, lv in enumerate(levels):
                 rows = [x for x in m if f"dagrpo/cloud_rate/{lv}" in x]
                 ax.plot([x["step"] for x in rows], moving_mean([x[f"dagrpo/cloud_rate/{lv}"] for x in rows]),

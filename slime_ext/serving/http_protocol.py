@@ -85,15 +85,14 @@ def protocol_with_header_timeout(header_timeout_s: float, linger_s: Optional[flo
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
-            if isinstance(self.transport, LingeringTransport) and self.transport.lingering:
+            if self.transport.lingering:  # connection_made wrapped it
                 return  # the rest of a refused body: dropped, never parsed or kept
             super().data_received(data)
 
         def connection_lost(self, exc: Optional[Exception]) -> None:
             if self._first_request_timer is not None:
                 self._first_request_timer.cancel()
-            if isinstance(self.transport, LingeringTransport):
-                self.transport.connection_lost()
+            self.transport.connection_lost()
             super().connection_lost(exc)
 
     return HeaderTimeoutProtocol
