@@ -37,7 +37,9 @@ accuracy and cloud rate greedy and sampled after the last phase, the routers, th
 last quarter of each phase), paired differences prompt by prompt against DA-GRPO (joint correctness after the last
 phase, greedy, within seeds, pooled), forgetting (each arm's change on the near prompts across the far phase, and its
 difference to DA-GRPO's, paired), where each asking arm asks (sampled asks on the prompts its own greedy answer
-gets wrong against those it gets right, per level, and the hardest level minus the easiest), `cloud_rate_v2.png`
+gets wrong against those it gets right, per level, and the hardest level minus the easiest), each asking arm's
+sampled joint accuracy against routers given its sampled cloud rate over greedy local answers (random, hardest level
+first, an oracle; the in-run routers sit at the greedy rate, which is 0 in these runs), `cloud_rate_v2.png`
 (training cloud rate and tau over steps, per arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per
 level over steps, per asking arm).
 """
@@ -398,6 +400,86 @@ def v2_asking(seed_runs: list[dict[str, Path]]) -> str:
     return "\n".join(lines)
 
 
+def last_phase_answers(run: Path) -> dict[str, dict[str, dict]]:
+    """Phase -> prompt id -> {level, greedy local correctness (0 where the greedy answer asked: the in-run
+    routers' convention), sampled joint correctness, sampled asked} after the last phase, and the cloud's accuracy
+    per phase (`cloud`, from the greedy evaluation's router baselines, which ask the cloud on every prompt; None in
+    a run without them, the local-only arm)."""
+    out: dict[str, dict] = {}
+    for r in read_records(run / "eval_after_phase_1.records.jsonl"):
+        entry = out.setdefault(r["phase"], {}).setdefault(r["prompt_id"], {"level": r["level"]})
+        if r["decoding"] == "greedy":
+            entry["local"] = 0.0 if r["asked"] else float(r["correct"])
+        else:
+            entry["sampled"], entry["asked"] = float(r["correct"]), float(r["asked"])
+    summary = json.loads((run / "eval_after_phase_1.json").read_text())
+    return {"cloud": {phase: summary.get(phase, {}).get("cloud_alone_accuracy") for phase in out}, **out}
+
+
+def cloud_accuracy(run: Path, answers: dict, phase: str) -> float:
+    """The cloud's accuracy on a phase's prompts, as the asking arm's greedy evaluation measured it."""
+    if answers["cloud"][phase] is None:
+        raise ValueError(f"{run / 'eval_after_phase_1.json'}: phase {phase!r} has no cloud_alone_accuracy (the greedy "
+                         "evaluation's router baselines), which the router table needs")
+    return answers["cloud"][phase]
+
+
+def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
+    """Each asking arm's sampled joint accuracy after the last phase against routers that send the same share of
+    prompts (its sampled cloud rate, per seed and phase) to the cloud and answer the rest with a local model's
+    greedy answers: at random, hardest level first, greedy-wrong first (an oracle, the ceiling for that budget),
+    and hardest level first over the local-only arm's answers. Routers are expectations over their tie-breaking;
+    differences are paired prompt by prompt within seeds, pooled."""
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
+    from slime_ext.methods.dagrpo.routers import expected_routed_correctness, routing_probabilities
+
+    lines = ["## The asking arms against routers at their own sampled cloud rate (after the last phase, pooled over "
+             "seeds)", "",
+             "The in-run routers sit at the greedy cloud rate, 0 in these runs, so they equal the local model. Here each "
+             "router sends the share of prompts the arm asked on when sampled (per seed and phase) to the cloud and "
+             "keeps the rest on a local model's greedy answers; its accuracy is the expectation over how it breaks "
+             "ties. A positive difference means the arm's own asking (sampled) beats the router. The difference holds both the "
+             "decoding (the arm's sampled local answers against greedy ones) and which prompts go to the cloud; the "
+             "section above tests the second alone.", "",
+             "| arm | phase | sampled cloud rate | arm's sampled joint acc | router (local answers) | router joint acc | "
+             "arm - router, points |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    routers = (("random (own greedy)", "own", lambda e: 0.0), ("hardest level first (own greedy)", "own", None),
+               ("greedy-wrong first, oracle (own greedy)", "own", lambda e: 1.0 - e["local"]),
+               ("hardest level first (local-only's greedy)", "local-only", None))
+    arms = [a for a in dict.fromkeys(a for runs in seed_runs for a in runs) if a != "local-only"]
+    for arm in arms:
+        per_seed = [(runs[arm], last_phase_answers(runs[arm]), last_phase_answers(runs["local-only"])
+                     if "local-only" in runs else None) for runs in seed_runs if arm in runs]
+        for phase in [p for p in per_seed[0][1] if p != "cloud"]:
+            if not any(e["asked"] for _, own, _ in per_seed for e in own[phase].values()):
+                continue  # never asks: no budget to give a router
+            for label, source, priority in routers:
+                arm_scores: list[float] = []
+                router_scores: list[float] = []
+                rates: list[float] = []
+                for run, own, local_only in per_seed:
+                    answers = own if source == "own" else local_only
+                    if answers is None:
+                        continue
+                    ids = sorted(own[phase])
+                    if sorted(answers[phase]) != ids:
+                        raise ValueError(f"{arm} and {source}: different {phase} prompts after the last phase")
+                    rate = mean(own[phase][i]["asked"] for i in ids)
+                    ranks = {lv: k for k, lv in enumerate(sorted({own[phase][i]["level"] for i in ids}, key=level_key))}
+                    keys = [priority(answers[phase][i]) if priority else ranks[answers[phase][i]["level"]] for i in ids]
+                    p = routing_probabilities(keys, rate)
+                    router_scores += expected_routed_correctness([answers[phase][i]["local"] for i in ids],
+                                                                 [cloud_accuracy(run, own, phase)] * len(ids), p).tolist()
+                    arm_scores += [own[phase][i]["sampled"] for i in ids]
+                    rates += [rate] * len(ids)
+                if not arm_scores:
+                    continue
+                diff = describe_difference(paired_difference(router_scores, arm_scores))
+                lines.append(f"| {arm} | {phase} | {mean(rates):.3f} | {mean(arm_scores):.3f} | {label} | "
+                             f"{mean(router_scores):.3f} | {diff} |")
+    return "\n".join(lines)
+
+
 def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     import matplotlib
 
@@ -520,6 +602,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
     append_section(args.out, v2_differences(seed_runs))
     append_section(args.out, v2_forgetting(seed_runs))
     append_section(args.out, v2_asking(seed_runs))
+    append_section(args.out, v2_routers(seed_runs))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")
         print(f"[study] plot {v2_level_plot(args.out, seed_runs)}")

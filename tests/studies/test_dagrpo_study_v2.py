@@ -46,6 +46,8 @@ def fake_v2_run(root: Path, arm_slug: str, seed: int, far_rate: float, correct: 
     for k, near_acc in ((0, 0.8), (1, 0.6)):
         phase = {"joint_accuracy": near_acc, "local_only_accuracy": 0.5, "cloud_rate": 0.2,
                  "sampled/cloud_rate": 0.4, "sampled/joint_accuracy": 0.55}
+        if arm_slug != "local_only":  # the greedy evaluation's router baselines (none in the local-only arm)
+            phase["cloud_alone_accuracy"] = 1.0
         (run / f"eval_after_phase_{k}.json").write_text(json.dumps({"near": phase, "far": dict(phase, joint_accuracy=0.3)}))
     asked = asked or [False] * len(correct)
     for k, scores in ((0, before or correct), (1, correct)):
@@ -169,3 +171,46 @@ def test_a_run_of_other_phase_lengths_is_refused_not_tabulated(tmp_path):
     with pytest.raises(SystemExit, match=r"trained \[40, 40\] RL steps, this study 80 \(--phase-steps\)"):
         study.main(["--task", "v2", "--report-only", "--seeds", "0", "--phase-steps", "80", "--runs", str(root),
                     "--out", str(tmp_path / "out")])
+
+
+def test_routing_probabilities_fill_the_budget_by_priority_and_share_ties():
+    from slime_ext.methods.dagrpo.routers import expected_routed_correctness, routing_probabilities
+
+    assert routing_probabilities([3, 2, 2, 2, 1], 0.4).tolist() == pytest.approx([1, 1 / 3, 1 / 3, 1 / 3, 0])
+    assert routing_probabilities([0, 0, 0, 0], 0.5).tolist() == [0.5] * 4  # the random router
+    assert routing_probabilities([1, 2], 0.0).tolist() == [0.0, 0.0]
+    assert routing_probabilities([1, 2], 1.0).tolist() == [1.0, 1.0]
+    assert expected_routed_correctness([1, 0], [1, 1], [0.25, 0.5]).tolist() == [1.0, 0.5]
+
+
+def test_the_router_section_gives_each_router_the_arms_sampled_cloud_rate(tmp_path):
+    """DA-GRPO asks (sampled) on 9 of 20 prompts, so every router sends 9 to the always-right cloud; its greedy answers
+    are wrong on prompts 0-9 and right on 10-19, levels alternating V2, V3. Random: 0.45 + 0.55 x 0.5 = 0.725;
+    hardest level first (V3, 10 prompts, 9 go): 0.9 on V3 plus its right answers' 0.1 (0.5 in all) and V2's 5 right,
+    (9 + 0.5 + 5) / 20 = 0.725; oracle (the 10 wrong share 9): (9 + 10) / 20 = 0.95; level first over local-only's
+    answers (all wrong): 9 / 20 = 0.45. The fake's sampled answers are all scored wrong (arm 0.000)."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    correct = [0.0] * 10 + [1.0] * 10
+    fake_v2_run(root, "DA_GRPO", 0, 0.3, correct, asked=[k < 8 for k in range(10)] + [k == 0 for k in range(10)])
+    fake_v2_run(root, "local_only", 0, 0.0, [0.0] * 20)
+    runs = [{"DA-GRPO": study.finished_run(root / "DA_GRPO-seed0"),
+             "local-only": study.finished_run(root / "local_only-seed0")}]
+    rows = [line for line in study.v2_routers(runs).splitlines() if line.startswith("| DA-GRPO | far |")]
+    expected = [("random (own greedy)", 0.725), ("hardest level first (own greedy)", 0.725),
+                ("greedy-wrong first, oracle (own greedy)", 0.95), ("hardest level first (local-only's greedy)", 0.45)]
+    assert len(rows) == 4
+    for row, (label, accuracy) in zip(rows, expected):
+        assert f"| 0.450 | 0.000 | {label} | {accuracy:.3f} | {-100 * accuracy:+.1f} ±" in row, row
+    assert "local-only |" not in study.v2_routers(runs).split("| --- |")[-1]  # it never asks: no budget to give
+
+
+def test_the_router_section_names_a_run_without_the_clouds_accuracy(tmp_path):
+    study = study_script("dagrpo_study")
+    fake_v2_run(tmp_path, "DA_GRPO", 0, 0.3, [0.0, 1.0], asked=[True, False])
+    run = study.finished_run(tmp_path / "DA_GRPO-seed0")
+    summary = json.loads((run / "eval_after_phase_1.json").read_text())
+    del summary["far"]["cloud_alone_accuracy"]
+    (run / "eval_after_phase_1.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"eval_after_phase_1.json: phase 'far' has no cloud_alone_accuracy"):
+        study.v2_routers([{"DA-GRPO": run}])

@@ -78,3 +78,27 @@ def routed_scores(local_correct: Sequence[float], cloud_correct: Sequence[float]
     kept = local[~to_cloud]
     return {"joint_accuracy": float(joint.mean()), "cloud_rate": float(to_cloud.mean()),
             "local_only_accuracy": float(kept.mean()) if kept.size else float("nan")}
+
+
+def routing_probabilities(priority: Sequence[float], rate: float) -> np.ndarray:
+    """Each prompt's probability of going to the cloud when exactly round(rate x n) prompts go, highest `priority`
+    first and ties broken uniformly at random: the expectation of a seeded router, without its seed's luck. Equal
+    priorities everywhere give the random router (every prompt k / n)."""
+    priority = np.asarray(priority, dtype=np.float64)
+    k = int(round(rate * len(priority)))
+    p = np.zeros(len(priority))
+    for value in sorted(set(priority.tolist()), reverse=True):
+        if k <= 0:
+            break
+        tied = priority == value
+        taken = min(int(tied.sum()), k)
+        p[tied] = taken / tied.sum()
+        k -= taken
+    return p
+
+
+def expected_routed_correctness(local_correct: Sequence[float], cloud_correct: Sequence[float],
+                                to_cloud: Sequence[float]) -> np.ndarray:
+    """Per prompt: the expected correctness of a router that sends it to the cloud with probability `to_cloud`."""
+    p = np.asarray(to_cloud, dtype=np.float64)
+    return p * np.asarray(cloud_correct, dtype=np.float64) + (1 - p) * np.asarray(local_correct, dtype=np.float64)
