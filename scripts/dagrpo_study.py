@@ -2,7 +2,7 @@
 
     python scripts/dagrpo_study.py [--phase-steps 10] [--control-steps 40] [--control-phase mixed|hard]
                                    [--lambda-starts 0 0.5 1] [--only TEXT ...] [--controls-only] [--runs runs/dagrpo_study]
-                                   [--out results/dagrpo_study] [--report-only] [k=v ...]
+                                   [--out results/dagrpo_study] [--report-only] [--ask-samples 8] [k=v ...]
 
 Every run starts from one SFT warm start on the L1 and L4 data (with trigger examples; the key ignores
 phase order, steps, tau, local_only and how a phase mixes the levels) and asks an exact solver served
@@ -39,7 +39,11 @@ phase, greedy, within seeds, pooled), forgetting (each arm's change on the near 
 difference to DA-GRPO's, paired), where each asking arm asks (sampled asks on the prompts its own greedy answer
 gets wrong against those it gets right, per level, and the hardest level minus the easiest), each asking arm's
 sampled joint accuracy against routers given its sampled cloud rate over greedy local answers (random, hardest level
-first, an oracle; the in-run routers sit at the greedy rate, which is 0 in these runs), `cloud_rate_v2.png`
+first, an oracle; the in-run routers sit at the greedy rate, which is 0 in these runs), each asking arm's per-prompt
+ask probability from `--ask-samples` sampled answers per held-out prompt of its final model (the AUC of that
+probability for the prompts its greedy answer gets wrong, within seeds and within levels;
+`slime_ext/methods/dagrpo/ask_probability.py`, run once per finished asking run that still has its checkpoint),
+`cloud_rate_v2.png`
 (training cloud rate and tau over steps, per arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per
 level over steps, per asking arm).
 """
@@ -60,9 +64,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, level_key, read_metrics, read_records  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
+from slime_ext.methods.dagrpo.ask_probability import ASK_FILE  # noqa: E402
 from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run,  # noqa: E402
                                    reuse, run_one, save_figure, summarise, write_table)
 
+# a v2 run's files kept under --out/runs/ (its evaluation records gzipped beside them)
+KEPT_FILES = RUN_FILES + ("continual_table.md", "eval_after_phase_0.json", "eval_after_phase_1.json", ASK_FILE)
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}
 EASY, HARD = "{name: easy, levels: [L1], step_limit: 3", "{name: hard, levels: [L4], step_limit: 6"
@@ -546,6 +553,69 @@ def v2_level_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Optional[Path]
     return save_figure(fig, out / "cloud_rate_by_level_v2.png")
 
 
+def ask_probability(run: Path, samples: int, kept: Path) -> None:
+    """The per-prompt ask probability of a finished asking run's final model (`samples` sampled answers per held-out
+    prompt), once: skipped when the run has it, or is a kept copy without its checkpoint (finished elsewhere)."""
+    import subprocess
+
+    from slime_ext.tools.study import driver_env
+
+    if (run / ASK_FILE).exists():
+        return
+    if not any(run.glob("hf*/config.json")):
+        print(f"[study] {run}: no checkpoint here (a kept copy), so no per-prompt ask probability", flush=True)
+        return
+    cmd = [sys.executable, "-m", "slime_ext.methods.dagrpo.ask_probability", str(run), "--samples", str(samples)]
+    print(f"[study] {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True, env=driver_env())
+    keep_run_files(run, kept, KEPT_FILES)
+
+
+def with_interval(summary: dict, name: str, scale: float = 1.0, digits: int = 3, sign: str = "") -> str:
+    """`value [low, high]` of a `summarise` statistic and its bootstrap interval (`sign` "+": signed, a difference)."""
+    lo, hi = summary[f"{name}_95ci"]
+    fmt = f"{sign}.{digits}f"
+    return f"{scale * summary[name]:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]"
+
+
+def v2_ask_probability(seed_runs: list[dict[str, Path]]) -> str:
+    """Each asking arm's per-prompt ask probability after the last phase (its runs' `eval_ask_probability` records,
+    pooled over seeds, AUCs within seeds): does it ask where its own greedy answer is wrong?"""
+    from slime_ext.methods.dagrpo.ask_probability import records_of, summarise
+
+    lines = ["## Per-prompt ask probability (K sampled answers per held-out prompt of the final model, pooled over seeds)",
+             "", "p = the share of a prompt's K samples that asked. AUC: how well p ranks the prompts the arm's own greedy "
+             "answer gets wrong above those it gets right (0.5: blind to its competence, 1: asks exactly where it would "
+             "fail), over pairs within a seed, then within a seed and level (which removes \"harder levels ask more\"); "
+             "bootstrap 95% intervals over prompts. In brackets, the shares of prompts at p = 0 and p > 0.5 if every "
+             "prompt of a level asked with its level's mean p (binomial): more at the extremes than that means "
+             "asking differs between prompts of one level.", "",
+             "| arm | phase | prompts x K | mean p | p = 0 / p > 0.5 / p = 1 (by level alone: p = 0 / p > 0.5) | p greedy wrong / right | wrong - right, points | "
+             "AUC | AUC within level | p by level |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    arms = [a for a in dict.fromkeys(a for runs in seed_runs for a in runs) if a != "local-only"]
+    found = False
+    for arm in arms:
+        pooled: dict[str, list[dict]] = {}
+        for seed, runs in enumerate(seed_runs):
+            if arm in runs and (runs[arm] / ASK_FILE).exists():
+                for r in read_records(records_of(runs[arm] / ASK_FILE)):
+                    pooled.setdefault(r["phase"], []).append({**r, "seed": seed})
+        for phase, records in pooled.items():
+            found = True
+            s = summarise(records, stratum=lambda r: r["seed"])
+            levels = ", ".join(f"{lv} {v:.3f}" for lv, v in sorted(s["by_level"].items(), key=lambda kv: level_key(kv[0])))
+            lines.append(f"| {arm} | {phase} | {s['prompts']} x {s['samples_per_prompt']} | {s['mean_ask_probability']:.3f} | "
+                         f"{s['share_never_asks']:.3f} / {s['share_asks_over_half']:.3f} / {s['share_always_asks']:.3f} "
+                         f"({s['share_never_asks_level_alone']:.3f} / {s['share_asks_over_half_level_alone']:.3f}) | "
+                         f"{s['ask_probability_greedy_wrong']:.3f} ({s['greedy_wrong']}) / "
+                         f"{s['ask_probability_greedy_right']:.3f} ({s['greedy_right']}) | "
+                         f"{with_interval(s, 'wrong_minus_right', 100, 1, '+')} | {with_interval(s, 'auc')} | "
+                         f"{with_interval(s, 'auc_within_level')} | {levels} |")
+    if not found:
+        lines.append("| (no run has it yet: `--ask-samples`) | | | | | | | | | |")
+    return "\n".join(lines)
+
+
 def require_phase_steps(run: Path, phase_steps: int) -> None:
     """Stop when a run found by name (kept under --out/runs/ or finished under --runs) trained other phase lengths:
     runs are matched by folder name only, and 40-step and 80-step runs must not share one table."""
@@ -577,8 +647,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
             if run is None and not skip:
                 run = run_one(config_on_task(config, "v2", parent), seed, parent, [*extra, *args.overrides],
                               shared_sft_seed=seed)
-                keep_run_files(run, args.out / "runs" / parent.name, RUN_FILES + ("continual_table.md",
-                               "eval_after_phase_0.json", "eval_after_phase_1.json"))
+                keep_run_files(run, args.out / "runs" / parent.name, KEPT_FILES)
             if run is None:
                 missing.append(f"{arm} seed {seed}")
                 continue
@@ -589,6 +658,10 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         if chosen is not None:  # the tuned reward is the arm; the other sweep points stay in the runs list only
             done = {("fixed assistance reward (tuned)" if a == ASSIST.format(h=chosen) else a): r for a, r in done.items()
                     if not a.startswith("fixed assistance reward ") or a == ASSIST.format(h=chosen)}
+        if args.ask_samples and not args.report_only:
+            for arm, run in done.items():
+                if arm != "local-only" and (args.only is None or any(t in arm for t in args.only)):
+                    ask_probability(run, args.ask_samples, args.out / "runs" / run.parent.name)
         seed_runs.append(done)
         for arm, run in done.items():
             rows.setdefault(arm, []).append(v2_row(run))
@@ -603,6 +676,7 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
     append_section(args.out, v2_forgetting(seed_runs))
     append_section(args.out, v2_asking(seed_runs))
     append_section(args.out, v2_routers(seed_runs))
+    append_section(args.out, v2_ask_probability(seed_runs))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")
         print(f"[study] plot {v2_level_plot(args.out, seed_runs)}")
@@ -629,6 +703,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=Path, help="default: runs/dagrpo_study (v1), runs/dagrpo_study_v2 (v2)")
     ap.add_argument("--out", type=Path, help="default: results/dagrpo_study (v1), results/dagrpo_study_v2 (v2)")
     ap.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start nothing")
+    ap.add_argument("--ask-samples", type=int, default=8, metavar="K",
+                    help="v2: sampled answers per held-out prompt of each asking arm's final model, for the per-prompt "
+                         "ask probability (slime_ext/methods/dagrpo/ask_probability.py); 0: none (default 8)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = command_line("dagrpo_study.py", argv)

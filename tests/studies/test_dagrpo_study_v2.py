@@ -214,3 +214,69 @@ def test_the_router_section_names_a_run_without_the_clouds_accuracy(tmp_path):
     (run / "eval_after_phase_1.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match=r"eval_after_phase_1.json: phase 'far' has no cloud_alone_accuracy"):
         study.v2_routers([{"DA-GRPO": run}])
+
+
+def fake_ask_probability(run: Path, asks: list[list[bool]], greedy: list[float]) -> None:
+    """A run's per-prompt ask probability files, both phases alike; levels alternate V2, V3 by prompt index."""
+    (run / "eval_ask_probability.json").write_text("{}")
+    records = [{"phase": phase, "prompt_id": str(i), "level": f"V{2 + i % 2}", "greedy_correct": g,
+                "greedy_asked": False, "asks": a, "correct": [0.0] * len(a)}
+               for phase in ("near", "far") for i, (a, g) in enumerate(zip(asks, greedy))]
+    (run / "eval_ask_probability.records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_ask_probability_section_pools_seeds_and_compares_prompts_within_a_seed(tmp_path):
+    """Seed 0 asks always where its greedy answer is wrong (prompts 0, 1) and never where right: AUC 1; seed 1 asks
+    half the time on every prompt: 0.5. Within seeds (4 + 4 pairs) the AUC is 0.75, where pairing across seeds would
+    give 14 / 16; within level and seed also 0.75. Mean p (2 + 0 + 4 x 0.5) / 8 = 0.5; every level of either seed
+    averages 0.5, so by level alone 2 samples give p = 0 and p = 1 a quarter of the time each."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    greedy = [0.0, 0.0, 1.0, 1.0]
+    for seed, asks in ((0, [[True, True], [True, True], [False, False], [False, False]]),
+                       (1, [[True, False]] * 4)):
+        fake_v2_run(root, "DA_GRPO", seed, 0.3, greedy)
+        fake_ask_probability(study.finished_run(root / f"DA_GRPO-seed{seed}"), asks, greedy)
+    fake_v2_run(root, "local_only", 0, 0.0, greedy)
+    runs = [{"DA-GRPO": study.finished_run(root / f"DA_GRPO-seed{s}")} for s in (0, 1)]
+    runs[0]["local-only"] = study.finished_run(root / "local_only-seed0")
+    rows = [line for line in study.v2_ask_probability(runs).splitlines() if line.startswith("| DA-GRPO |")]
+    assert len(rows) == 2, rows
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2:6] == ["8 x 2", "0.500", "0.250 / 0.250 / 0.250 (0.250 / 0.250)",
+                              "0.750 (4) / 0.250 (4)"], cells
+        assert cells[6].startswith("+50.0 [") and cells[7].startswith("0.750 [") and cells[8].startswith("0.750 [")
+        assert cells[9] == "V2 0.500, V3 0.500"
+    assert "(no run has it yet" in study.v2_ask_probability([{"local-only": runs[0]["local-only"]}])
+
+
+def test_the_study_measures_the_ask_probability_of_the_asking_arms_only(tmp_path, monkeypatch):
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    measured = []
+
+    def fake_run_one(config, seed, parent, overrides, shared_sft_seed=None):
+        if study.finished_run(parent) is None:  # as run_one: a finished run is not run again
+            fake_v2_run(root, parent.name.rsplit("-seed", 1)[0], seed, 0.3, [1.0] * 4)
+        return study.finished_run(parent)
+
+    monkeypatch.setattr(study, "run_one", fake_run_one)
+    monkeypatch.setattr(study, "keep_run_files", lambda *a, **k: None)
+    monkeypatch.setattr(study, "ask_probability", lambda run, samples, kept: measured.append((run.parent.name, samples)))
+    args = ["--task", "v2", "--seeds", "0", "--phase-steps", "4", "--only", "DA-GRPO", "local-only", "--runs", str(root),
+            "--out", str(tmp_path / "out")]
+    assert study.main(args) == 0
+    assert measured == [("DA_GRPO-seed0", 8)]
+    measured.clear()
+    assert study.main([*args, "--ask-samples", "0"]) == 0 and measured == []
+    assert study.main([*args, "--report-only"]) == 0 and measured == []
+
+
+def test_a_kept_copy_without_its_checkpoint_is_not_measured(tmp_path, capsys):
+    study = study_script("dagrpo_study")
+    fake_v2_run(tmp_path, "DA_GRPO", 0, 0.3, [1.0] * 4)
+    run = study.finished_run(tmp_path / "DA_GRPO-seed0")
+    study.ask_probability(run, 8, tmp_path / "kept")
+    assert "no checkpoint here (a kept copy)" in capsys.readouterr().out
+    assert not (run / "eval_ask_probability.json").exists()
