@@ -42,7 +42,7 @@ sampled joint accuracy against routers given its sampled cloud rate over greedy 
 first, an oracle; the in-run routers sit at the greedy rate, which is 0 in these runs), each asking arm's per-prompt
 ask probability from `--ask-samples` sampled answers per held-out prompt of its final model (the AUC of that
 probability for the prompts its greedy answer gets wrong, within seeds and within levels;
-`slime_ext/methods/dagrpo/ask_probability.py`, run once per finished asking run that still has its checkpoint),
+`eval_checkpoint --dagrpo-ask-samples`, run once per finished asking run that still has its checkpoint),
 `cloud_rate_v2.png`
 (training cloud rate and tau over steps, per arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per
 level over steps, per asking arm).
@@ -65,8 +65,8 @@ sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, level_key, read_metrics, read_records  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.methods.dagrpo.ask_probability import ASK_FILE  # noqa: E402
-from slime_ext.tools.study import (append_section, command_line, config_on_task, finished_run,  # noqa: E402
-                                   reuse, run_one, save_figure, summarise, write_table)
+from slime_ext.tools.study import (append_section, command_line, config_on_task, eval_checkpoint,  # noqa: E402
+                                   finished_run, reuse, run_one, save_figure, summarise, write_table)
 
 # a v2 run's files kept under --out/runs/ (its evaluation records gzipped beside them)
 KEPT_FILES = RUN_FILES + ("continual_table.md", "eval_after_phase_0.json", "eval_after_phase_1.json", ASK_FILE)
@@ -555,19 +555,14 @@ def v2_level_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Optional[Path]
 
 def ask_probability(run: Path, samples: int, kept: Path) -> None:
     """The per-prompt ask probability of a finished asking run's final model (`samples` sampled answers per held-out
-    prompt), once: skipped when the run has it, or is a kept copy without its checkpoint (finished elsewhere)."""
-    import subprocess
-
-    from slime_ext.tools.study import driver_env
-
+    prompt, `eval_checkpoint --dagrpo-ask-samples`), once: skipped when the run has it, or is a kept copy without its
+    checkpoint (finished elsewhere)."""
     if (run / ASK_FILE).exists():
         return
     if not any(run.glob("hf*/config.json")):
         print(f"[study] {run}: no checkpoint here (a kept copy), so no per-prompt ask probability", flush=True)
         return
-    cmd = [sys.executable, "-m", "slime_ext.methods.dagrpo.ask_probability", str(run), "--samples", str(samples)]
-    print(f"[study] {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, cwd=REPO, check=True, env=driver_env())
+    eval_checkpoint(run, run / "config.yaml", run / "eval.json", "--dagrpo-ask-samples", str(samples), "--skip-eval")
     keep_run_files(run, kept, KEPT_FILES)
 
 
@@ -705,7 +700,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start nothing")
     ap.add_argument("--ask-samples", type=int, default=8, metavar="K",
                     help="v2: sampled answers per held-out prompt of each asking arm's final model, for the per-prompt "
-                         "ask probability (slime_ext/methods/dagrpo/ask_probability.py); 0: none (default 8)")
+                         "ask probability (eval_checkpoint --dagrpo-ask-samples); 0: none (default 8)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = command_line("dagrpo_study.py", argv)

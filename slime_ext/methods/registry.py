@@ -59,6 +59,8 @@ _AXES_SECTION = {"tandem_axes": "slime_ext.methods.tandem.config:TandemAxesConfi
 _JUNIOR = {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
 _SPEAK = {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
 _CLOUD = {"cloud": "slime_ext.methods.dagrpo.cloud_tool:CloudTool"}
+# the per-prompt ask probability from K sampled answers (eval_checkpoint --dagrpo-ask-samples K)
+_ASK = {"dagrpo-ask-samples": "slime_ext.methods.dagrpo.ask_probability:checkpoint_evaluation"}
 
 METHODS: dict[str, MethodEntry] = {
     # plain GRPO reports the SxS latency metrics of its chain of thought (the SxS study's CoT arm)
@@ -78,9 +80,9 @@ METHODS: dict[str, MethodEntry] = {
     "sxs_rl": MethodEntry("slime_ext.methods.sxs.method:SxS", _SXS | _AXES_SECTION, ("sglang_patches.sxs",), _AXES,
                           serving=_SPEAK),
     "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO | _AXES_SECTION, ("sglang_patches.dagrpo",),
-                          _AXES, tools=_CLOUD),
+                          _AXES, checkpoint_evaluations=_ASK, tools=_CLOUD),
     "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO | _AXES_SECTION,
-                               ("sglang_patches.dagrpo",), _AXES, tools=_CLOUD),
+                               ("sglang_patches.dagrpo",), _AXES, checkpoint_evaluations=_ASK, tools=_CLOUD),
 }
 
 

@@ -32,7 +32,7 @@ import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from slime_ext.algo import LossSpec
 from slime_ext.data import Sample

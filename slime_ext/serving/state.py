@@ -6,7 +6,7 @@ import hmac
 import itertools
 import threading
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from sglang_patches.decoding import SamplingParams
 from slime_ext.data.generation import GenerateRequest, GenerateResult

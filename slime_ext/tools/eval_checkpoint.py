@@ -17,7 +17,10 @@ Held-out rows: `--data FILE.jsonl` (the config's prompt/label keys), else the ev
 Prints a markdown table (and, with `--baseline eval.json`, the comparison with an earlier evaluation) and
 writes `eval.json` (and its per-prompt records, `eval.records.jsonl`, which make `--baseline` comparisons paired)
 into the checkpoint directory, or to `--out` (a `.json` file, or a directory).
-Exit status: 0 on success, 2 when PATH, the config or the data cannot be used (the message names it).
+A registered method may add its own evaluation of the checkpoint as an option (`--tandem-junior HF_DIR`,
+`--dagrpo-ask-samples K`; `--help` lists them); `--skip-eval` runs only those, not the held-out evaluation.
+Exit status: 0 on success, 2 when PATH, the config, the data or a method evaluation's argument cannot be used (the
+message names it).
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--baseline", help="an earlier eval.json to compare with (printed first, delta = this - it)")
     ap.add_argument("--batch-prompts", type=int, default=64, help="prompts per generate call (default 64)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--skip-eval", action="store_true",
+                    help="only the method evaluations named by their options below, not the held-out evaluation")
     for name, path in registry.checkpoint_evaluations().items():  # the methods' extra evaluations
         ap.add_argument(f"--{name}", metavar="ARG", dest=_dest(name),
                         help=f"also run the evaluation a registered method adds ({path}) with this argument")
@@ -129,37 +134,12 @@ def _dest(flag: str) -> str:
     return "extra_" + flag.replace("-", "_")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_intermixed_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    bad = [o for o in args.overrides if "=" not in o]
-    if bad:
-        print(f"error: unexpected argument(s) {bad}; overrides look like key.path=value", file=sys.stderr)
-        return 2
-    try:
-        ckpt, run_dir = find_checkpoint(args.path)
-        resolved = resolve_config(args.config, run_dir, args.overrides)
-        cfg = resolved.config
-        rows = load_rows(cfg, args.data)
-        baseline = None
-        if args.baseline:
-            try:
-                baseline = load_report(args.baseline)
-            except (OSError, ValueError, KeyError) as exc:
-                raise EvalError(f"{args.baseline}: not a readable eval.json ({exc})") from None
-    except (EvalError, ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-    import torch
-
+def held_out_evaluation(args: argparse.Namespace, ckpt: Path, tokenizer, rows: list[dict], resolved: ResolvedConfig,
+                        baseline, out: Path) -> None:
+    """The generic evaluation of the held-out rows: printed as a table (beside `baseline`) and saved to `out`."""
     from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.tokenizer import load_tokenizer
 
-    torch.set_num_threads(cfg.rollout.threads)
-    log.info("checkpoint: %s; %d held-out rows (evaluating %d)", ckpt, len(rows), min(len(rows), cfg.eval.n_prompts))
-    tokenizer = load_tokenizer(ckpt)
+    cfg = resolved.config
     engine = EmbeddedEngine.from_pretrained(str(ckpt))
     options: dict = {}
     if cfg.rollout.env is not None:  # a multi-turn run: every request an episode of its environment
@@ -184,13 +164,61 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table = {"baseline": baseline, name: report} if baseline is not None else {name: report}
     print(compare_table(table))
     print(f"reasons: {report.reasons}; truncated: {report.truncation_rate:.1%}")
-    out = _out_path(args.out, ckpt)
     save_report(report, out)
     print(f"wrote {out}")
-    for name, path in registry.checkpoint_evaluations().items():
-        argument = getattr(args, _dest(name))
-        if argument is not None:
-            registry.load_object(path)(ckpt, argument, tokenizer, rows, cfg, out, EmbeddedEngine.from_pretrained)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        print(f"error: unexpected argument(s) {bad}; overrides look like key.path=value", file=sys.stderr)
+        return 2
+    extras = {name: getattr(args, _dest(name)) for name in registry.checkpoint_evaluations()
+              if getattr(args, _dest(name)) is not None}
+    if args.skip_eval and not extras:
+        print("error: --skip-eval with no method evaluation to run (name one: "
+              f"{', '.join('--' + n for n in registry.checkpoint_evaluations())})", file=sys.stderr)
+        return 2
+    try:
+        ckpt, run_dir = find_checkpoint(args.path)
+        resolved = resolve_config(args.config, run_dir, args.overrides)
+        cfg = resolved.config
+        rows = load_rows(cfg, args.data)
+        baseline = None
+        if args.baseline:
+            try:
+                baseline = load_report(args.baseline)
+            except (OSError, ValueError, KeyError) as exc:
+                raise EvalError(f"{args.baseline}: not a readable eval.json ({exc})") from None
+    except (EvalError, ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.tokenizer import load_tokenizer
+
+    torch.set_num_threads(cfg.rollout.threads)
+    log.info("checkpoint: %s; %d held-out rows (evaluating %d)", ckpt, len(rows), min(len(rows), cfg.eval.n_prompts))
+    tokenizer = load_tokenizer(ckpt)
+    out = _out_path(args.out, ckpt)
+    if not args.skip_eval:
+        held_out_evaluation(args, ckpt, tokenizer, rows, resolved, baseline, out)
+    if extras:
+        from slime_ext.orchestration.local_endpoints import with_local_endpoints
+
+        served = with_local_endpoints(cfg)  # a `solver:` cloud or judge the evaluation calls, served here
+        for name, argument in extras.items():
+            try:
+                registry.load_object(registry.checkpoint_evaluations()[name])(
+                    ckpt, argument, tokenizer, rows, served, out, EmbeddedEngine.from_pretrained)
+            except ValueError as exc:
+                print(f"error: --{name}: {exc}", file=sys.stderr)
+                return 2
     return 0
 
 

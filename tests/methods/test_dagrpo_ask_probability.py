@@ -85,16 +85,12 @@ def test_samples_use_disjoint_seeds_and_sample_zero_is_the_phase_evaluations_dra
     assert [r["greedy_correct"] for r in out] == [1.0, 0.0, 1.0] and out[1]["correct"] == [1.0, 0.0, 1.0]
 
 
-def test_a_run_directory_is_evaluated_phase_by_phase(tmp_path, capsys):
-    """A tiny model in a run directory with two phases of four held-out prompts: 1 greedy + 2 sampled answers per
-    prompt, one record per prompt per phase, and sample 0 equal to a sampled evaluation at the run's seed."""
+def tiny_dagrpo_run(tmp_path, *overrides: str):
+    """A run directory with a tiny model (hf/) and a DA-GRPO config of two phases of four held-out prompts."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from slime_ext.config import load_config
-    from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.methods.dagrpo.ask_probability import main
-    from slime_ext.orchestration.local_endpoints import build_run_method
     from slime_ext.tokenizer import load_tokenizer, train_tokenizer
     from tests.conftest import CONFIGS
     from tests.megatron_fixtures import tiny_moe_config
@@ -110,39 +106,48 @@ def test_a_run_directory_is_evaluated_phase_by_phase(tmp_path, capsys):
     resolved = load_config(CONFIGS / "dagrpo.yaml", [f"run.cache_dir={tmp_path / 'cache'}", "eval.n_prompts=4",
                                                      "eval.temperature=1.0", "rollout.max_response_len=12",
                                                      f"dagrpo.phases={phases}", "train.steps=2",
-                                                     "dagrpo.cloud_url=solver:synthetic_math_answer"])
+                                                     "dagrpo.cloud_url=solver:synthetic_math_answer", *overrides])
     resolved.write(run)
-    assert main([str(run), "--samples", "2"]) == 0
+    return run, resolved.config, tok
+
+
+def test_a_run_directory_is_evaluated_phase_by_phase(tmp_path, capsys):
+    """`eval_checkpoint RUN --dagrpo-ask-samples 2 --skip-eval`: per phase 1 greedy + 2 sampled answers per prompt, one
+    record per prompt per phase, sample 0 equal to a sampled evaluation at the run's seed, and no generic evaluation."""
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.orchestration.local_endpoints import build_run_method
+    from slime_ext.tools.eval_checkpoint import main
+
+    run, cfg, tok = tiny_dagrpo_run(tmp_path)
+    assert main([str(run), "--dagrpo-ask-samples", "2", "--skip-eval", "--out", str(run / "eval.json")]) == 0
+    assert not (run / "eval.json").exists()  # --skip-eval
     summary = json.loads((run / "eval_ask_probability.json").read_text())
     assert summary["samples"] == 2 and set(summary["phases"]) == {"easy", "hard"}
     records = [json.loads(x) for x in (run / "eval_ask_probability.records.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records] == ["easy"] * 4 + ["hard"] * 4
     assert all(len(r["asks"]) == len(r["correct"]) == 2 for r in records)
     assert "easy: mean p" in capsys.readouterr().out
-    # sample 0 is the phase evaluation's own sampled draw (seed run.seed)
-    cfg = resolved.config
+    # sample 0 is drawn with the phase evaluation's seeds (run.seed + i)
     method = build_run_method(cfg, tok)
     again: list[dict] = []
-    method.evaluate_rows(EmbeddedEngine.from_pretrained(str(hf)), method.phase_rows(1)[1][:4], cfg.data.template,
+    method.evaluate_rows(EmbeddedEngine.from_pretrained(str(run / "hf")), method.phase_rows(1)[1][:4], cfg.data.template,
                          seed=cfg.run.seed, baselines=False, records=again, temperature=1.0)
     assert [r["asked"] for r in again] == [r["asks"][0] for r in records[4:]]
     assert [r["correct"] for r in again] == [r["correct"][0] for r in records[4:]]
 
 
-def test_a_local_only_run_or_a_greedy_setting_is_refused_with_the_reason(tmp_path, capsys):
+def test_bad_arguments_and_runs_that_cannot_ask_are_refused_with_the_reason(tmp_path, capsys):
     from slime_ext.config import load_config
-    from slime_ext.methods.dagrpo.ask_probability import main
+    from slime_ext.tools.eval_checkpoint import main
     from tests.conftest import CONFIGS
 
-    run = tmp_path / "run"
-    (run / "hf").mkdir(parents=True)
-    (run / "hf" / "config.json").write_text("{}")
-    (run / "hf" / "model.safetensors").write_bytes(b"")
-    load_config(CONFIGS / "dagrpo_local_only.yaml", []).write(run)
-    assert main([str(run)]) == 2
+    run, _, _ = tiny_dagrpo_run(tmp_path, "eval.temperature=0")
+    assert main([str(run), "--dagrpo-ask-samples", "2", "--skip-eval"]) == 2
+    assert "--dagrpo-ask-samples: eval.temperature is 0.0" in capsys.readouterr().err
+    assert main([str(run), "--dagrpo-ask-samples", "zero", "--skip-eval"]) == 2
+    assert "a number of samples of at least 1, got 'zero'" in capsys.readouterr().err
+    assert main([str(run), "--skip-eval"]) == 2
+    assert "--skip-eval with no method evaluation to run" in capsys.readouterr().err
+    load_config(CONFIGS / "dagrpo_local_only.yaml", [f"run.cache_dir={tmp_path / 'cache'}"]).write(run)
+    assert main([str(run), "--dagrpo-ask-samples", "2", "--skip-eval"]) == 2
     assert "a local-only run never asks" in capsys.readouterr().err
-    load_config(CONFIGS / "dagrpo.yaml", ["eval.temperature=0"]).write(run)
-    assert main([str(run)]) == 2
-    assert "eval.temperature is 0.0" in capsys.readouterr().err
-    assert main([str(run), "--samples", "0"]) == 2
-    assert main([str(tmp_path / "missing")]) == 2

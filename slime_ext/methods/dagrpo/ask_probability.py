@@ -1,7 +1,7 @@
 """Each held-out prompt's probability of asking the cloud, from K sampled answers per prompt, against the model's
 own competence on it:
 
-    python -m slime_ext.methods.dagrpo.ask_probability RUN_DIR [--samples 8] [--out FILE.json] [key=value ...]
+    python -m slime_ext.tools.eval_checkpoint RUN_DIR --dagrpo-ask-samples 8 --skip-eval [--out RUN_DIR/eval.json]
 
 Why: the phase evaluations take one sampled answer per prompt, which cannot tell a prompt that asks a third of the
 time from one that always or never asks, and greedy decoding never asked in the v2 runs. With K answers per prompt
@@ -13,25 +13,25 @@ harder levels" from "asks where it, on this prompt, would be wrong").
 RUN_DIR is a finished DA-GRPO or fixed-reward run (its `config.yaml` and final `hf*` checkpoint); each of its
 `dagrpo.phases` is evaluated on the phase's held-out prompts (`eval.n_prompts`), once greedy and K times at
 `eval.temperature` (the phase evaluations' sampled setting; sample j uses seeds seed + j x n + i, so sample 0 has
-the seeds of the phase evaluations' sampled draw). Writes FILE (default RUN_DIR/eval_ask_probability.json: per phase, `summarise`) and
-the per-prompt records beside it (`*.records.jsonl`, kept gzipped by a study like every evaluation's records: greedy
-correctness and asking, and each sample's asking and joint correctness).
+the seeds of the phase evaluations' sampled draw). Writes `<out stem>_ask_probability.json` (with `--out
+RUN_DIR/eval.json`: RUN_DIR/eval_ask_probability.json; per phase, `summarise`) and the per-prompt records beside
+it (`*.records.jsonl`, kept gzipped by a study like every evaluation's records: greedy correctness and asking, and
+each sample's asking and joint correctness). `--skip-eval` leaves out the tool's generic evaluation of the run's
+eval split, which this measure does not use.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 log = logging.getLogger("slime_ext.methods.dagrpo.ask_probability")
 BOOTSTRAP_RESAMPLES = 1000
-ASK_FILE = "eval_ask_probability.json"  # eval_*: a study keeps it, and its records gzipped, with the run
+ASK_FILE = "eval_ask_probability.json"  # with --out RUN/eval.json; eval_*: a study keeps it (records gzipped)
 
 
 def sample_asks(method: Any, engine: Any, rows: list[dict], template: str, seed: int, samples: int,
@@ -135,69 +135,38 @@ def records_of(summary_path: Path) -> Path:
     return summary_path.with_name(summary_path.name.removesuffix(".json") + ".records.jsonl")
 
 
-def evaluate_run(run_dir: Path, samples: int, out: Path, overrides: Sequence[str] = ()) -> dict:
-    """`samples` sampled answers per held-out prompt of every phase of a finished run; writes `out` and its records."""
-    import torch
+def checkpoint_evaluation(checkpoint: Path, samples: str, tokenizer: Any, rows: Sequence[dict], cfg: Any, out: Path,
+                          load_engine: Callable[[str], Any]) -> Path:
+    """`eval_checkpoint --dagrpo-ask-samples K`: the per-prompt ask probability of the checkpoint on every phase's
+    held-out prompts (the run config's `dagrpo.phases`, not `rows`), into `<out stem>_ask_probability.json` and its
+    records beside the evaluation, and printed. `cfg` has its `solver:` URLs already served (the tool does it)."""
+    from slime_ext.methods.registry import build_method
 
-    from slime_ext.config import load_config
-    from slime_ext.engine.embedded import EmbeddedEngine
-    from slime_ext.orchestration.local_endpoints import build_run_method
-    from slime_ext.tokenizer import load_tokenizer
-    from slime_ext.tools.eval_checkpoint import find_checkpoint
-
-    checkpoint, _ = find_checkpoint(run_dir)
-    cfg = load_config(run_dir / "config.yaml", list(overrides)).config
+    k = int(samples) if str(samples).isdigit() else 0
+    if k < 1:
+        raise ValueError(f"--dagrpo-ask-samples: a number of samples of at least 1, got {samples!r}")
     if cfg.dagrpo.local_only:
-        raise ValueError(f"{run_dir}: a local-only run never asks; nothing to measure")
+        raise ValueError("dagrpo.local_only: a local-only run never asks; nothing to measure")
     if cfg.eval.temperature <= 0:
-        raise ValueError(f"{run_dir}: eval.temperature is {cfg.eval.temperature}; sampled answers need it above 0")
-    torch.set_num_threads(cfg.rollout.threads)
-    tokenizer = load_tokenizer(checkpoint)
-    method = build_run_method(cfg, tokenizer)
-    engine = EmbeddedEngine.from_pretrained(str(checkpoint))
-    summary: dict[str, Any] = {"run": str(run_dir), "checkpoint": str(checkpoint), "samples": samples,
-                               "temperature": cfg.eval.temperature, "phases": {}}
+        raise ValueError(f"eval.temperature is {cfg.eval.temperature}; sampled answers need it above 0")
+    method = build_method(cfg, tokenizer)
+    engine = load_engine(str(checkpoint))
+    summary: dict[str, Any] = {"checkpoint": str(checkpoint), "samples": k, "temperature": cfg.eval.temperature,
+                               "phases": {}}
     records: list[dict] = []
-    for k, phase in enumerate(cfg.dagrpo.phases):
-        rows = method.phase_rows(k)[1][: cfg.eval.n_prompts]
-        log.info("phase %s: %d prompts x (1 greedy + %d sampled)", phase.name, len(rows), samples)
-        phase_records = sample_asks(method, engine, rows, cfg.data.template, cfg.run.seed, samples,
+    for index, phase in enumerate(cfg.dagrpo.phases):
+        phase_rows = method.phase_rows(index)[1][: cfg.eval.n_prompts]
+        log.info("phase %s: %d prompts x (1 greedy + %d sampled)", phase.name, len(phase_rows), k)
+        phase_records = sample_asks(method, engine, phase_rows, cfg.data.template, cfg.run.seed, k,
                                     cfg.eval.temperature, lambda m, name=phase.name: log.info("%s: %s", name, m))
         summary["phases"][phase.name] = summarise(phase_records)
         records += [{"phase": phase.name, **r} for r in phase_records]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    records_path = records_of(out)
-    records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    log.info("wrote %s and %s", out, records_path)
-    return summary
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slime_ext.methods.dagrpo.ask_probability",
-                                 description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", type=Path, help="a finished DA-GRPO or fixed-reward run directory")
-    ap.add_argument("overrides", nargs="*", help="config overrides key.path=value")
-    ap.add_argument("--samples", type=int, default=8, help="sampled answers per prompt (default 8)")
-    ap.add_argument("--out", type=Path, help="summary file (default RUN_DIR/eval_ask_probability.json)")
-    args = ap.parse_intermixed_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    if args.samples < 1:
-        print(f"error: --samples must be at least 1, got {args.samples}", file=sys.stderr)
-        return 2
-    try:
-        summary = evaluate_run(args.run_dir, args.samples, args.out or args.run_dir / ASK_FILE,
-                               args.overrides)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    path = out.with_name(out.stem + "_ask_probability.json")
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    records_of(path).write_text("".join(json.dumps(r) + "\n" for r in records))
     for name, s in summary["phases"].items():
-        auc_ci, level_ci = (", ".join(f"{x:.3f}" for x in s[k]) for k in ("auc_95ci", "auc_within_level_95ci"))
+        auc_ci, level_ci = (", ".join(f"{x:.3f}" for x in s[key]) for key in ("auc_95ci", "auc_within_level_95ci"))
         print(f"{name}: mean p {s['mean_ask_probability']:.3f}, p > 0.5 on {s['share_asks_over_half']:.3f}, "
               f"AUC for greedy-wrong {s['auc']:.3f} [{auc_ci}], within level {s['auc_within_level']:.3f} [{level_ci}]")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print(f"wrote {path} and {records_of(path)}")
+    return path
