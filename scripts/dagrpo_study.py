@@ -42,7 +42,9 @@ sampled joint accuracy against routers given its sampled cloud rate over greedy 
 first, an oracle; the in-run routers sit at the greedy rate, which is 0 in these runs), each asking arm's per-prompt
 ask probability from `--ask-samples` sampled answers per held-out prompt of its final model (the AUC of that
 probability for the prompts its greedy answer gets wrong, within seeds and within levels;
-`eval_checkpoint --dagrpo-ask-samples`, run once per finished asking run that still has its checkpoint),
+`eval_checkpoint --dagrpo-ask-samples`, run once per finished asking run that still has its checkpoint), and the
+same evaluation of each seed's warm start (`--runs`/warm_start-seedN): the no-RL rows of the ask table and of a
+section of each arm's greedy joint accuracy minus its warm start's, paired per prompt,
 `cloud_rate_v2.png`
 (training cloud rate and tau over steps, per arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per
 level over steps, per asking arm).
@@ -69,6 +71,7 @@ from slime_ext.tools.study import (append_section, command_line, config_on_task,
                                    finished_run, reuse, run_one, save_figure, summarise, write_table)
 
 # a v2 run's files kept under --out/runs/ (its evaluation records gzipped beside them)
+WARM = "warm start (no RL)"
 KEPT_FILES = RUN_FILES + ("continual_table.md", "eval_after_phase_0.json", "eval_after_phase_1.json", ASK_FILE)
 METHODS = {"local-only": "dagrpo_local_only.yaml", "GRPO + hierarchical reward": "collab_grpo.yaml",
            "DA-GRPO": "dagrpo.yaml"}
@@ -573,10 +576,17 @@ def with_interval(summary: dict, name: str, scale: float = 1.0, digits: int = 3,
     return f"{scale * summary[name]:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]"
 
 
-def v2_ask_probability(seed_runs: list[dict[str, Path]]) -> str:
-    """Each asking arm's per-prompt ask probability after the last phase (its runs' `eval_ask_probability` records,
-    pooled over seeds, AUCs within seeds): does it ask where its own greedy answer is wrong?"""
-    from slime_ext.methods.dagrpo.ask_probability import records_of, summarise
+def ask_records(folder: Optional[Path]) -> list[dict]:
+    """The per-prompt ask records of a run or warm-start folder (gzipped in a kept copy); [] where it has none."""
+    from slime_ext.methods.dagrpo.ask_probability import records_of
+
+    return read_records(records_of(folder / ASK_FILE)) if folder is not None and (folder / ASK_FILE).exists() else []
+
+
+def v2_ask_probability(seed_runs: list[dict[str, Path]], warm_starts: Optional[list[Optional[Path]]] = None) -> str:
+    """The warm start's and each asking arm's per-prompt ask probability after the last phase (`eval_ask_probability`
+    records, pooled over seeds, AUCs within seeds): does it ask where its own greedy answer is wrong?"""
+    from slime_ext.methods.dagrpo.ask_probability import summarise
 
     lines = ["## Per-prompt ask probability (K sampled answers per held-out prompt of the final model, pooled over seeds)",
              "", "p = the share of a prompt's K samples that asked. AUC: how well p ranks the prompts the arm's own greedy "
@@ -588,13 +598,13 @@ def v2_ask_probability(seed_runs: list[dict[str, Path]]) -> str:
              "| arm | phase | prompts x K | mean p | p = 0 / p > 0.5 / p = 1 (by level alone: p = 0 / p > 0.5) | p greedy wrong / right | wrong - right, points | "
              "AUC | AUC within level | p by level |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     arms = [a for a in dict.fromkeys(a for runs in seed_runs for a in runs) if a != "local-only"]
+    sources = {WARM: list(warm_starts or [])} | {arm: [runs.get(arm) for runs in seed_runs] for arm in arms}
     found = False
-    for arm in arms:
+    for arm, folders in sources.items():
         pooled: dict[str, list[dict]] = {}
-        for seed, runs in enumerate(seed_runs):
-            if arm in runs and (runs[arm] / ASK_FILE).exists():
-                for r in read_records(records_of(runs[arm] / ASK_FILE)):
-                    pooled.setdefault(r["phase"], []).append({**r, "seed": seed})
+        for seed, folder in enumerate(folders):
+            for r in ask_records(folder):
+                pooled.setdefault(r["phase"], []).append({**r, "seed": seed})
         for phase, records in pooled.items():
             found = True
             s = summarise(records, stratum=lambda r: r["seed"])
@@ -609,6 +619,66 @@ def v2_ask_probability(seed_runs: list[dict[str, Path]]) -> str:
     if not found:
         lines.append("| (no run has it yet: `--ask-samples`) | | | | | | | | | |")
     return "\n".join(lines)
+
+
+def v2_against_warm_start(seed_runs: list[dict[str, Path]], warm_starts: list[Optional[Path]]) -> str:
+    """Each arm's greedy joint accuracy after the last phase minus its seed's warm start's (the same greedy evaluation
+    of the untrained warm start), paired prompt by prompt within seeds, pooled: what the RL phases added."""
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
+
+    lines = [f"## Against the {WARM}: greedy joint accuracy after the last phase minus the warm start's", "",
+             "The warm start of each seed evaluated like the arms (greedy local answers, the cloud where it asks), paired "
+             "per prompt within seeds and pooled; greedy decoding is the coolest sampler, so this is also the sharpening "
+             "baseline of the noise floor (results/noise_floor_v2).", "",
+             "| arm | phase | warm start | arm | arm - warm start, points |", "| --- | --- | --- | --- | --- |"]
+    warm = [{(r["phase"], r["prompt_id"]): float(r["greedy_correct"]) for r in ask_records(w)} for w in warm_starts]
+    if not any(warm):
+        return "\n".join(lines + ["| (no warm start evaluated yet: `--ask-samples`) | | | | |"])
+    arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
+    for arm in arms:
+        for phase in ("near", "far"):
+            before: list[float] = []
+            after: list[float] = []
+            for runs, base in zip(seed_runs, warm):
+                if arm not in runs or not base:
+                    continue
+                own = {k: v for k, v in joint_correct(runs[arm]).items() if k[0] == phase}
+                keys = sorted(own)
+                if sorted(k for k in base if k[0] == phase) != keys:
+                    raise ValueError(f"{arm}: {runs[arm]} and its warm start evaluated different {phase} prompts")
+                before += [base[k] for k in keys]
+                after += [own[k] for k in keys]
+            if before:
+                lines.append(f"| {arm} | {phase} | {mean(before):.3f} | {mean(after):.3f} | "
+                             f"{describe_difference(paired_difference(before, after))} |")
+    return "\n".join(lines)
+
+
+def warm_start_asks(run: Path, samples: int, folder: Path, kept: Path) -> None:
+    """The seed's warm start through the arms' per-prompt ask evaluation (greedy and `samples` sampled answers per
+    held-out prompt of each phase, the DA-GRPO run's config): the no-RL rows, once per seed, where the warm start is
+    on this machine."""
+    if (folder / ASK_FILE).exists() or (kept / ASK_FILE).exists():
+        return
+    recorded = ((json.loads((run / "summary.json").read_text()).get("stages") or {}).get("sft") or {}).get("warm_start")
+    if not recorded:
+        print(f"[study] {run}: its summary names no warm start, so no {WARM} row", flush=True)
+        return
+    warm = Path(recorded)
+    if not ((warm if warm.is_absolute() else REPO / warm) / "config.json").exists():
+        print(f"[study] {warm}: the warm start is not on this machine, so no {WARM} row", flush=True)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    eval_checkpoint(warm, run / "config.yaml", folder / "eval.json", "--dagrpo-ask-samples", str(samples), "--skip-eval")
+    keep_run_files(folder, kept, (ASK_FILE,))
+
+
+def found_warm_start(args: argparse.Namespace, seed: int) -> Optional[Path]:
+    """Where a seed's warm-start ask evaluation is: under --runs, else its copy kept under --out/runs/."""
+    for folder in (args.runs / f"warm_start-seed{seed}", args.out / "runs" / f"warm_start-seed{seed}"):
+        if (folder / ASK_FILE).exists():
+            return folder
+    return None
 
 
 def require_phase_steps(run: Path, phase_steps: int) -> None:
@@ -628,6 +698,7 @@ def require_phase_steps(run: Path, phase_steps: int) -> None:
 def main_v2(args: argparse.Namespace, command: str) -> int:
     assist = tuple(args.assist_sweep)
     seed_runs: list[dict[str, Path]] = []
+    warm_starts: list[Optional[Path]] = []
     rows: dict[str, list[dict[str, float]]] = {}
     names: dict[str, list[str]] = {}
     chosen: Optional[float] = None
@@ -657,6 +728,10 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
             for arm, run in done.items():
                 if arm != "local-only" and (args.only is None or any(t in arm for t in args.only)):
                     ask_probability(run, args.ask_samples, args.out / "runs" / run.parent.name)
+            if "DA-GRPO" in done:
+                name = f"warm_start-seed{seed}"
+                warm_start_asks(done["DA-GRPO"], args.ask_samples, args.runs / name, args.out / "runs" / name)
+        warm_starts.append(found_warm_start(args, seed))
         seed_runs.append(done)
         for arm, run in done.items():
             rows.setdefault(arm, []).append(v2_row(run))
@@ -671,7 +746,8 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
     append_section(args.out, v2_forgetting(seed_runs))
     append_section(args.out, v2_asking(seed_runs))
     append_section(args.out, v2_routers(seed_runs))
-    append_section(args.out, v2_ask_probability(seed_runs))
+    append_section(args.out, v2_against_warm_start(seed_runs, warm_starts))
+    append_section(args.out, v2_ask_probability(seed_runs, warm_starts))
     if any(seed_runs):
         print(f"[study] plot {v2_plot(args.out, seed_runs)}")
         print(f"[study] plot {v2_level_plot(args.out, seed_runs)}")

@@ -280,3 +280,50 @@ def test_a_kept_copy_without_its_checkpoint_is_not_measured(tmp_path, capsys):
     study.ask_probability(run, 8, tmp_path / "kept")
     assert "no checkpoint here (a kept copy)" in capsys.readouterr().out
     assert not (run / "eval_ask_probability.json").exists()
+
+
+def test_the_warm_start_rows_pair_each_arm_with_its_seeds_warm_start(tmp_path):
+    """The warm start answers none of the 20 prompts per phase greedily, DA-GRPO the first 10 (+50 points), local-only
+    all 20 (+100); the warm start's ask probability gets its own row in the ask table."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    fake_v2_run(root, "DA_GRPO", 0, 0.3, [1.0] * 10 + [0.0] * 10)
+    fake_v2_run(root, "local_only", 0, 0.0, [1.0] * 20)
+    warm = root / "warm_start-seed0"
+    warm.mkdir()
+    fake_ask_probability(warm, [[True, False]] * 20, [0.0] * 20)
+    runs = [{"DA-GRPO": study.finished_run(root / "DA_GRPO-seed0"), "local-only": study.finished_run(root / "local_only-seed0")}]
+    section = study.v2_against_warm_start(runs, [warm])
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in section.splitlines()
+            if line.startswith("| DA-GRPO") or line.startswith("| local-only")}
+    assert set(rows) == {("DA-GRPO", "near"), ("DA-GRPO", "far"), ("local-only", "near"), ("local-only", "far")}
+    assert "| 0.000 | 0.500 | +50.0 ± 11.5 points" in rows[("DA-GRPO", "far")]
+    assert "| 0.000 | 1.000 | +100.0 ± 0.0 points" in rows[("local-only", "near")]
+    asks = [line for line in study.v2_ask_probability(runs, [warm]).splitlines() if line.startswith("| warm start")]
+    assert len(asks) == 2 and all("| 20 x 2 | 0.500 |" in line for line in asks)
+    assert "(no warm start evaluated yet" in study.v2_against_warm_start(runs, [None])
+
+
+def test_the_warm_start_is_evaluated_once_per_seed_where_it_is_on_the_machine(tmp_path, monkeypatch, capsys):
+    study = study_script("dagrpo_study")
+    fake_v2_run(tmp_path, "DA_GRPO", 0, 0.3, [1.0] * 4)
+    run = study.finished_run(tmp_path / "DA_GRPO-seed0")
+    (run / "summary.json").write_text(json.dumps({"complete": True, "stages": {"sft": {"warm_start": str(tmp_path / "ws")}}}))
+    calls = []
+
+    def fake_eval(checkpoint, config, report, *args, then=()):
+        calls.append((Path(checkpoint).name, config.name, report.name, args))
+        fake_ask_probability(report.parent, [[True]] * 4, [1.0] * 4)
+        return report
+
+    monkeypatch.setattr(study, "eval_checkpoint", fake_eval)
+    study.warm_start_asks(run, 8, tmp_path / "w", tmp_path / "kept")
+    assert "not on this machine" in capsys.readouterr().out and calls == []
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "config.json").write_text("{}")
+    study.warm_start_asks(run, 8, tmp_path / "w", tmp_path / "kept")
+    assert calls == [("ws", "config.yaml", "eval.json", ("--dagrpo-ask-samples", "8", "--skip-eval"))]
+    assert (tmp_path / "kept" / "eval_ask_probability.json").exists()
+    assert (tmp_path / "kept" / "eval_ask_probability.records.jsonl.gz").exists()
+    study.warm_start_asks(run, 8, tmp_path / "w", tmp_path / "kept")  # once
+    assert len(calls) == 1
