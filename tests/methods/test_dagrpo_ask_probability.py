@@ -145,7 +145,7 @@ def test_bad_arguments_and_runs_that_cannot_ask_are_refused_with_the_reason(tmp_
     assert main([str(run), "--dagrpo-ask-samples", "2", "--skip-eval"]) == 2
     assert "--dagrpo-ask-samples: eval.temperature is 0.0" in capsys.readouterr().err
     assert main([str(run), "--dagrpo-ask-samples", "zero", "--skip-eval"]) == 2
-    assert "a number of samples of at least 1, got 'zero'" in capsys.readouterr().err
+    assert "error: --dagrpo-ask-samples: a number of samples of at least 1, got 'zero'" in capsys.readouterr().err
     assert main([str(run), "--skip-eval"]) == 2
     assert "--skip-eval with no method evaluation to run" in capsys.readouterr().err
     load_config(CONFIGS / "dagrpo_local_only.yaml", [f"run.cache_dir={tmp_path / 'cache'}"]).write(run)

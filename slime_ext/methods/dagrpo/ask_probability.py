@@ -144,7 +144,7 @@ def checkpoint_evaluation(checkpoint: Path, samples: str, tokenizer: Any, rows: 
 
     k = int(samples) if str(samples).isdigit() else 0
     if k < 1:
-        raise ValueError(f"--dagrpo-ask-samples: a number of samples of at least 1, got {samples!r}")
+        raise ValueError(f"a number of samples of at least 1, got {samples!r}")
     if cfg.dagrpo.local_only:
         raise ValueError("dagrpo.local_only: a local-only run never asks; nothing to measure")
     if cfg.eval.temperature <= 0:
