@@ -560,13 +560,12 @@ def ask_probability(run: Path, samples: int, kept: Path) -> None:
     """The per-prompt ask probability of a finished asking run's final model (`samples` sampled answers per held-out
     prompt, `eval_checkpoint --dagrpo-ask-samples`), once: skipped when the run has it, or is a kept copy without its
     checkpoint (finished elsewhere)."""
-    if (run / ASK_FILE).exists():
-        return
-    if not any(run.glob("hf*/config.json")):
-        print(f"[study] {run}: no checkpoint here (a kept copy), so no per-prompt ask probability", flush=True)
-        return
-    eval_checkpoint(run, run / "config.yaml", run / "eval.json", "--dagrpo-ask-samples", str(samples), "--skip-eval")
-    keep_run_files(run, kept, KEPT_FILES)
+    if not (run / ASK_FILE).exists():
+        if not any(run.glob("hf*/config.json")):
+            print(f"[study] {run}: no checkpoint here (a kept copy), so no per-prompt ask probability", flush=True)
+            return
+        eval_checkpoint(run, run / "config.yaml", run / "eval.json", "--dagrpo-ask-samples", str(samples), "--skip-eval")
+    keep_run_files(run, kept, KEPT_FILES)  # also when measured earlier, by hand or before the run was kept
 
 
 def with_interval(summary: dict, name: str, scale: float = 1.0, digits: int = 3, sign: str = "") -> str:
@@ -659,6 +658,8 @@ def warm_start_asks(run: Path, samples: int, folder: Path, kept: Path) -> None:
     held-out prompt of each phase, the DA-GRPO run's config): the no-RL rows, once per seed, where the warm start is
     on this machine."""
     if (folder / ASK_FILE).exists() or (kept / ASK_FILE).exists():
+        if (folder / ASK_FILE).exists():
+            keep_run_files(folder, kept, (ASK_FILE,))  # evaluated earlier (by hand, or before a restart)
         return
     recorded = ((json.loads((run / "summary.json").read_text()).get("stages") or {}).get("sft") or {}).get("warm_start")
     if not recorded:

@@ -327,3 +327,16 @@ def test_the_warm_start_is_evaluated_once_per_seed_where_it_is_on_the_machine(tm
     assert (tmp_path / "kept" / "eval_ask_probability.records.jsonl.gz").exists()
     study.warm_start_asks(run, 8, tmp_path / "w", tmp_path / "kept")  # once
     assert len(calls) == 1
+    # evaluated by hand before the study kept it: kept now, not evaluated again
+    study.warm_start_asks(run, 8, tmp_path / "w", tmp_path / "kept2")
+    assert len(calls) == 1 and (tmp_path / "kept2" / "eval_ask_probability.records.jsonl.gz").exists()
+
+
+def test_an_asking_runs_earlier_measurement_is_kept_not_repeated(tmp_path, monkeypatch):
+    study = study_script("dagrpo_study")
+    fake_v2_run(tmp_path, "DA_GRPO", 0, 0.3, [1.0] * 4)
+    run = study.finished_run(tmp_path / "DA_GRPO-seed0")
+    fake_ask_probability(run, [[True]] * 4, [1.0] * 4)
+    monkeypatch.setattr(study, "eval_checkpoint", lambda *a, **k: pytest.fail("measured again"))
+    study.ask_probability(run, 8, tmp_path / "kept")
+    assert (tmp_path / "kept" / "eval_ask_probability.json").exists() and (tmp_path / "kept" / "metrics.jsonl").exists()
