@@ -88,6 +88,7 @@ class FakeSGLang:
         self.radix: list[list[int]] = []
         self.in_flight = self.max_in_flight = 0
         self.abort_events: dict[str, threading.Event] = {}
+        self.tokens_made: dict[str, int] = {}  # rid -> tokens generated so far (an abort test waits for some)
         self.weight_session = False
         self.received_tensors: list[list[tuple[str, torch.Tensor]]] = []
         self.flush_ok = True
@@ -263,6 +264,7 @@ class FakeSGLang:
             token = int(torch.multinomial(lp.exp(), 1, generator=draw))
             req.output_ids.append(token)
             logprobs.append([float(lp[token]), token, None])
+            self.tokens_made[payload["rid"]] = len(req.output_ids)
             if token in (sp.stop_token_ids or set()):
                 reason = {"type": "stop", "matched": token}
                 break
@@ -483,7 +485,9 @@ def test_abort_returns_partial_output(fake):
     out: list = []
     t = threading.Thread(target=lambda: out.extend(client.generate([req("long", [1], max_new_tokens=1000)])))
     t.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while fake.tokens_made.get("long", 0) < 2 and time.monotonic() < deadline:  # a fixed sleep lost under load
+        time.sleep(0.02)
     client.abort("long")
     t.join(10)
     assert not t.is_alive()

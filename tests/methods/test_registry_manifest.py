@@ -95,14 +95,18 @@ def test_evaluation_and_metrics_come_from_the_entry(monkeypatch):
 
 
 def test_tools_learn_method_extensions_from_the_registry(monkeypatch):
-    """eval_checkpoint's --tandem-junior and the server's speak_only come from the Tandem and SxS entries."""
+    """eval_checkpoint's --tandem-junior, --dagrpo-ask-samples and the server's speak_only come from the Tandem,
+    DA-GRPO and SxS entries."""
     from slime_ext.serving.state import BadRequest, ServerState
     from slime_ext.tools.eval_checkpoint import build_parser
     from tests.serving.serve_stub import StubEngine
 
-    assert registry.checkpoint_evaluations() == {"tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation"}
+    assert registry.checkpoint_evaluations() == {
+        "tandem-junior": "slime_ext.methods.tandem.eval_axes:checkpoint_evaluation",
+        "dagrpo-ask-samples": "slime_ext.methods.dagrpo.ask_probability:checkpoint_evaluation"}
     assert registry.serving_extensions() == {"speak_only": "slime_ext.methods.sxs.serving:SpeakOnlyStream"}
     assert build_parser().parse_args(["ckpt", "--tandem-junior", "J"]).extra_tandem_junior == "J"
+    assert build_parser().parse_args(["ckpt", "--dagrpo-ask-samples", "8"]).extra_dagrpo_ask_samples == "8"
     monkeypatch.setitem(registry.METHODS, "plugin", MethodEntry("slime_ext.methods.grpo.method:GRPO",
                                                                 checkpoint_evaluations={"my-eval": f"{__name__}:f"}))
     assert build_parser().parse_args(["ckpt", "--my-eval", "x"]).extra_my_eval == "x"
