@@ -412,9 +412,7 @@ def v2_asking(seed_runs: list[dict[str, Path]]) -> str:
 
 def last_phase_answers(run: Path) -> dict[str, dict[str, dict]]:
     """Phase -> prompt id -> {level, greedy local correctness (0 where the greedy answer asked: the in-run
-    routers' convention), sampled joint correctness, sampled asked} after the last phase, and the cloud's accuracy
-    per phase (`cloud`, from the greedy evaluation's router baselines, which ask the cloud on every prompt; None in
-    a run without them, the local-only arm)."""
+    routers' convention), sampled joint correctness, sampled asked} after the last phase."""
     out: dict[str, dict] = {}
     for r in read_records(run / "eval_after_phase_1.records.jsonl"):
         entry = out.setdefault(r["phase"], {}).setdefault(r["prompt_id"], {"level": r["level"]})
@@ -422,16 +420,17 @@ def last_phase_answers(run: Path) -> dict[str, dict[str, dict]]:
             entry["local"] = 0.0 if r["asked"] else float(r["correct"])
         else:
             entry["sampled"], entry["asked"] = float(r["correct"]), float(r["asked"])
+    return out
+
+
+def cloud_accuracy(run: Path, phase: str) -> float:
+    """The cloud's accuracy on a phase's prompts, as the asking arm's greedy evaluation measured it (its router
+    baselines ask the cloud on every prompt; a run without them, the local-only arm, has none)."""
     summary = json.loads((run / "eval_after_phase_1.json").read_text())
-    return {"cloud": {phase: summary.get(phase, {}).get("cloud_alone_accuracy") for phase in out}, **out}
-
-
-def cloud_accuracy(run: Path, answers: dict, phase: str) -> float:
-    """The cloud's accuracy on a phase's prompts, as the asking arm's greedy evaluation measured it."""
-    if answers["cloud"][phase] is None:
+    if summary.get(phase, {}).get("cloud_alone_accuracy") is None:
         raise ValueError(f"{run / 'eval_after_phase_1.json'}: phase {phase!r} has no cloud_alone_accuracy (the greedy "
                          "evaluation's router baselines), which the router table needs")
-    return answers["cloud"][phase]
+    return summary[phase]["cloud_alone_accuracy"]
 
 
 def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
@@ -457,18 +456,19 @@ def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
                ("greedy-wrong first, oracle (own greedy)", "own", lambda e: 1.0 - e["local"]),
                ("hardest level first (local-only's greedy)", "local-only", None))
     arms = [a for a in dict.fromkeys(a for runs in seed_runs for a in runs) if a != "local-only"]
+    local_only = [last_phase_answers(runs["local-only"]) if "local-only" in runs else None for runs in seed_runs]
     for arm in arms:
-        per_seed = [(runs[arm], last_phase_answers(runs[arm]), last_phase_answers(runs["local-only"])
-                     if "local-only" in runs else None) for runs in seed_runs if arm in runs]
-        for phase in [p for p in per_seed[0][1] if p != "cloud"]:
+        per_seed = [(runs[arm], last_phase_answers(runs[arm]), base) for runs, base in zip(seed_runs, local_only)
+                    if arm in runs]
+        for phase in per_seed[0][1]:
             if not any(e["asked"] for _, own, _ in per_seed for e in own[phase].values()):
                 continue  # never asks: no budget to give a router
             for label, source, priority in routers:
                 arm_scores: list[float] = []
                 router_scores: list[float] = []
                 rates: list[float] = []
-                for run, own, local_only in per_seed:
-                    answers = own if source == "own" else local_only
+                for run, own, base in per_seed:
+                    answers = own if source == "own" else base
                     if answers is None:
                         continue
                     ids = sorted(own[phase])
@@ -479,7 +479,7 @@ def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
                     keys = [priority(answers[phase][i]) if priority else ranks[answers[phase][i]["level"]] for i in ids]
                     p = routing_probabilities(keys, rate)
                     router_scores += expected_routed_correctness([answers[phase][i]["local"] for i in ids],
-                                                                 [cloud_accuracy(run, own, phase)] * len(ids), p).tolist()
+                                                                 [cloud_accuracy(run, phase)] * len(ids), p).tolist()
                     arm_scores += [own[phase][i]["sampled"] for i in ids]
                     rates += [rate] * len(ids)
                 if not arm_scores:
@@ -577,9 +577,9 @@ def with_interval(summary: dict, name: str, scale: float = 1.0, digits: int = 3,
 
 def ask_records(folder: Optional[Path]) -> list[dict]:
     """The per-prompt ask records of a run or warm-start folder (gzipped in a kept copy); [] where it has none."""
-    from slime_ext.methods.dagrpo.ask_probability import records_of
+    from slime_ext.evaluation import records_path
 
-    return read_records(records_of(folder / ASK_FILE)) if folder is not None and (folder / ASK_FILE).exists() else []
+    return read_records(records_path(folder / ASK_FILE)) if folder is not None and (folder / ASK_FILE).exists() else []
 
 
 def v2_ask_probability(seed_runs: list[dict[str, Path]], warm_starts: Optional[list[Optional[Path]]] = None) -> str:
@@ -635,16 +635,15 @@ def v2_against_warm_start(seed_runs: list[dict[str, Path]], warm_starts: list[Op
         return "\n".join(lines + ["| (no warm start evaluated yet: `--ask-samples`) | | | | |"])
     arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
     for arm in arms:
+        pairs = [(runs[arm], joint_correct(runs[arm]), base) for runs, base in zip(seed_runs, warm) if arm in runs and base]
         for phase in ("near", "far"):
             before: list[float] = []
             after: list[float] = []
-            for runs, base in zip(seed_runs, warm):
-                if arm not in runs or not base:
-                    continue
-                own = {k: v for k, v in joint_correct(runs[arm]).items() if k[0] == phase}
+            for run, joint, base in pairs:
+                own = {k: v for k, v in joint.items() if k[0] == phase}
                 keys = sorted(own)
                 if sorted(k for k in base if k[0] == phase) != keys:
-                    raise ValueError(f"{arm}: {runs[arm]} and its warm start evaluated different {phase} prompts")
+                    raise ValueError(f"{arm}: {run} and its warm start evaluated different {phase} prompts")
                 before += [base[k] for k in keys]
                 after += [own[k] for k in keys]
             if before:
@@ -661,11 +660,13 @@ def warm_start_asks(run: Path, samples: int, folder: Path, kept: Path) -> None:
         if (folder / ASK_FILE).exists():
             keep_run_files(folder, kept, (ASK_FILE,))  # evaluated earlier (by hand, or before a restart)
         return
-    recorded = ((json.loads((run / "summary.json").read_text()).get("stages") or {}).get("sft") or {}).get("warm_start")
-    if not recorded:
+    from slime_ext.tools.study import warm_start_of
+
+    try:
+        warm = Path(warm_start_of(run))
+    except KeyError:
         print(f"[study] {run}: its summary names no warm start, so no {WARM} row", flush=True)
         return
-    warm = Path(recorded)
     if not ((warm if warm.is_absolute() else REPO / warm) / "config.json").exists():
         print(f"[study] {warm}: the warm start is not on this machine, so no {WARM} row", flush=True)
         return

@@ -53,14 +53,14 @@ def sample_asks(method: Any, engine: Any, rows: list[dict], template: str, seed:
 
 
 def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
-    """P(a positive's score > a negative's) + half the ties (Mann-Whitney); nan when a class is empty."""
-    from scipy.stats import rankdata
+    """P(a positive's score > a negative's) + half the ties: the Mann-Whitney U over the pairs; nan when a class is
+    empty."""
+    from scipy.stats import mannwhitneyu
 
     pos, neg = np.asarray(positive, dtype=np.float64), np.asarray(negative, dtype=np.float64)
     if pos.size == 0 or neg.size == 0:
         return float("nan")
-    ranks = rankdata(np.concatenate([pos, neg]))
-    return float((ranks[:pos.size].sum() - pos.size * (pos.size + 1) / 2) / (pos.size * neg.size))
+    return float(mannwhitneyu(pos, neg, method="asymptotic").statistic / (pos.size * neg.size))
 
 
 def stratified_auc(scores: np.ndarray, positive: np.ndarray, strata: np.ndarray) -> float:
@@ -89,7 +89,8 @@ def level_alone_reference(p: np.ndarray, levels: np.ndarray, samples: int) -> di
 
     if samples == 0:
         return {"share_never_asks_level_alone": float("nan"), "share_asks_over_half_level_alone": float("nan")}
-    m = np.array([p[levels == lv].mean() for lv in levels])
+    level_mean = {lv: p[levels == lv].mean() for lv in np.unique(levels)}
+    m = np.array([level_mean[lv] for lv in levels])
     return {"share_never_asks_level_alone": float(binom.pmf(0, samples, m).mean()),
             "share_asks_over_half_level_alone": float(binom.sf(samples // 2, samples, m).mean())}
 
@@ -130,16 +131,12 @@ def summarise(records: list[dict], stratum: Callable[[dict], Any] = lambda r: 0,
     return out
 
 
-def records_of(summary_path: Path) -> Path:
-    """The per-prompt records beside a summary file (`x.json` -> `x.records.jsonl`, as every evaluation's)."""
-    return summary_path.with_name(summary_path.name.removesuffix(".json") + ".records.jsonl")
-
-
 def checkpoint_evaluation(checkpoint: Path, samples: str, tokenizer: Any, rows: Sequence[dict], cfg: Any, out: Path,
                           load_engine: Callable[[str], Any]) -> Path:
     """`eval_checkpoint --dagrpo-ask-samples K`: the per-prompt ask probability of the checkpoint on every phase's
     held-out prompts (the run config's `dagrpo.phases`, not `rows`), into `<out stem>_ask_probability.json` and its
     records beside the evaluation, and printed. `cfg` has its `solver:` URLs already served (the tool does it)."""
+    from slime_ext.evaluation import records_path
     from slime_ext.methods.registry import build_method
 
     k = int(samples) if str(samples).isdigit() else 0
@@ -163,10 +160,10 @@ def checkpoint_evaluation(checkpoint: Path, samples: str, tokenizer: Any, rows: 
         records += [{"phase": phase.name, **r} for r in phase_records]
     path = out.with_name(out.stem + "_ask_probability.json")
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    records_of(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    records_path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
     for name, s in summary["phases"].items():
         auc_ci, level_ci = (", ".join(f"{x:.3f}" for x in s[key]) for key in ("auc_95ci", "auc_within_level_95ci"))
         print(f"{name}: mean p {s['mean_ask_probability']:.3f}, p > 0.5 on {s['share_asks_over_half']:.3f}, "
               f"AUC for greedy-wrong {s['auc']:.3f} [{auc_ci}], within level {s['auc_within_level']:.3f} [{level_ci}]")
-    print(f"wrote {path} and {records_of(path)}")
+    print(f"wrote {path} and {records_path(path)}")
     return path
