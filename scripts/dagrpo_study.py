@@ -42,8 +42,9 @@ sampled joint accuracy against routers given its sampled cloud rate over greedy 
 first, an oracle; the in-run routers sit at the greedy rate, which is 0 in these runs), each asking arm's per-prompt
 ask probability from `--ask-samples` sampled answers per held-out prompt of its final model (the AUC of that
 probability for the prompts its greedy answer gets wrong, within seeds and within levels;
-`eval_checkpoint --dagrpo-ask-samples`, run once per finished asking run that still has its checkpoint), and the
-same evaluation of each seed's warm start (`--runs`/warm_start-seedN): the no-RL rows of the ask table and of a
+`eval_checkpoint --dagrpo-ask-samples`, run once per finished asking run that still has its checkpoint: DA-GRPO's
+as soon as it finishes, the fixed reward's once the sweep has chosen it, no other sweep point's), and the
+same evaluation of each seed's warm start (`--runs`/warm_start-seedN, right after DA-GRPO's): the no-RL rows of the ask table and of a
 section of each arm's greedy joint accuracy minus its warm start's, paired per prompt,
 `cloud_rate_v2.png`
 (training cloud rate and tau over steps, per arm and seed) and `cloud_rate_by_level_v2.png` (the training rate per
@@ -234,6 +235,7 @@ V2_SETTINGS = ["grpo.kl_coef=0.2", "grpo.normalize_std=false", "train.lr=1e-4", 
 V2_COMMON = ["data.synthetic.train_level_weights=null", "data.synthetic.n_eval=1026", "eval.n_prompts=1026",
              "dagrpo.eval_sampled=true", "dagrpo.cloud_url=solver:synthetic_math_answer"]
 ASSIST = "fixed assistance reward {h:g}"
+TUNED = "fixed assistance reward (tuned)"
 # DA-GRPO first: a seed stopped part-way has the arm every comparison is made against
 V2_ARMS = {"DA-GRPO": "dagrpo.yaml", "local-only": "dagrpo_local_only.yaml"}
 
@@ -700,6 +702,19 @@ def require_phase_steps(run: Path, phase_steps: int) -> None:
                          "give this length its own --runs and --out")
 
 
+def measuring(args: argparse.Namespace, arm: str) -> bool:
+    """Whether this invocation measures `arm`'s per-prompt ask probability (not in a report, nor for arms `--only`
+    leaves out)."""
+    return bool(args.ask_samples) and not args.report_only and (args.only is None or any(t in arm for t in args.only))
+
+
+def measure_dagrpo(args: argparse.Namespace, seed: int, run: Path) -> None:
+    """DA-GRPO's per-prompt ask probability and its seed's warm start's (the no-RL rows)."""
+    ask_probability(run, args.ask_samples, args.out / "runs" / run.parent.name)
+    name = f"warm_start-seed{seed}"
+    warm_start_asks(run, args.ask_samples, args.runs / name, args.out / "runs" / name)
+
+
 def main_v2(args: argparse.Namespace, command: str) -> int:
     assist = tuple(args.assist_sweep)
     seed_runs: list[dict[str, Path]] = []
@@ -724,18 +739,15 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
                 continue
             require_phase_steps(run, args.phase_steps)
             done[arm] = run
+            if arm == "DA-GRPO" and measuring(args, arm):  # at once: a seed stopped part-way keeps its main arm's asks
+                measure_dagrpo(args, seed, run)
         if chosen is None and all(ASSIST.format(h=h) in done for h in assist) and "DA-GRPO" in done:
             chosen = tuned_assist(done, assist)
         if chosen is not None:  # the tuned reward is the arm; the other sweep points stay in the runs list only
-            done = {("fixed assistance reward (tuned)" if a == ASSIST.format(h=chosen) else a): r for a, r in done.items()
+            done = {(TUNED if a == ASSIST.format(h=chosen) else a): r for a, r in done.items()
                     if not a.startswith("fixed assistance reward ") or a == ASSIST.format(h=chosen)}
-        if args.ask_samples and not args.report_only:
-            for arm, run in done.items():
-                if arm != "local-only" and (args.only is None or any(t in arm for t in args.only)):
-                    ask_probability(run, args.ask_samples, args.out / "runs" / run.parent.name)
-            if "DA-GRPO" in done:
-                name = f"warm_start-seed{seed}"
-                warm_start_asks(done["DA-GRPO"], args.ask_samples, args.runs / name, args.out / "runs" / name)
+        if TUNED in done and measuring(args, ASSIST.format(h=chosen)):  # the chosen sweep point only
+            ask_probability(done[TUNED], args.ask_samples, args.out / "runs" / done[TUNED].parent.name)
         warm_starts.append(found_warm_start(args, seed))
         seed_runs.append(done)
         for arm, run in done.items():

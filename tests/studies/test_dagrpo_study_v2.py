@@ -273,6 +273,30 @@ def test_the_study_measures_the_ask_probability_of_the_asking_arms_only(tmp_path
     assert study.main([*args, "--report-only"]) == 0 and measured == []
 
 
+def test_dagrpo_and_its_warm_start_are_measured_before_the_next_arm_runs_and_only_the_tuned_sweep_point(tmp_path,
+                                                                                                          monkeypatch):
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    far_rates = {"DA_GRPO": 0.3, "fixed_assistance_reward_0.2": 0.1, "fixed_assistance_reward_0.5": 0.35}
+    events = []
+
+    def fake_run_one(config, seed, parent, overrides, shared_sft_seed=None):
+        arm = parent.name.rsplit("-seed", 1)[0]
+        events.append(("run", arm))
+        fake_v2_run(root, arm, seed, far_rates.get(arm, 0.0), [1.0] * 4)
+        return study.finished_run(parent)
+
+    monkeypatch.setattr(study, "run_one", fake_run_one)
+    monkeypatch.setattr(study, "keep_run_files", lambda *a, **k: None)
+    monkeypatch.setattr(study, "ask_probability", lambda run, samples, kept: events.append(("ask", run.parent.name)))
+    monkeypatch.setattr(study, "warm_start_asks", lambda run, samples, folder, kept: events.append(("warm", folder.name)))
+    assert study.main(["--task", "v2", "--seeds", "0", "--phase-steps", "4", "--assist-sweep", "0.2", "0.5",
+                       "--runs", str(root), "--out", str(tmp_path / "out")]) == 0
+    assert events == [("run", "DA_GRPO"), ("ask", "DA_GRPO-seed0"), ("warm", "warm_start-seed0"), ("run", "local_only"),
+                      ("run", "fixed_assistance_reward_0.2"), ("run", "fixed_assistance_reward_0.5"),
+                      ("ask", "fixed_assistance_reward_0.5-seed0")]
+
+
 def test_a_kept_copy_without_its_checkpoint_is_not_measured(tmp_path, capsys):
     study = study_script("dagrpo_study")
     fake_v2_run(tmp_path, "DA_GRPO", 0, 0.3, [1.0] * 4)
