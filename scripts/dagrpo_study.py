@@ -492,6 +492,9 @@ def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
     return "\n".join(lines)
 
 
+SEED_STYLES = "one line per seed, in --seeds order: solid, dashed, dotted"
+
+
 def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     import matplotlib
 
@@ -518,7 +521,7 @@ def v2_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Path:
     ax.set_ylabel("training cloud rate (black: tau)")
     dual.set_ylabel("lambda (faint lines)")
     if len(seed_runs) > 1:
-        ax.set_title("one line per seed, in --seeds order: solid, dashed, dotted", fontsize=9)
+        ax.set_title(SEED_STYLES, fontsize=9)
     ax.legend(fontsize=8)
     return save_figure(fig, out / "cloud_rate_v2.png")
 
@@ -556,7 +559,7 @@ def v2_level_plot(out: Path, seed_runs: list[dict[str, Path]]) -> Optional[Path]
         ax.set_xlabel("RL step (near, then far)")
         ax.legend(fontsize=7, ncol=2)
     axes[0][0].set_ylabel("training cloud rate (4-step mean)")
-    seeds = "; one line per seed, in --seeds order: solid, dashed, dotted" if len(seed_runs) > 1 else ""
+    seeds = f"; {SEED_STYLES}" if len(seed_runs) > 1 else ""
     fig.suptitle(f"training cloud rate per level (black: tau){seeds}", fontsize=9)
     return save_figure(fig, out / "cloud_rate_by_level_v2.png")
 
