@@ -65,11 +65,12 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from slime_ext.evaluation import records_path  # noqa: E402
 from slime_ext.studies import keep_run_files, level_key, read_metrics, read_records  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.methods.dagrpo.ask_probability import ASK_FILE  # noqa: E402
 from slime_ext.tools.study import (append_section, command_line, config_on_task, eval_checkpoint,  # noqa: E402
-                                   finished_run, reuse, run_one, save_figure, summarise, write_table)
+                                   finished_run, reuse, run_one, save_figure, summarise, warm_start_of, write_table)
 
 # a v2 run's files kept under --out/runs/ (its evaluation records gzipped beside them)
 WARM = "warm start (no RL)"
@@ -465,11 +466,12 @@ def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
         for phase in per_seed[0][1]:
             if not any(e["asked"] for _, own, _ in per_seed for e in own[phase].values()):
                 continue  # never asks: no budget to give a router
+            clouds = [cloud_accuracy(run, phase) for run, _, _ in per_seed]  # read once per seed, not per router
             for label, source, priority in routers:
                 arm_scores: list[float] = []
                 router_scores: list[float] = []
                 rates: list[float] = []
-                for run, own, base in per_seed:
+                for (_, own, base), cloud in zip(per_seed, clouds):
                     answers = own if source == "own" else base
                     if answers is None:
                         continue
@@ -481,7 +483,7 @@ def v2_routers(seed_runs: list[dict[str, Path]]) -> str:
                     keys = [priority(answers[phase][i]) if priority else ranks[answers[phase][i]["level"]] for i in ids]
                     p = routing_probabilities(keys, rate)
                     router_scores += expected_routed_correctness([answers[phase][i]["local"] for i in ids],
-                                                                 [cloud_accuracy(run, phase)] * len(ids), p).tolist()
+                                                                 [cloud] * len(ids), p).tolist()
                     arm_scores += [own[phase][i]["sampled"] for i in ids]
                     rates += [rate] * len(ids)
                 if not arm_scores:
@@ -585,8 +587,6 @@ def with_interval(summary: dict, name: str, scale: float = 1.0, digits: int = 3,
 
 def ask_records(folder: Optional[Path]) -> list[dict]:
     """The per-prompt ask records of a run or warm-start folder (gzipped in a kept copy); [] where it has none."""
-    from slime_ext.evaluation import records_path
-
     return read_records(records_path(folder / ASK_FILE)) if folder is not None and (folder / ASK_FILE).exists() else []
 
 
@@ -668,8 +668,6 @@ def warm_start_asks(run: Path, samples: int, folder: Path, kept: Path) -> None:
         if (folder / ASK_FILE).exists():
             keep_run_files(folder, kept, (ASK_FILE,))  # evaluated earlier (by hand, or before a restart)
         return
-    from slime_ext.tools.study import warm_start_of
-
     try:
         warm = Path(warm_start_of(run))
     except KeyError:
