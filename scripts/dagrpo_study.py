@@ -745,8 +745,8 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
         if chosen is None and all(ASSIST.format(h=h) in done for h in assist) and "DA-GRPO" in done:
             chosen = tuned_assist(done, assist)
         if chosen is not None:  # the tuned reward is the arm; the other sweep points stay in the runs list only
-            done = {(TUNED if a == ASSIST.format(h=chosen) else a): r for a, r in done.items()
-                    if not a.startswith("fixed assistance reward ") or a == ASSIST.format(h=chosen)}
+            others = {ASSIST.format(h=h) for h in assist} - {ASSIST.format(h=chosen)}
+            done = {(TUNED if a == ASSIST.format(h=chosen) else a): r for a, r in done.items() if a not in others}
         if TUNED in done and measuring(args, ASSIST.format(h=chosen)):  # the chosen sweep point only
             ask_probability(done[TUNED], args.ask_samples, args.out / "runs" / done[TUNED].parent.name)
         warm_starts.append(found_warm_start(args, seed))
