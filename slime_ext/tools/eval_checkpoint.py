@@ -14,6 +14,9 @@ closest ancestor directories that has one), else `configs/grpo.yaml`; `key=value
 Held-out rows: `--data FILE.jsonl` (the config's prompt/label keys), else the eval split the main job uses
 (`prepare_data(cfg.data, cfg.run.cache_dir).eval`).
 
+The evaluation is the run's: the configured method's evaluation options apply as in its training job (SxS: the
+channel sampler, the visible answer scored, the latency metrics in `meta.response_metrics`), so a checkpoint scores
+here what its run's `eval_*.json` would.
 Prints a markdown table (and, with `--baseline eval.json`, the comparison with an earlier evaluation) and
 writes `eval.json` (and its per-prompt records, `eval.records.jsonl`, which make `--baseline` comparisons paired)
 into the checkpoint directory, or to `--out` (a `.json` file, or a directory).
@@ -139,19 +142,19 @@ def held_out_evaluation(args: argparse.Namespace, ckpt: Path, tokenizer, rows: l
     """The generic evaluation of the held-out rows: printed as a table (beside `baseline`) and saved to `out`."""
     from slime_ext.engine.embedded import EmbeddedEngine
 
+    from slime_ext.orchestration.local_endpoints import build_run_method
+
     cfg = resolved.config
     engine = EmbeddedEngine.from_pretrained(str(ckpt))
-    options: dict = {}
+    # the run's method evaluates as in its training job: its sampler specs, the projection it scores (SxS: the
+    # visible answer) and its per-response metrics; the tools it lends to a multi-turn run's environment
+    method = build_run_method(cfg, tokenizer)
+    options = method.eval_options()
     if cfg.rollout.env is not None:  # a multi-turn run: every request an episode of its environment
         from slime_ext.envs.episode_engine import episode_evaluation
 
-        tools = None
-        if registry.run_method_tools(cfg):  # the tools the run's method lends are built by its method object
-            from slime_ext.orchestration.local_endpoints import build_run_method
-
-            tools = build_run_method(cfg, tokenizer).env_tools()
-        engine, options = episode_evaluation(engine, cfg.rollout, tokenizer, lambda rid: rows[request_row(rid)], {},
-                                             tools)
+        engine, options = episode_evaluation(engine, cfg.rollout, tokenizer, lambda rid: rows[request_row(rid)],
+                                             options, method.env_tools())
     report = evaluate(
         engine, tokenizer, rows, cfg.eval, reward_type=cfg.reward.type, template=cfg.data.template,
         max_new_tokens=cfg.rollout.max_response_len, seed=cfg.run.seed, progress=not args.no_progress,

@@ -307,3 +307,38 @@ def test_cli_rejects_non_checkpoints(tmp_path, capsys):
     (run / "config.yaml").write_text("method: grpo\n")
     with pytest.raises(ValueError, match="run directory without a checkpoint"):
         find_checkpoint(run)
+
+
+def test_cli_evaluates_as_the_runs_method_does(tiny_checkpoint, tmp_path):
+    """With an SxS config the report is the one the training job's evaluation gives: the method's sampler spec (tag
+    structure), the projection it scores (the visible answer) and its latency metrics, i.e. `evaluate` with the
+    method's `eval_options`. Without them (what the tool did before) the same checkpoint gives other records."""
+    from slime_ext.config import load_config
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.evaluation import load_report, make_verifier
+    from slime_ext.methods.registry import build_method
+    from slime_ext.tokenizer import load_tokenizer
+    from slime_ext.tools.eval_checkpoint import load_rows, main
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "sxs_sft.yaml"
+    overrides = [*cli_overrides(tmp_path)[:3], "rollout.max_response_len=12", *cli_overrides(tmp_path)[4:]]
+    assert main([str(tiny_checkpoint), "--config", str(config), "--no-progress", "--out", str(tmp_path / "out"),
+                 *overrides]) == 0
+    report = load_report(tmp_path / "out" / "eval.json")
+    assert set(report.meta["response_metrics"]) >= {"ari", "abo", "airw", "think_blocks", "first_disclosure"}
+
+    cfg = load_config(config, overrides).config
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    rows = load_rows(cfg, None)
+
+    def reference(**options):
+        return evaluate(EmbeddedEngine.from_pretrained(str(tiny_checkpoint)), tokenizer, rows, cfg.eval,
+                        reward_type=cfg.reward.type, template=cfg.data.template,
+                        max_new_tokens=cfg.rollout.max_response_len, seed=cfg.run.seed, progress=False,
+                        stop=cfg.rollout.stop, verifier=make_verifier(cfg.reward.type, cfg.reward.timeout_s),
+                        **options)
+
+    with_method = reference(**build_method(cfg, tokenizer).eval_options())
+    assert report.records == with_method.records
+    assert report.meta["response_metrics"] == pytest.approx(with_method.meta["response_metrics"], nan_ok=True)
+    assert reference().records != report.records  # the tag structure changes what the random model says
