@@ -29,7 +29,11 @@ in the same tokens; their responses are longer (the account), so their `rollout.
 480 (V10 at share 0.5: up to ~620 tokens with that tokenizer). Latency in seconds: each arm's weights are served by
 our HTTP server and 64 held-out prompts streamed one at a time (`slime_ext.tools.stream_timing`, the SxS formats'
 speak stream), kept under `--out`/latency/seedS/ and summarised as first_visible_s, first_disclosure_s and total_s
-(`slime_ext.methods.sxs.metrics.seconds_metrics`). `--task v1` is the committed results/sxs_study (the default job's
+(`slime_ext.methods.sxs.metrics.seconds_metrics`). The noise floor's sharpening baseline (results/noise_floor_v2) is a
+row per format: "CoT SFT, T = 0.4 (sharpening)" is the DUET study's evaluation of the same warm start at T = 0.4 (read
+from `--cot-runs` or its kept copy), "SxS SFT, T = 0.4 (sharpening)" the SxS warm start evaluated so as soon as its SFT
+run finishes (`eval_checkpoint`, which scores the visible answer as the run does), each paired with its format's
+SFT->RL arm: what RL adds over sampling cooler. `--task v1` is the committed results/sxs_study (the default job's
 level, one seed, SFT seed 0, each arm's own tokenizer).
 
 Columns (`--out`/table.md, table.json; mean ± std over seeds): held-out mean@4 / pass@4 / greedy, the
@@ -57,8 +61,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run,  # noqa: E402
-                                   restore_tokenizer, reuse, run_one, save_figure, summarise, tokenizer_of,
-                                   write_table)
+                                   restore_tokenizer, reuse, run_one, save_figure, sharpening_eval, summarise,
+                                   tokenizer_of, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -87,17 +91,26 @@ FAMILIES = {"SxS": ("sxs_sft", "sxs_rl", "sxs_rl_shaping"), "Restated": ("restat
 V2_HELD_OUT = ["data.synthetic.n_eval=1026", "eval.n_prompts=1026"]
 TASKS = {
     "v1": {"seeds": [0], "common": [], "suffix": "", "warm_start_per_seed": False, "control": False,
-           "sxs_data": [], "same_tokenizer": False, "latency_prompts": 0},
+           "sxs_data": [], "same_tokenizer": False, "latency_prompts": 0, "sharpening": None},
     # the DUET study's full-GRPO keys (its COMMON and v2 held-out set), so its runs are this study's CoT runs
     "v2": {"seeds": [0, 1, 2], "common": ["rollout.prompt_pool=256", *V2_HELD_OUT], "suffix": "_v2",
            "warm_start_per_seed": True, "control": True,
            "sxs_data": ["sxs.disclosure_share=0.5", "rollout.max_response_len=640"], "same_tokenizer": True,
            # streamed one at a time from our server at T = 1 (slime_ext.tools.stream_timing): latency in seconds
-           "latency_prompts": 64},
+           "latency_prompts": 64,
+           # the noise floor's sharpening baseline (results/noise_floor_v2): each format's warm start sampled cooler
+           "sharpening": 0.4},
 }
+# the sharpening rows: (arm, the family's SFT run, the folder its evaluation is kept in); the CoT one is the DUET
+# study's (same warm start, same held-out set), read from its runs or kept copy, evaluated here only where neither has it
+SHARP = "{family} SFT, T = {t} (sharpening)"
+SHARPENING = {"CoT": ("cot", "sharpening_T{t}-seed{seed}"), "SxS": ("sxs_sft", "sxs_sharpening_T{t}-seed{seed}")}
+SHARP_EVAL = "eval_sharpening.json"
 # what each task's paired difference tables compare: (reference arm, other arm)
 DIFFERENCES = [("CoT SFT", "CoT SFT->RL"), ("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")]
 CONTROL_DIFFERENCES = [("Restated SFT", "SxS SFT"), ("Restated SFT->RL", "SxS SFT->RL"), ("CoT SFT->RL", "SxS SFT->RL")]
+# what RL adds over sampling the same warm start cooler, per format
+SHARP_DIFFERENCES = [("CoT SFT, T = {t} (sharpening)", "CoT SFT->RL"), ("SxS SFT, T = {t} (sharpening)", "SxS SFT->RL")]
 ACCURACY = {"mean@4": "mean@4", "pass@4": "pass@4", "greedy": "greedy", "truncated": "truncation_rate"}
 LATENCY = {"ARI": "ari", "ABO": "abo", "AIRW": "airw", "think_blocks": "think_blocks", "total_len": "total_len",
            "reasoning_len": "reasoning_len", "response_len": "response_len", "first_disclosure": "first_disclosure"}
@@ -154,6 +167,26 @@ def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int,
                         *(["--speak-only"] if speak_only else [])], cwd=REPO, check=True)
     records = [json.loads(line) for line in timing.read_text().splitlines()]
     return {k: v for k, v in seconds_summary(records, speak_only).items() if k in SECONDS and v == v}
+
+
+def sharpening_report(args: argparse.Namespace, family: str, run: Path, seed: int, t: float) -> Optional[Path]:
+    """The family's warm start sampled at T = `t` on the held-out set (`eval_sharpening.json`): kept under --out/runs/,
+    or for CoT the DUET study's (its --cot-runs folder or kept copy), else evaluated here and kept (None with
+    --report-only, or when the warm start's weights are not on this machine)."""
+    folder = SHARPENING[family][1].format(t=t, seed=seed)
+    places = [args.out / "runs" / folder]
+    if family == "CoT" and args.cot_runs is not None:
+        places += [args.cot_runs / folder, args.cot_kept / "runs" / folder]
+    found = next((p / SHARP_EVAL for p in places if (p / SHARP_EVAL).is_file()), None)
+    if found is not None or args.report_only:
+        return found
+    if not (REPO / checkpoint_of(run, "eval_sft.json")).exists():
+        print(f"[study] {family} sharpening seed {seed}: not evaluated, its warm start {checkpoint_of(run, 'eval_sft.json')} "
+              "is not on this machine", flush=True)
+        return None
+    report = sharpening_eval(run, t, args.runs / folder)
+    keep_run_files(report.parent, args.out / "runs" / folder, (SHARP_EVAL,))
+    return report
 
 
 def run_overrides(task: str, slug: str, tokenizer: Optional[str], overrides: list[str], extra: list[str]) -> list[str]:
@@ -224,8 +257,13 @@ def main(argv=None) -> int:
     command = command_line("sxs_study.py", argv)
     plan = {**RUNS, **(CONTROL_RUNS if task["control"] else {})}
     arms = {**ARMS, **(CONTROL_ARMS if task["control"] else {})}
-    rows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
+    sharp_t = task["sharpening"]
+    sharp_arms = {SHARP.format(family=f, t=sharp_t): f for f in SHARPENING} if sharp_t is not None else {}
+    # each sharpening row follows its format's SFT row
+    order = [x for a in arms for x in (a, *(b for b, f in sharp_arms.items() if a == f"{f} SFT"))]
+    rows: dict[str, list[dict[str, float]]] = {a: [] for a in order}
     runs: dict[str, dict[int, Path]] = {a: {} for a in arms}  # by seed: a difference pairs only the seeds both arms ran
+    baselines: dict[str, dict[int, Path]] = {a: {} for a in sharp_arms}  # the sharpening rows' eval json by seed
     curves: dict[str, list[Path]] = {a: [] for a, slug in RL_CURVES.items() if slug in plan}
     missing, warm_starts = [], []
     for seed in args.seeds:
@@ -259,6 +297,14 @@ def main(argv=None) -> int:
                 missing.append(f"{slug} seed {seed}")
                 continue
             done[slug] = run
+            for arm, family in sharp_arms.items():  # as soon as the family's warm start is there
+                if SHARPENING[family][0] == slug:
+                    report = sharpening_report(args, family, run, seed, sharp_t)
+                    if report is None:
+                        missing.append(f"{arm} seed {seed}")
+                    else:
+                        baselines[arm][seed] = report
+                        rows[arm].append(row_of(report.parent, report.name))
         for family, slugs in FAMILIES.items():
             if all(s in done for s in slugs):
                 warm_starts.append(check_same_warm_start(done, family))
@@ -279,12 +325,15 @@ def main(argv=None) -> int:
     if missing:
         title += f"; not run: {', '.join(missing)}"
     keys = KEYS + (list(SECONDS) if task["latency_prompts"] else [])
-    table = write_table(args.out, title, summary, {a: [str(r) for r in rs.values()] for a, rs in runs.items() if rs},
-                        args.seeds, command, keys)
-    for before, after in DIFFERENCES + (CONTROL_DIFFERENCES if task["control"] else []):
-        if runs.get(before) and runs.get(after):  # paired within the seeds both arms ran
-            evals = {arm: {seed: run / arms[arm][1] for seed, run in runs[arm].items()} for arm in (before, after)}
-            print(difference_table(args.out, evals, before))
+    paths = {a: [str(r) for r in rs.values()] for a, rs in {**runs, **baselines}.items() if rs}
+    table = write_table(args.out, title, summary, paths, args.seeds, command, keys)
+    evals = {arm: {seed: run / arms[arm][1] for seed, run in rs.items()} for arm, rs in runs.items()}
+    evals.update(baselines)
+    pairs = DIFFERENCES + (CONTROL_DIFFERENCES if task["control"] else [])
+    pairs += [(b.format(t=sharp_t), a) for b, a in SHARP_DIFFERENCES] if sharp_t is not None else []
+    for before, after in pairs:
+        if evals.get(before) and evals.get(after):  # paired within the seeds both arms ran
+            print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before))
     if warm_starts:
         (args.out / "sxs_warm_starts.json").write_text(json.dumps(warm_starts, indent=2) + "\n")
     print(table)

@@ -299,6 +299,22 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     assert json.loads((tmp_path / "out" / "sxs_warm_starts.json").read_text()) == \
         ["/c/warmstart/sxs/hf", "/c/warmstart/restated/hf"]
     assert study.tokenizer_of(cot_summary.parent) == str(REPO / ".cache/slime_ext/tokenizers/tok-640-x")
+    assert "not run: CoT SFT, T = 0.4 (sharpening) seed 0, SxS SFT, T = 0.4 (sharpening) seed 0" in md
+
+    # the sharpening rows: each format's warm start at T = 0.4 (CoT's kept by the DUET study), paired with its RL arm
+    for folder, acc in (("sharpening_T0.4-seed0", 0.65), ("sxs_sharpening_T0.4-seed0", 0.55)):
+        (tmp_path / "out" / "runs" / folder).mkdir(parents=True)
+        (tmp_path / "out" / "runs" / folder / "eval_sharpening.json").write_text(
+            json.dumps(eval_json(acc, float("nan"), latency(50.0, 2.0))))
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "table.json").read_text())["summary"]
+    assert list(s)[:5] == ["CoT SFT", "CoT SFT, T = 0.4 (sharpening)", "CoT SFT->RL", "SxS SFT",
+                           "SxS SFT, T = 0.4 (sharpening)"]
+    assert s["CoT SFT, T = 0.4 (sharpening)"]["mean@4"][0] == 0.65 and s["SxS SFT, T = 0.4 (sharpening)"]["mean@4"][0] == 0.55
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "## Difference to CoT SFT, T = 0.4 (sharpening) " in md and "## Difference to SxS SFT, T = 0.4 (sharpening) " in md
+    assert "not run" not in md
     assert "| first_disclosure_s |" in md and "first_disclosure_s" not in s["SxS SFT"]  # a column, none measured
 
     # latency in seconds: a kept timeline is read (report-only measures nothing); SxS arms read the speak stream
@@ -339,3 +355,47 @@ def test_v2_cot_run_is_read_from_the_duet_studys_kept_runs(tmp_path):
     assert "## Difference to CoT SFT->RL " in (tmp_path / "out" / "table.md").read_text()
     assert study.main([*args, "--cot-kept", str(tmp_path / "nowhere")]) == 0  # not kept there: not run, named
     assert "not run: cot seed 0" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_v2_sharpening_is_read_where_kept_else_evaluated_once_and_kept(tmp_path, monkeypatch, capsys):
+    """CoT's comes from the DUET study (its runs folder, then its kept copy); SxS's is evaluated from the SFT run's warm
+    start at T = 0.4 and kept under --out/runs/, so the next report reads it; nothing is evaluated with --report-only
+    or without the warm start's weights on the machine."""
+    import argparse
+
+    study = load_study()
+    warm = tmp_path / "warm" / "hf"
+    warm.mkdir(parents=True)
+    sxs_run = fake_run(tmp_path / "runs", "sxs_sft", 0, str(warm), {})
+    calls = []
+
+    def fake_eval(run, t, folder):
+        calls.append((run, t, folder))
+        folder.mkdir(parents=True)
+        (folder / "eval_sharpening.json").write_text("{}")
+        return folder / "eval_sharpening.json"
+
+    monkeypatch.setattr(study, "sharpening_eval", fake_eval)
+    args = argparse.Namespace(out=tmp_path / "out", runs=tmp_path / "runs", cot_runs=tmp_path / "duet_runs",
+                              cot_kept=tmp_path / "duet_out", report_only=True)
+    assert study.sharpening_report(args, "SxS", sxs_run, 0, 0.4) is None and calls == []
+    args.report_only = False
+    evaluated = study.sharpening_report(args, "SxS", sxs_run, 0, 0.4)
+    assert calls == [(sxs_run, 0.4, tmp_path / "runs" / "sxs_sharpening_T0.4-seed0")]
+    assert evaluated == tmp_path / "runs" / "sxs_sharpening_T0.4-seed0" / "eval_sharpening.json"
+    kept = tmp_path / "out" / "runs" / "sxs_sharpening_T0.4-seed0" / "eval_sharpening.json"
+    assert kept.read_text() == "{}"
+    assert study.sharpening_report(args, "SxS", sxs_run, 0, 0.4) == kept and len(calls) == 1
+
+    duet_kept = tmp_path / "duet_out" / "runs" / "sharpening_T0.4-seed1" / "eval_sharpening.json"
+    duet_kept.parent.mkdir(parents=True)
+    duet_kept.write_text("{}")
+    assert study.sharpening_report(args, "CoT", sxs_run, 1, 0.4) == duet_kept
+    duet_run = tmp_path / "duet_runs" / "sharpening_T0.4-seed1" / "eval_sharpening.json"
+    duet_run.parent.mkdir(parents=True)
+    duet_run.write_text("{}")
+    assert study.sharpening_report(args, "CoT", sxs_run, 1, 0.4) == duet_run and len(calls) == 1
+
+    gone = fake_run(tmp_path / "runs", "sxs_sft", 2, str(tmp_path / "elsewhere" / "hf"), {})
+    assert study.sharpening_report(args, "SxS", gone, 2, 0.4) is None and len(calls) == 1
+    assert "not on this machine" in capsys.readouterr().out
