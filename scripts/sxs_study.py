@@ -231,7 +231,8 @@ def plots(out: Path, curves: dict[str, list[Path]]) -> Path:
     acc.set_title("training accuracy (visible answer)")
     for ax in (blocks, window, acc):
         ax.set_xlabel("RL step")
-        ax.legend(fontsize=8)
+        if ax.lines:  # the block panels stay empty until an SxS-format RL run has finished
+            ax.legend(fontsize=8)
     return save_figure(fig, out / "block_count.png")
 
 
