@@ -31,8 +31,8 @@ our HTTP server and 64 held-out prompts streamed one at a time (`slime_ext.tools
 speak stream), kept under `--out`/latency/seedS/ and summarised as first_visible_s, first_disclosure_s and total_s
 (`slime_ext.methods.sxs.metrics.seconds_metrics`). The noise floor's sharpening baseline (results/noise_floor_v2) is a
 row per format: "CoT SFT, T = 0.4 (sharpening)" is the DUET study's evaluation of the same warm start at T = 0.4 (read
-from `--cot-runs` or its kept copy), "SxS SFT, T = 0.4 (sharpening)" the SxS warm start evaluated so as soon as its SFT
-run finishes (`eval_checkpoint`, which scores the visible answer as the run does), each paired with its format's
+from `--cot-runs` or its kept copy), "SxS SFT, T = 0.4 (sharpening)" the SxS warm start evaluated at T = 0.4 as soon as its
+SFT run finishes (`eval_checkpoint`, which scores the visible answer as the run does), each paired with its format's
 SFT->RL arm: what RL adds over sampling cooler. `--task v1` is the committed results/sxs_study (the default job's
 level, one seed, SFT seed 0, each arm's own tokenizer).
 
@@ -101,8 +101,8 @@ TASKS = {
            # the noise floor's sharpening baseline (results/noise_floor_v2): each format's warm start sampled cooler
            "sharpening": 0.4},
 }
-# the sharpening rows: (arm, the family's SFT run, the folder its evaluation is kept in); the CoT one is the DUET
-# study's (same warm start, same held-out set), read from its runs or kept copy, evaluated here only where neither has it
+# the sharpening rows, by format: (the run whose warm start is sampled, the folder its evaluation is kept in); CoT's is
+# the DUET study's (same warm start, same held-out set), read from its runs or kept copy, evaluated here only where neither has it
 SHARP = "{family} SFT, T = {t} (sharpening)"
 SHARPENING = {"CoT": ("cot", "sharpening_T{t}-seed{seed}"), "SxS": ("sxs_sft", "sxs_sharpening_T{t}-seed{seed}")}
 SHARP_EVAL = "eval_sharpening.json"
