@@ -180,9 +180,10 @@ def sharpening_report(args: argparse.Namespace, family: str, run: Path, seed: in
     found = next((p / SHARP_EVAL for p in places if (p / SHARP_EVAL).is_file()), None)
     if found is not None or args.report_only:
         return found
-    if not (REPO / checkpoint_of(run, "eval_sft.json")).exists():
-        print(f"[study] {family} sharpening seed {seed}: not evaluated, its warm start {checkpoint_of(run, 'eval_sft.json')} "
-              "is not on this machine", flush=True)
+    warm = warm_start_of(run)
+    if warm is None or not (REPO / warm).exists():
+        print(f"[study] {family} sharpening seed {seed}: not evaluated, its warm start {warm} is not on this machine",
+              flush=True)
         return None
     report = sharpening_eval(run, t, args.runs / folder)
     keep_run_files(report.parent, args.out / "runs" / folder, (SHARP_EVAL,))
@@ -260,6 +261,7 @@ def main(argv=None) -> int:
     arms = {**ARMS, **(CONTROL_ARMS if task["control"] else {})}
     sharp_t = task["sharpening"]
     sharp_arms = {SHARP.format(family=f, t=sharp_t): f for f in SHARPENING} if sharp_t is not None else {}
+    sharp_after = {SHARPENING[f][0]: (arm, f) for arm, f in sharp_arms.items()}  # the run whose warm start it samples
     # each sharpening row follows its format's SFT row
     order = [x for a in arms for x in (a, *(b for b, f in sharp_arms.items() if a == f"{f} SFT"))]
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in order}
@@ -298,14 +300,14 @@ def main(argv=None) -> int:
                 missing.append(f"{slug} seed {seed}")
                 continue
             done[slug] = run
-            for arm, family in sharp_arms.items():  # as soon as the family's warm start is there
-                if SHARPENING[family][0] == slug:
-                    report = sharpening_report(args, family, run, seed, sharp_t)
-                    if report is None:
-                        missing.append(f"{arm} seed {seed}")
-                    else:
-                        baselines[arm][seed] = report
-                        rows[arm].append(row_of(report.parent, report.name))
+            if slug in sharp_after:  # as soon as the family's warm start is there
+                arm, family = sharp_after[slug]
+                report = sharpening_report(args, family, run, seed, sharp_t)
+                if report is None:
+                    missing.append(f"{arm} seed {seed}")
+                else:
+                    baselines[arm][seed] = report
+                    rows[arm].append(row_of(report.parent, report.name))
         for family, slugs in FAMILIES.items():
             if all(s in done for s in slugs):
                 warm_starts.append(check_same_warm_start(done, family))

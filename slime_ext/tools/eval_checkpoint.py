@@ -141,7 +141,6 @@ def held_out_evaluation(args: argparse.Namespace, ckpt: Path, tokenizer, rows: l
                         baseline, out: Path) -> None:
     """The generic evaluation of the held-out rows: printed as a table (beside `baseline`) and saved to `out`."""
     from slime_ext.engine.embedded import EmbeddedEngine
-
     from slime_ext.orchestration.local_endpoints import build_run_method
 
     cfg = resolved.config
