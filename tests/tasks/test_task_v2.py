@@ -10,6 +10,7 @@ import random
 import re
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -254,3 +255,54 @@ def test_step_token_lengths_vary_within_a_level(rows_by_level, v2_tokenizer):
             per_template[step.template].append(len(v2_tokenizer(line)["input_ids"]))
     means = {t: statistics.mean(v) for t, v in per_template.items()}
     assert max(means.values()) >= 1.8 * min(means.values()), means  # the terse form vs the narrative one
+
+
+# -- the lengths of a method's own format (SxS) ---------------------------------------------------------------
+def _sxs_v2_config(tmp_path, *overrides):
+    """configs/sxs_sft.yaml on task v2 at the SxS study's disclosure share (scripts/sxs_study.py)."""
+    from slime_ext.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    path = tmp_path / "sxs_v2.yaml"
+    path.write_text(f"extends: [{repo / 'configs/sxs_sft.yaml'}, {repo / 'configs/tasks/v2.yaml'}]\n"
+                    "sxs:\n  disclosure_share: 0.5\n")
+    return load_config(path, list(overrides)).config
+
+
+def test_measured_rows_are_in_the_methods_format(tmp_path, v2_tokenizer):
+    """The SxS formats measured with the CoT tokenizer: same prompts and labels, references ~1.6x CoT's (the SxS
+    study's design, docs/methods/sxs.md); the restated control about as long as the interleaved format."""
+    from slime_ext.config import load_config
+    from slime_ext.tasks.v2.measure import level_lengths, measured_rows
+
+    repo = Path(__file__).resolve().parents[2]
+    cot = measured_rows(load_config(repo / "configs/grpo_v2.yaml").config, 40)
+    sxs = measured_rows(_sxs_v2_config(tmp_path), 40)
+    restated = measured_rows(_sxs_v2_config(tmp_path, "sxs.answer_placement=after_reasoning"), 40)
+    assert [r["id"] for r in cot] == [r["id"] for r in sxs] == [r["id"] for r in restated]
+    assert [r["label"] for r in cot] == [r["label"] for r in sxs]
+    assert all(r["solution"].startswith("<think>") and "</speak>" in r["solution"] for r in sxs + restated)
+    assert all(r["solution"].count("<speak>") == 1 for r in restated)  # the whole account after the reasoning
+    assert max(r["solution"].count("<speak>") for r in sxs) >= 3
+
+    def mean_len(rows):
+        stats = level_lengths(rows, v2_tokenizer, "plain")
+        return sum(s["response_mean"] * s["rows"] for s in stats.values()) / len(rows)
+
+    ratio = mean_len(sxs) / mean_len(cot)
+    assert 1.4 <= ratio <= 1.8, ratio  # measured 1.58 on the 1026-row eval set
+    assert abs(mean_len(restated) / mean_len(sxs) - 1) <= 0.05
+
+
+def test_pipeline_tokenizer_trains_on_the_methods_rows(tmp_path):
+    """As the driver does, the embedded tokenizer learns from the transformed rows: merges of the SxS format's
+    words ("So the answer is", "...</think><speak>") are in its vocabulary, not in the CoT one's."""
+    from slime_ext.config import load_config
+    from slime_ext.tasks.v2.measure import pipeline_tokenizer
+
+    small = ["data.synthetic.n_train=300", "data.synthetic.n_eval=20", "tokenizer.n_training_texts=300"]
+    repo = Path(__file__).resolve().parents[2]
+    sxs = pipeline_tokenizer(_sxs_v2_config(tmp_path, *small), tmp_path / "cache")
+    cot = pipeline_tokenizer(load_config(repo / "configs/grpo_v2.yaml", small).config, tmp_path / "cache")
+    assert {"Ġanswer", "><"} <= set(sxs.get_vocab())
+    assert not {"Ġanswer", "><"} & set(cot.get_vocab())
