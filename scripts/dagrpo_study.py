@@ -61,7 +61,7 @@ from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean, pstdev
-from typing import Optional
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -69,8 +69,9 @@ from slime_ext.evaluation import records_path  # noqa: E402
 from slime_ext.studies import keep_run_files, level_key, read_metrics, read_records  # noqa: E402
 from slime_ext.studies.records import RUN_FILES  # noqa: E402
 from slime_ext.methods.dagrpo.ask_probability import ASK_FILE  # noqa: E402
-from slime_ext.tools.study import (append_section, command_line, config_on_task, eval_checkpoint,  # noqa: E402
-                                   finished_run, reuse, run_one, save_figure, summarise, warm_start_of, write_table)
+from slime_ext.tools.study import (across_seeds_cell, append_section, command_line, config_on_task,  # noqa: E402
+                                   eval_checkpoint, finished_run, reuse, run_one, save_figure, summarise,
+                                   warm_start_of, write_table)
 
 # a v2 run's files kept under --out/runs/ (its evaluation records gzipped beside them)
 WARM = "warm start (no RL)"
@@ -292,18 +293,21 @@ def joint_correct(run: Path) -> dict[tuple[str, str], float]:
     return out
 
 
-def v2_differences(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO") -> str:
-    """Each arm's joint accuracy after the last phase minus DA-GRPO's, paired prompt by prompt within seeds, pooled."""
+def v2_differences(seed_runs: list[dict[str, Path]], seeds: Sequence[int], reference: str = "DA-GRPO") -> str:
+    """Each arm's joint accuracy after the last phase minus DA-GRPO's, paired prompt by prompt within seeds, pooled;
+    beside it each seed's difference and a t interval across seeds (`seeds[i]` names `seed_runs[i]`)."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
 
     lines = [f"## Difference to {reference} (joint accuracy after the last phase, greedy, per prompt, paired within "
-             "seeds)", "", "| arm | difference, points |", "| --- | --- |"]
+             "seeds)", "", "| arm | difference, points (pooled over prompts) | each seed; across seeds, points |",
+             "| --- | --- | --- |"]
     arms = list(dict.fromkeys(a for runs in seed_runs for a in runs if a != reference))
     references = [joint_correct(runs[reference]) if reference in runs else None for runs in seed_runs]  # read once
     for arm in arms:
         a: list[float] = []
         b: list[float] = []
-        for runs, ref in zip(seed_runs, references):
+        per_seed: dict[int, float] = {}
+        for seed, runs, ref in zip(seeds, seed_runs, references):
             if ref is not None and arm in runs:
                 other = joint_correct(runs[arm])
                 keys = sorted(ref)
@@ -311,7 +315,9 @@ def v2_differences(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO")
                     raise ValueError(f"{arm}: {runs[arm]} and {runs[reference]} evaluated different prompts")
                 a += [ref[k] for k in keys]
                 b += [other[k] for k in keys]
-        lines.append(f"| {arm} | {describe_difference(paired_difference(a, b)) if a else '-'} |")
+                per_seed[seed] = mean(other[k] - ref[k] for k in keys)
+        cells = f"{describe_difference(paired_difference(a, b))} | {across_seeds_cell(per_seed)}" if a else "- | -"
+        lines.append(f"| {arm} | {cells} |")
     return "\n".join(lines)
 
 
@@ -327,22 +333,26 @@ def first_phase_change(run: Path) -> dict[str, float]:
     return {k: after[1][k] - after[0][k] for k in after[0]}
 
 
-def v2_forgetting(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO") -> str:
+def v2_forgetting(seed_runs: list[dict[str, Path]], seeds: Sequence[int], reference: str = "DA-GRPO") -> str:
     """Each arm's change on the near prompts across the far phase (paired over prompts, pooled over seeds) and its
-    difference to DA-GRPO's change, paired prompt by prompt within seeds: forgetting against the baselines."""
+    difference to DA-GRPO's change, paired prompt by prompt within seeds, with each seed's difference and a t
+    interval across seeds: forgetting against the baselines."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
 
     lines = ["## Forgetting: the near phase's greedy accuracy after the far phase minus after the near phase", "",
              "Per prompt, pooled over seeds; the second column pairs each arm's change with DA-GRPO's on the same "
-             "prompts (an arm that asks under greedy decoding is scored on its joint answers).", "",
-             "| arm | change, points | change minus DA-GRPO's, points |", "| --- | --- | --- |"]
+             "prompts (an arm that asks under greedy decoding is scored on its joint answers), the third gives that "
+             "difference seed by seed and a t interval across seeds.", "",
+             "| arm | change, points | change minus DA-GRPO's, points | minus DA-GRPO's, each seed; across seeds |",
+             "| --- | --- | --- | --- |"]
     arms = list(dict.fromkeys(a for runs in seed_runs for a in runs))
     changes = [{arm: first_phase_change(run) for arm, run in runs.items()} for runs in seed_runs]
     for arm in arms:
         own: list[float] = []
         ref: list[float] = []
         mine_paired: list[float] = []
-        for per_arm in changes:
+        per_seed: dict[int, float] = {}
+        for seed, per_arm in zip(seeds, changes):
             if arm not in per_arm:
                 continue
             own += list(per_arm[arm].values())
@@ -350,8 +360,10 @@ def v2_forgetting(seed_runs: list[dict[str, Path]], reference: str = "DA-GRPO") 
                 keys = sorted(per_arm[reference])
                 ref += [per_arm[reference][k] for k in keys]
                 mine_paired += [per_arm[arm][k] for k in keys]
+                per_seed[seed] = mean(per_arm[arm][k] - per_arm[reference][k] for k in keys)
         change = describe_difference(paired_difference([0.0] * len(own), own))
-        versus = describe_difference(paired_difference(ref, mine_paired)) if ref else "-"
+        versus = (f"{describe_difference(paired_difference(ref, mine_paired))} | {across_seeds_cell(per_seed)}"
+                  if ref else "- | -")
         lines.append(f"| {arm} | {change} | {versus} |")
     return "\n".join(lines)
 
@@ -760,8 +772,8 @@ def main_v2(args: argparse.Namespace, command: str) -> int:
     if missing:
         title += f"; not run: {', '.join(missing)}"
     print(write_table(args.out, title, summarise(rows), names, args.seeds, command))
-    append_section(args.out, v2_differences(seed_runs))
-    append_section(args.out, v2_forgetting(seed_runs))
+    append_section(args.out, v2_differences(seed_runs, args.seeds))
+    append_section(args.out, v2_forgetting(seed_runs, args.seeds))
     append_section(args.out, v2_asking(seed_runs))
     append_section(args.out, v2_routers(seed_runs))
     append_section(args.out, v2_against_warm_start(seed_runs, warm_starts))

@@ -153,11 +153,34 @@ def test_the_forgetting_section_pairs_each_arms_change_with_dagrpos(tmp_path):
              "local-only": study.finished_run(root / "local_only-seed0"),
              "fixed assistance reward (tuned)": study.finished_run(root / "fixed_assistance_reward_0.5-seed0")}]
     assert sum(study.first_phase_change(runs[0]["local-only"]).values()) == -10
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in study.v2_forgetting(runs).splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in study.v2_forgetting(runs, [0]).splitlines()
             if line.startswith("| ") and "---" not in line and "arm |" not in line}
     assert rows["DA-GRPO"].startswith("| DA-GRPO | +0.0 ± 0.0 points") and rows["DA-GRPO"].endswith("| - |")
     assert "| -50.0 ± 11.5 points (95% CI" in rows["local-only"] and rows["local-only"].count("-50.0 ± 11.5") == 2
     assert rows["fixed assistance reward (tuned)"].count("+25.0 ± 9.9") == 2
+
+
+def test_the_comparisons_give_each_seeds_difference_and_a_t_interval_across_seeds(tmp_path):
+    """Local-only loses 10, 4 and 0 of 20 prompts DA-GRPO solves on seeds 0, 1, 2 (and had them all after the near
+    phase): -50, -20, +0 points; mean -23.3, SE sd/sqrt(3) = 25.17/1.732 = 14.53, t(0.975, 2) = 4.303, half-width 62.5 gives
+    [-85.8, +39.2] across seeds, while the pooled prompt-level difference is -23.3 over 60 prompts."""
+    study = study_script("dagrpo_study")
+    root = tmp_path / "runs"
+    runs = []
+    for seed, lost in ((0, 10), (1, 4), (2, 0)):
+        fake_v2_run(root, "DA_GRPO", seed, 0.3, [1.0] * 20)
+        fake_v2_run(root, "local_only", seed, 0.0, [1.0] * (20 - lost) + [0.0] * lost, before=[1.0] * 20)
+        runs.append({"DA-GRPO": study.finished_run(root / f"DA_GRPO-seed{seed}"),
+                     "local-only": study.finished_run(root / f"local_only-seed{seed}")})
+    across = "s0 -50.0, s1 -20.0, s2 +0.0; -23.3 ± 14.5 [-85.8, +39.2] (no measured difference)"
+    difference = [line for line in study.v2_differences(runs, [0, 1, 2]).splitlines() if line.startswith("| local-only")]
+    assert difference[0].startswith("| local-only | -23.3 ± ") and difference[0].endswith(f"| {across} |")
+    forgetting = [line for line in study.v2_forgetting(runs, [0, 1, 2]).splitlines() if line.startswith("| local-only")]
+    assert forgetting[0].count("-23.3 ± ") == 3 and forgetting[0].endswith(f"| {across} |")
+    assert [line for line in study.v2_forgetting(runs, [0, 1, 2]).splitlines()
+            if line.startswith("| DA-GRPO")][0].endswith("| - | - |")
+    one_seed = [line for line in study.v2_differences(runs[:1], [5]).splitlines() if line.startswith("| local-only")]
+    assert one_seed[0].endswith("| s5 -50.0; one seed, no interval across seeds |")
 
 
 def test_a_run_of_other_phase_lengths_is_refused_not_tabulated(tmp_path):
