@@ -273,12 +273,16 @@ def test_measured_rows_are_in_the_methods_format(tmp_path, v2_tokenizer):
     """The SxS formats measured with the CoT tokenizer: same prompts and labels, references ~1.6x CoT's (the SxS
     study's design, docs/methods/sxs.md); the restated control about as long as the interleaved format."""
     from slime_ext.config import load_config
+    from slime_ext.methods.registry import data_transform
     from slime_ext.tasks.v2.measure import level_lengths, measured_rows
 
+    def rows(config):
+        return measured_rows(config, 40, data_transform(config))
+
     repo = Path(__file__).resolve().parents[2]
-    cot = measured_rows(load_config(repo / "configs/grpo_v2.yaml").config, 40)
-    sxs = measured_rows(_sxs_v2_config(tmp_path), 40)
-    restated = measured_rows(_sxs_v2_config(tmp_path, "sxs.answer_placement=after_reasoning"), 40)
+    cot = rows(load_config(repo / "configs/grpo_v2.yaml").config)
+    sxs = rows(_sxs_v2_config(tmp_path))
+    restated = rows(_sxs_v2_config(tmp_path, "sxs.answer_placement=after_reasoning"))
     assert [r["id"] for r in cot] == [r["id"] for r in sxs] == [r["id"] for r in restated]
     assert [r["label"] for r in cot] == [r["label"] for r in sxs]
     assert all(r["solution"].startswith("<think>") and "</speak>" in r["solution"] for r in sxs + restated)
@@ -298,11 +302,32 @@ def test_pipeline_tokenizer_trains_on_the_methods_rows(tmp_path):
     """As the driver does, the embedded tokenizer learns from the transformed rows: merges of the SxS format's
     words ("So the answer is", "...</think><speak>") are in its vocabulary, not in the CoT one's."""
     from slime_ext.config import load_config
+    from slime_ext.methods.registry import data_transform
     from slime_ext.tasks.v2.measure import pipeline_tokenizer
 
     small = ["data.synthetic.n_train=300", "data.synthetic.n_eval=20", "tokenizer.n_training_texts=300"]
     repo = Path(__file__).resolve().parents[2]
-    sxs = pipeline_tokenizer(_sxs_v2_config(tmp_path, *small), tmp_path / "cache")
+    config = _sxs_v2_config(tmp_path, *small)
+    sxs = pipeline_tokenizer(config, tmp_path / "cache", data_transform(config))
     cot = pipeline_tokenizer(load_config(repo / "configs/grpo_v2.yaml", small).config, tmp_path / "cache")
     assert {"Ġanswer", "><"} <= set(sxs.get_vocab())
     assert not {"Ġanswer", "><"} & set(cot.get_vocab())
+
+
+def test_reference_lengths_cli_measures_the_configs_own_format(tmp_path, v2_tokenizer, capsys):
+    """`python -m slime_ext.tools.reference_lengths` on the SxS config, in a given tokenizer's tokens: the table's
+    V2 row is the SxS format's (the interleaved references of the same rows), not CoT's."""
+    from slime_ext.methods.registry import data_transform
+    from slime_ext.tasks.v2.measure import level_lengths, measured_rows
+    from slime_ext.tools.reference_lengths import main
+
+    v2_tokenizer.save_pretrained(tmp_path / "tok")
+    overrides = [f"tokenizer.path={tmp_path / 'tok'}", "data.synthetic.eval_levels=[V2]"]
+    config = _sxs_v2_config(tmp_path, *overrides)
+    assert main([str(tmp_path / "sxs_v2.yaml"), *overrides, "--per-level", "30"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| V2 |")]
+    expected = level_lengths(measured_rows(config, 30, data_transform(config)), v2_tokenizer, config.data.template)["V2"]
+    plain = level_lengths(measured_rows(config, 30), v2_tokenizer, config.data.template)["V2"]
+    assert row == [f"| V2 | 30 | {expected['response_mean']} | {expected['response_min']} | {expected['response_max']} | "
+                   f"{expected['prompt_mean']} | {expected['prompt_max']} | {expected['recheck_share']} |"]
+    assert expected["response_mean"] >= 1.5 * plain["response_mean"]

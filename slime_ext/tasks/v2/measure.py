@@ -5,29 +5,22 @@ the run's own tokenizer, a byte-level BPE trained on that run's data (per-digit 
 the digits). This builds it as the pipeline's tokenizer stage does (`tokenizer.path: embedded`: the first
 `tokenizer.n_training_texts` prepared train rows, prompt + "\\n" + solution, `tokenizer.vocab_size`) and
 reports, per level of the eval rows, the response length (solution + EOS, what `rollout.max_response_len`
-must hold) and the templated prompt's length. The rows are the ones the run trains on: the configured method's
-row transform (SxS's interleaved or restated formats, Tandem's paragraphs) applies, to the tokenizer's training
-texts as well, as in the driver. With `tokenizer.path` set to another run's tokenizer (the SxS study's shared
-CoT tokenizer), lengths are in that tokenizer's tokens.
-
-    python -m slime_ext.tasks.v2.measure configs/grpo_v2.yaml [key=value ...] [--per-level 200]
-    python -m slime_ext.tasks.v2.measure configs/sxs_sft.yaml data.synthetic.task=v2 sxs.disclosure_share=0.5 \
-        tokenizer.path=COT_RUN/tokenizer
+must hold) and the templated prompt's length. A method's row transform (SxS's formats, Tandem's paragraphs) is
+passed in, as to `prepare_data` (the data layer knows no method): the CLI that looks it up from a config is
+`python -m slime_ext.tools.reference_lengths`.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from slime_ext.tasks.lengths import prompt_token_ids, sft_token_ids
-from slime_ext.tasks.prepare import prepare_data
+from slime_ext.tasks.prepare import RowTransform, prepare_data
 from slime_ext.tasks.synthetic_math import generate_dataset
 
-__all__ = ["level_lengths", "measured_rows", "pipeline_tokenizer", "format_table", "main"]
+__all__ = ["level_lengths", "measured_rows", "pipeline_tokenizer", "format_table"]
 
 
 def level_lengths(rows: Sequence[dict], tokenizer: Any, template: str) -> dict[str, dict[str, float]]:
@@ -47,13 +40,11 @@ def level_lengths(rows: Sequence[dict], tokenizer: Any, template: str) -> dict[s
     return out
 
 
-def measured_rows(config: Any, per_level: int) -> list[dict]:
-    """`per_level` eval rows of each eval level, rewritten as the run's data stage rewrites them (the method's
-    row transform, else `step_separator`)."""
-    from slime_ext.methods.registry import data_transform
-
+def measured_rows(config: Any, per_level: int, row_transform: Optional[RowTransform] = None) -> list[dict]:
+    """`per_level` eval rows of each eval level, rewritten as the run's data stage rewrites them (`row_transform`,
+    the configured method's, else `step_separator`)."""
     syn = config.data.synthetic
-    transform = data_transform(config)
+    transform = row_transform
     rows = [r for level in syn.eval_levels
             for r in generate_dataset(level, per_level, syn.seed, "eval", recheck_share=syn.recheck_share_value())]
     if transform is not None:
@@ -61,16 +52,15 @@ def measured_rows(config: Any, per_level: int) -> list[dict]:
     return [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
 
 
-def pipeline_tokenizer(config: Any, cache_dir: str | Path) -> Any:
-    """The run's embedded tokenizer, built (cached) from its prepared train rows (the method's row transform
-    applied) as the driver's tokenizer stage does; a configured `tokenizer.path` is loaded instead."""
-    from slime_ext.methods.registry import data_transform
+def pipeline_tokenizer(config: Any, cache_dir: str | Path, row_transform: Optional[RowTransform] = None) -> Any:
+    """The run's embedded tokenizer, built (cached) from its prepared train rows (`row_transform` applied) as the
+    driver's tokenizer stage does; a configured `tokenizer.path` is loaded instead."""
     from slime_ext.tokenizer import build_embedded_tokenizer, load_tokenizer
 
     tok = config.tokenizer
     if tok.path != "embedded":
         return load_tokenizer(tok.path)
-    data = prepare_data(config.data, cache_dir, data_transform(config))
+    data = prepare_data(config.data, cache_dir, row_transform)
     texts = [r["prompt"] + "\n" + str(r.get("solution", r["label"])) for r in data.train[: tok.n_training_texts]]
     return load_tokenizer(build_embedded_tokenizer(Path(cache_dir) / "tokenizers", texts, tok.vocab_size))
 
@@ -82,26 +72,3 @@ def format_table(stats: dict[str, dict[str, float]]) -> str:
     lines = [f"| {lvl} | {s['rows']} | {s['response_mean']} | {s['response_min']} | {s['response_max']} | "
              f"{s['prompt_mean']} | {s['prompt_max']} | {s['recheck_share']} |" for lvl, s in stats.items()]
     return "\n".join([head, *lines])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: the table for a config's eval levels (`--per-level` eval rows of each)."""
-    from slime_ext.config import load_config
-
-    p = argparse.ArgumentParser(prog="python -m slime_ext.tasks.v2.measure", description=__doc__.splitlines()[0])
-    p.add_argument("config")
-    p.add_argument("overrides", nargs="*")
-    p.add_argument("--per-level", type=int, default=200)
-    p.add_argument("--cache-dir", default=None, help="default: the config's run.cache_dir")
-    args = p.parse_args(argv)
-    cfg = load_config(args.config, args.overrides).config
-    tokenizer = pipeline_tokenizer(cfg, args.cache_dir or cfg.run.cache_dir)
-    rows = measured_rows(cfg, args.per_level)
-    print(format_table(level_lengths(rows, tokenizer, cfg.data.template)))
-    print(f"# tokenizer: {len(tokenizer)} tokens; {args.per_level} eval rows per level, seed {cfg.data.synthetic.seed}",
-          file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
