@@ -44,11 +44,10 @@ def measured_rows(config: Any, per_level: int, row_transform: Optional[RowTransf
     """`per_level` eval rows of each eval level, rewritten as the run's data stage rewrites them (`row_transform`,
     the configured method's, else `step_separator`)."""
     syn = config.data.synthetic
-    transform = row_transform
     rows = [r for level in syn.eval_levels
             for r in generate_dataset(level, per_level, syn.seed, "eval", recheck_share=syn.recheck_share_value())]
-    if transform is not None:
-        return [transform(r) for r in rows]
+    if row_transform is not None:
+        return [row_transform(r) for r in rows]
     return [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
 
 
