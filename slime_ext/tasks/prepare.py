@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from slime_ext.config.sections import DataConfig
+from slime_ext.config.sections import DataConfig, SyntheticDataConfig
 from slime_ext.tasks.dataset import DatasetError, LoadReport, load_jsonl
 from slime_ext.tasks.synthetic_math import generate_dataset, write_jsonl
 from slime_ext.tasks.tool_solutions import with_tool_solution
@@ -45,6 +45,19 @@ def transform_key(row_transform: Optional[RowTransform]) -> Optional[str]:
     return getattr(row_transform, "cache_key", None) or f"{row_transform.__module__}:{row_transform.__qualname__}"
 
 
+def rewrite_synthetic_rows(rows: list[dict], syn: SyntheticDataConfig, row_transform: Optional[RowTransform] = None) -> list[dict]:
+    """The generator's rows (steps joined by "\\n") as a run's data stage writes them: the method's row transform,
+    else one tool call per solution (`solution_tool`), else the steps joined by `step_separator`. One place, so every
+    reader of the prepared format (the data stage, the reference-length measurement) rewrites rows alike."""
+    if row_transform is not None:
+        return [row_transform(r) for r in rows]
+    if syn.solution_tool is not None:  # one tool call instead of the steps (tasks/tool_solutions.py)
+        return [with_tool_solution(r, syn.solution_tool) for r in rows]
+    if syn.step_separator != "\n":
+        return [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
+    return rows
+
+
 def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[RowTransform]) -> tuple[Path, Path]:
     syn = cfg.synthetic
     if syn.solution_tool is not None and row_transform is not None:
@@ -64,13 +77,7 @@ def _synthetic_paths(cfg: DataConfig, cache_dir: Path, row_transform: Optional[R
                                                  syn.train_level_weights)):
             rows = generate_dataset(levels, n, syn.seed, split, recheck_share=syn.recheck_share_value(),
                                     level_weights=weights)
-            if row_transform is not None:  # it gets the generator's rows (steps joined by "\n")
-                rows = [row_transform(r) for r in rows]
-            elif syn.solution_tool is not None:  # one tool call instead of the steps (tasks/tool_solutions.py)
-                rows = [with_tool_solution(r, syn.solution_tool) for r in rows]
-            elif syn.step_separator != "\n":  # the generator joins steps with "\n"
-                rows = [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
-            write_jsonl(rows, path)
+            write_jsonl(rewrite_synthetic_rows(rows, syn, row_transform), path)
     return train, evals
 
 

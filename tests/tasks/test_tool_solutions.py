@@ -80,3 +80,17 @@ def test_existing_caches_keep_their_keys():
     assert SyntheticDataConfig(solution_tool="python").cache_fields()["solution_tool"] == "python"
     data = DataConfig()
     assert data.cache_fields() == dict(data.model_dump(), synthetic=data.synthetic.cache_fields())
+
+
+def test_measured_reference_rows_take_the_tool_format(tmp_path):
+    """The reference-length measurement rewrites rows as the data stage does: with a solution tool, one tool call
+    per solution (it measured the step format before `rewrite_synthetic_rows` was shared)."""
+    from types import SimpleNamespace
+
+    from slime_ext.tasks.v2.measure import measured_rows
+
+    syn = {"train_levels": ["T1", "T2"], "eval_levels": ["T1", "T2"], "n_train": 60, "n_eval": 20}
+    steps = measured_rows(SimpleNamespace(data=DataConfig(synthetic=syn)), 5)
+    tools = measured_rows(SimpleNamespace(data=DataConfig(synthetic=dict(syn, solution_tool="calculator"))), 5)
+    assert len(tools) == 10 and [r["level"] for r in tools] == ["T1"] * 5 + ["T2"] * 5
+    assert tools == [with_tool_solution(r, "calculator") for r in steps]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from slime_ext.tasks.lengths import prompt_token_ids, sft_token_ids
-from slime_ext.tasks.prepare import RowTransform, prepare_data
+from slime_ext.tasks.prepare import RowTransform, prepare_data, rewrite_synthetic_rows
 from slime_ext.tasks.synthetic_math import generate_dataset
 
 __all__ = ["level_lengths", "measured_rows", "pipeline_tokenizer", "format_table"]
@@ -42,13 +42,12 @@ def level_lengths(rows: Sequence[dict], tokenizer: Any, template: str) -> dict[s
 
 def measured_rows(config: Any, per_level: int, row_transform: Optional[RowTransform] = None) -> list[dict]:
     """`per_level` eval rows of each eval level, rewritten as the run's data stage rewrites them (`row_transform`,
-    the configured method's, else `step_separator`)."""
+    `rewrite_synthetic_rows`: the configured method's
+    transform, else `solution_tool`, else `step_separator`)."""
     syn = config.data.synthetic
     rows = [r for level in syn.eval_levels
             for r in generate_dataset(level, per_level, syn.seed, "eval", recheck_share=syn.recheck_share_value())]
-    if row_transform is not None:
-        return [row_transform(r) for r in rows]
-    return [dict(r, solution=r["solution"].replace("\n", syn.step_separator)) for r in rows]
+    return rewrite_synthetic_rows(rows, syn, row_transform)
 
 
 def pipeline_tokenizer(config: Any, cache_dir: str | Path, row_transform: Optional[RowTransform] = None) -> Any:
