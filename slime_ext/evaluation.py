@@ -220,7 +220,9 @@ def evaluate(
     `eval_cfg` needs `n_prompts`, `n_samples`, `k`, `temperature`, `greedy` (an `EvalConfig`).
     `verifier` overrides `get_verifier(reward_type)`. Methods with their own response format pass
     `sampler_specs` (attached to every request), `project` (the text to score, e.g. SxS's visible
-    answer) and `response_metrics` (per sampled response; their means go to `meta["response_metrics"]`).
+    answer) and `response_metrics` (per sampled response; their means go to `meta["response_metrics"]`, each prompt's
+    values to its record's `response_metrics`, None where a metric is undefined, so a study can pair a metric prompt
+    by prompt as it pairs scores).
     """
     from tqdm import tqdm
 
@@ -280,8 +282,10 @@ def evaluate(
                     text = project(result) if project else tokenizer.decode(result.output_ids, skip_special_tokens=True)
                     v = _score(result, text, row["label"], verify)
                     if response_metrics is not None and j != GREEDY:
+                        per_sample = record.setdefault("response_metrics", {})
                         for key, value in response_metrics(result).items():
                             extra.setdefault(key, []).append(value)
+                            per_sample.setdefault(key, []).append(None if value != value else value)  # NaN: JSON null
                     cut = result.finish_reason == FINISH_LENGTH
                     if j == GREEDY:
                         g_scores.append(float(v.score))

@@ -141,6 +141,10 @@ def test_grpo_eval_reports_cot_latency_metrics(tmp_path):
     assert rm["abo"] == pytest.approx(3.5) and rm["airw"] == pytest.approx(2.5)
     assert rm["ari"] == pytest.approx((7 + 8) / 2)  # speak positions 3..11 and 4..12
     assert rm["first_disclosure"] == pytest.approx(4.5)
+    # the prompt's record keeps each sampled response's values (in sample order; the greedy one is not among them)
+    per_sample = report.records[0]["response_metrics"]
+    assert per_sample["reasoning_len"] == [2, 3] and per_sample["think_blocks"] == [1, 1]
+    assert per_sample["ari"] == pytest.approx([7, 8])
 
 
 # -- the study's table from fake run directories ------------------------------------------------------
