@@ -42,7 +42,9 @@ responses (`meta.response_metrics` of the eval json): ARI, ABO, AIRW, think bloc
 response lengths, first substantive disclosure, all in tokens of the response without its EOS. For the
 CoT rows the same metrics treat the `Step` reasoning as one think block and the final `\\boxed{}` line
 as the only speak block (`cot_channels`). Then paired differences prompt by prompt (what RL adds, what the shaping
-adds; on v2 interleaved against restated). Plot `block_count.png`: think blocks per rollout (`sxs/think_blocks`), the
+adds; on v2 interleaved against restated), and of the disclosure metrics themselves (think blocks, AIRW, first
+disclosure: what RL and the shaping change, from the records' per-sample values; runs evaluated before they were kept
+say so). Plot `block_count.png`: think blocks per rollout (`sxs/think_blocks`), the
 think window before each speak block (`sxs/airw`) and training accuracy (`reward/correct`; GRPO: `reward/mean`) over
 RL steps. `k=v` overrides apply to every run (so not `sxs.*`: the CoT arm is a grpo run, whose config has no `sxs`
 section).
@@ -109,6 +111,10 @@ SHARP_EVAL = "eval_sharpening.json"
 # what each task's paired difference tables compare: (reference arm, other arm)
 DIFFERENCES = [("CoT SFT", "CoT SFT->RL"), ("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")]
 CONTROL_DIFFERENCES = [("Restated SFT", "SxS SFT"), ("Restated SFT->RL", "SxS SFT->RL"), ("CoT SFT->RL", "SxS SFT->RL")]
+# the disclosure mechanism paired prompt by prompt (the records' per-sample latency metrics, evaluations from 298aa86
+# on): does RL, and does the shaping, change how many think blocks there are, how long each waits, when content shows
+MECHANISM_DIFFERENCES = [("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")]
+MECHANISM_METRICS = ("think_blocks", "airw", "first_disclosure")
 # what RL adds over sampling the same warm start cooler, per format
 SHARP_DIFFERENCES = [("CoT SFT, T = {t} (sharpening)", "CoT SFT->RL"), ("SxS SFT, T = {t} (sharpening)", "SxS SFT->RL")]
 ACCURACY = {"mean@4": "mean@4", "pass@4": "pass@4", "greedy": "greedy", "truncated": "truncation_rate"}
@@ -337,6 +343,9 @@ def main(argv=None) -> int:
     for before, after in pairs:
         if evals.get(before) and evals.get(after):  # paired within the seeds both arms ran
             print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before))
+    for (before, after), metric in ((p, m) for p in MECHANISM_DIFFERENCES for m in MECHANISM_METRICS):
+        if evals.get(before) and evals.get(after):
+            print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before, metric=metric))
     if warm_starts:
         (args.out / "sxs_warm_starts.json").write_text(json.dumps(warm_starts, indent=2) + "\n")
     print(table)

@@ -135,6 +135,14 @@ class EvalReport:
         firsts = [r["scores"][: int(k)] if k is not None else r["scores"] for r in self.records]
         return [sum(f) / len(f) for f in firsts]
 
+    def prompt_metric(self, name: str) -> Optional[list[Optional[float]]]:
+        """Per-prompt mean of a method metric over the sampled responses that define it (`record.response_metrics`;
+        None for a prompt where none does); None when the records do not keep that metric (older runs)."""
+        if not self.records or any(name not in r.get("response_metrics", {}) for r in self.records):
+            return None
+        values = [[v for v in r["response_metrics"][name] if v is not None] for r in self.records]
+        return [sum(v) / len(v) if v else None for v in values]
+
     def prompt_ids(self) -> list[str]:
         return [str(r["prompt_id"]) for r in self.records]
 

@@ -249,41 +249,44 @@ def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> 
     return both, (f" ({paired}; not paired: {', '.join(map(str, left))})" if left else "")
 
 
-def across_seeds_cell(per_seed: Mapping[int, float]) -> str:
+def across_seeds_cell(per_seed: Mapping[int, float], scale: float = 100.0) -> str:
     """Each seed's own difference (points) and a t interval over them (seeds - 1 degrees of freedom): the pooled
     paired interval measures prompt noise only, this one the spread between seeds (different warm starts and
     runs), which is what a claim about the method has to beat. One seed has no such interval."""
     from slime_ext.studies.stats import ci_text, t_interval
 
     seeds = sorted(per_seed)
-    each = ", ".join(f"s{seed} {100 * per_seed[seed]:+.1f}" for seed in seeds)
+    each = ", ".join(f"s{seed} {scale * per_seed[seed]:+.1f}" for seed in seeds)
     if len(seeds) < 2:
         return f"{each}; one seed, no interval across seeds"
-    return f"{each}; {ci_text(t_interval([per_seed[seed] for seed in seeds]))}"
+    return f"{each}; {ci_text(t_interval([per_seed[seed] for seed in seeds]), scale)}"
 
 
 def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], reference: str,
-                     k: Optional[int] = None) -> str:
+                     k: Optional[int] = None, metric: Optional[str] = None) -> str:
     """Each arm's held-out score minus the reference arm's, paired prompt by prompt within each seed (the
     per-prompt records beside each eval JSON; `arm_evals[arm]` maps a seed to its eval JSON), pooled over the
     seeds both arms have: mean ± SE and a 95% paired bootstrap interval, "no measured difference" when it holds
     0; beside it each seed's difference and a t interval across seeds (`across_seeds_cell`). Appended to
     `out/table.md`; returns the markdown section. `k`: mean of the first k samples per prompt (None: all
-    samples)."""
+    samples). `metric`: a method metric of the records (`EvalReport.prompt_metric`, in its own unit) in place of the
+    score; prompts where either arm leaves it undefined are left out of the pairs."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.evaluation import load_report
 
-    loaded: dict[Path, Optional[tuple[list[str], list[float]]]] = {}  # the reference's evals serve every arm
+    loaded: dict[Path, Optional[tuple[list[str], list]]] = {}  # the reference's evals serve every arm
 
-    def scores(path: Path) -> Optional[tuple[list[str], list[float]]]:
+    def scores(path: Path) -> Optional[tuple[list[str], list]]:
         if path not in loaded:
             report = load_report(path)
-            loaded[path] = (report.prompt_ids(), report.prompt_scores(k)) if report.records else None
+            values = report.prompt_metric(metric) if metric else report.prompt_scores(k)
+            loaded[path] = (report.prompt_ids(), values) if report.records and values is not None else None
         return loaded[path]
 
-    what = "mean over samples" if k is None else f"mean@{k}"
+    what = f"mean of {metric} over samples" if metric else "mean over samples" if k is None else f"mean@{k}"
+    scale, unit = (1.0, metric) if metric else (100.0, "points")
     lines = [f"## Difference to {reference} (held-out, per-prompt {what}, paired within seeds)", "",
-             "| arm | difference, points (paired over prompts, seeds pooled) | per seed; across seeds (t over seeds) |",
+             f"| arm | difference, {unit} (paired over prompts, seeds pooled) | per seed; across seeds (t over seeds) |",
              "| --- | --- | --- |"]
     for arm, paths in arm_evals.items():
         if arm == reference:
@@ -300,14 +303,19 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
                 break
             if ref[0] != this[0]:
                 raise ValueError(f"{arm}: {path} and {ref_path} evaluated different prompts; cannot pair them")
-            a += ref[1]
-            b += this[1]
-            per_seed[seed] = statistics.fmean(this[1]) - statistics.fmean(ref[1])
+            pairs = [(x, y) for x, y in zip(ref[1], this[1]) if x is not None and y is not None]
+            if not pairs:  # the metric is undefined on every prompt of one arm (e.g. no speak block at all)
+                continue
+            a += [x for x, _ in pairs]
+            b += [y for _, y in pairs]
+            per_seed[seed] = statistics.fmean(y for _, y in pairs) - statistics.fmean(x for x, _ in pairs)
         if not seeds:
             cells = f"- (no seed in common with {reference}) | -"
         elif a:
-            cells = f"{describe_difference(paired_difference(a, b))}{note} | {across_seeds_cell(per_seed)}"
+            cells = (f"{describe_difference(paired_difference(a, b), scale, unit)}{note} | "
+                     f"{across_seeds_cell(per_seed, scale)}")
         else:
-            cells = "- (no per-prompt records in these runs) | -"
+            cells = (f"- (no per-prompt {metric} in these runs' records) | -" if metric
+                     else "- (no per-prompt records in these runs) | -")
         lines.append(f"| {arm} | {cells} |")
     return append_section(out, "\n".join(lines))

@@ -139,3 +139,28 @@ def test_study_difference_table_gives_each_seed_and_a_t_interval_across_seeds(tm
     assert trl.endswith("| s0 +1.0, s1 +2.0, s2 +3.0; +2.0 ± 0.6 [-0.5, +4.5] (no measured difference) |")
     one = next(x for x in section.splitlines() if x.startswith("| one"))
     assert one.endswith("(seed 2; not paired: 0, 1) | s2 +5.0; one seed, no interval across seeds |")
+
+
+def test_study_difference_table_pairs_a_method_metric_in_its_own_unit(tmp_path):
+    """`metric=`: per-prompt means of a records' method metric (None values skipped, a prompt undefined in either
+    arm left out), in the metric's unit, not points. Think blocks 3 -> 4 on prompts 0-7 with prompt 8 undefined in
+    the second arm and prompt 9 half undefined: difference exactly +1.0 over the 9 pairs; a run without the metric
+    in its records says so."""
+    from slime_ext.evaluation import save_report
+    from slime_ext.tools.study import difference_table
+
+    ids = [f"p{i}" for i in range(10)]
+
+    def evals(arm: str, blocks: list[list]) -> dict:
+        report = _report([[1.0, 1.0]] * 10, ids)
+        for record, values in zip(report.records, blocks):
+            record["response_metrics"] = {"think_blocks": values}
+        return {0: save_report(report, tmp_path / arm / "seed0.json")}
+
+    base = evals("SFT", [[3, 3]] * 9 + [[2, None]])
+    shaped = evals("RL", [[4, 4]] * 8 + [[None, None], [3, 3]])
+    plain = {0: save_report(_report([[1.0, 1.0]] * 10, ids), tmp_path / "plain.json")}
+    section = difference_table(tmp_path, {"SFT": base, "RL": shaped, "old": plain}, "SFT", metric="think_blocks")
+    assert "per-prompt mean of think_blocks over samples" in section
+    assert "| RL | +1.0 ± 0.0 think_blocks (95% CI +1.0 to +1.0) | s0 +1.0; one seed, no interval across seeds |" in section
+    assert "| old | - (no per-prompt think_blocks in these runs' records) | - |" in section

@@ -221,6 +221,10 @@ def test_study_table_from_fake_runs(tmp_path):
     assert table["runs"]["CoT SFT"] == table["runs"]["CoT SFT->RL"] and len(table["runs"]["SxS SFT"]) == 2
     md = (tmp_path / "out" / "table.md").read_text()
     assert "| SxS SFT->RL | 0.750 ± 0.071 |" in md and "not run" not in md
+    # the mechanism's own metrics are paired too; these fake runs kept no per-prompt records, and the table says so
+    for metric in ("think_blocks", "airw", "first_disclosure"):
+        assert f"## Difference to SxS SFT->RL (held-out, per-prompt mean of {metric} over samples" in md
+        assert f"| SxS SFT->RL +shaping | - (no per-prompt {metric} in these runs' records) | - |" in md
     assert json.loads((tmp_path / "out" / "sxs_warm_starts.json").read_text()) == ["/c/warmstart/sxs/hf"] * 2
     assert (tmp_path / "out" / "block_count.png").stat().st_size > 0
 
