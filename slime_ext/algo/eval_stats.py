@@ -67,9 +67,10 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float 
     return PairedDifference(mean, stderr_over_prompts(d), float(ci.low), float(ci.high), int(x.size), confidence)
 
 
-def describe_difference(diff: PairedDifference, scale: float = 100.0, unit: str = "points") -> str:
+def describe_difference(diff: PairedDifference, scale: float = 100.0, unit: str = "points", digits: int = 1) -> str:
     """`+2.9 ± 1.1 (95% CI +0.8 to +5.0)`, or the same followed by "no measured difference" when the
-    interval contains zero."""
-    text = (f"{scale * diff.mean:+.1f} ± {scale * diff.stderr:.1f} {unit} "
-            f"({100 * diff.confidence:.0f}% CI {scale * diff.ci_low:+.1f} to {scale * diff.ci_high:+.1f})")
+    interval contains zero; `digits` decimals (more for metrics whose differences are fractions of a unit)."""
+    d = digits
+    text = (f"{scale * diff.mean:+.{d}f} ± {scale * diff.stderr:.{d}f} {unit} "
+            f"({100 * diff.confidence:.0f}% CI {scale * diff.ci_low:+.{d}f} to {scale * diff.ci_high:+.{d}f})")
     return text if diff.measured else text + ", no measured difference"

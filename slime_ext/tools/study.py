@@ -312,7 +312,7 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
         if not seeds:
             cells = f"- (no seed in common with {reference}) | -"
         elif a:
-            cells = (f"{describe_difference(paired_difference(a, b), scale, unit)}{note} | "
+            cells = (f"{describe_difference(paired_difference(a, b), scale, unit, 2 if metric else 1)}{note} | "
                      f"{across_seeds_cell(per_seed, scale)}")
         else:
             cells = (f"- (no per-prompt {metric} in these runs' records) | -" if metric
