@@ -250,7 +250,7 @@ def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> 
 
 
 def across_seeds_cell(per_seed: Mapping[int, float], scale: float = 100.0) -> str:
-    """Each seed's own difference (points) and a t interval over them (seeds - 1 degrees of freedom): the pooled
+    """Each seed's own difference (points; `scale=1` for a metric in its own unit) and a t interval over them (seeds - 1 degrees of freedom): the pooled
     paired interval measures prompt noise only, this one the spread between seeds (different warm starts and
     runs), which is what a claim about the method has to beat. One seed has no such interval."""
     from slime_ext.studies.stats import ci_text, t_interval
