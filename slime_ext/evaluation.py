@@ -197,6 +197,14 @@ def _nanmean(values: Sequence[float]) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
+def _metric_means(records: Sequence[dict]) -> dict[str, float]:
+    """Each method metric's mean over the sampled responses that define it, from the records' per-sample lists
+    (`meta.response_metrics`); NaN for a metric no response defines."""
+    keys = dict.fromkeys(k for r in records for k in r.get("response_metrics", {}))
+    return {k: _nanmean([v for r in records for v in r.get("response_metrics", {}).get(k, []) if v is not None])
+            for k in keys}
+
+
 def _score(result: GenerateResult, text: str, label: Any, verify: Callable) -> VerifyResult:
     if result.finish_reason == FINISH_FAILED or result.error:
         return VerifyResult(0.0, f"engine_{result.finish_reason}", detail=(result.error or "")[:300])
@@ -260,7 +268,6 @@ def evaluate(
     g_reasons = ReasonCounter()
     examples: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
-    extra: dict[str, list[float]] = {}
     start = time.perf_counter()
 
     bar = tqdm(total=len(rows) * per_row, desc="eval", unit="resp", file=sys.stderr, disable=not progress)
@@ -292,7 +299,6 @@ def evaluate(
                     if response_metrics is not None and j != GREEDY:
                         per_sample = record.setdefault("response_metrics", {})
                         for key, value in response_metrics(result).items():
-                            extra.setdefault(key, []).append(value)
                             per_sample.setdefault(key, []).append(None if value != value else value)  # NaN: JSON null
                     cut = result.finish_reason == FINISH_LENGTH
                     if j == GREEDY:
@@ -342,7 +348,7 @@ def evaluate(
         examples=examples,
         meta={"reward_type": reward_type, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
               "elapsed_s": round(time.perf_counter() - start, 3),
-              **({"response_metrics": {k: _nanmean(v) for k, v in extra.items()}} if extra else {})},
+              **({"response_metrics": means} if (means := _metric_means(records)) else {})},
         records=records,
     )
 

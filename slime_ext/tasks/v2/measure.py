@@ -41,9 +41,8 @@ def level_lengths(rows: Sequence[dict], tokenizer: Any, template: str) -> dict[s
 
 
 def measured_rows(config: Any, per_level: int, row_transform: Optional[RowTransform] = None) -> list[dict]:
-    """`per_level` eval rows of each eval level, rewritten as the run's data stage rewrites them (`row_transform`,
-    `rewrite_synthetic_rows`: the configured method's
-    transform, else `solution_tool`, else `step_separator`)."""
+    """`per_level` eval rows of each eval level, rewritten as the run's data stage rewrites them
+    (`rewrite_synthetic_rows`: the method's `row_transform`, else `solution_tool`, else `step_separator`)."""
     syn = config.data.synthetic
     rows = [r for level in syn.eval_levels
             for r in generate_dataset(level, per_level, syn.seed, "eval", recheck_share=syn.recheck_share_value())]
