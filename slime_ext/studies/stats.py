@@ -45,12 +45,14 @@ def min_detectable_difference(seed_sd: float, n_per_arm: int, level: float = 0.9
     return float(stats.t.ppf(0.5 + level / 2, 2 * n_per_arm - 2) * seed_sd * math.sqrt(2 / n_per_arm))
 
 
-def ci_text(d: dict, scale: float = 100.0, unit: str = "") -> str:
+def ci_text(d: dict, scale: float = 100.0, unit: str = "", digits: int = 1) -> str:
     """`+1.2 ± 0.4 [+0.3, +2.1]` for a `t_interval` (or `paired_over_prompts`) result, with "(no measured
-    difference)" when the interval contains 0 and "(one seed)" without one."""
+    difference)" when the interval contains 0 and "(one seed)" without one. `digits`: decimals (two for a metric
+    such as think blocks, whose differences are fractions of one)."""
     mean = d["mean"] if "mean" in d else d["diff"]
     if d.get("ci95") is None:
-        return f"{scale * mean:+.1f}{unit} (one seed)"
+        return f"{scale * mean:+.{digits}f}{unit} (one seed)"
     lo, hi = d["ci95"]
     verdict = "" if lo > 0 or hi < 0 else " (no measured difference)"
-    return f"{scale * mean:+.1f}{unit} ± {scale * d['se']:.1f} [{scale * lo:+.1f}, {scale * hi:+.1f}]{verdict}"
+    return (f"{scale * mean:+.{digits}f}{unit} ± {scale * d['se']:.{digits}f} "
+            f"[{scale * lo:+.{digits}f}, {scale * hi:+.{digits}f}]{verdict}")

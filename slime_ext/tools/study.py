@@ -249,17 +249,17 @@ def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> 
     return both, (f" ({paired}; not paired: {', '.join(map(str, left))})" if left else "")
 
 
-def across_seeds_cell(per_seed: Mapping[int, float], scale: float = 100.0) -> str:
-    """Each seed's own difference (points; `scale=1` for a metric in its own unit) and a t interval over them (seeds - 1 degrees of freedom): the pooled
+def across_seeds_cell(per_seed: Mapping[int, float], scale: float = 100.0, digits: int = 1) -> str:
+    """Each seed's own difference (points; `scale=1` and `digits=2` for a metric in its own unit) and a t interval over them (seeds - 1 degrees of freedom): the pooled
     paired interval measures prompt noise only, this one the spread between seeds (different warm starts and
     runs), which is what a claim about the method has to beat. One seed has no such interval."""
     from slime_ext.studies.stats import ci_text, t_interval
 
     seeds = sorted(per_seed)
-    each = ", ".join(f"s{seed} {scale * per_seed[seed]:+.1f}" for seed in seeds)
+    each = ", ".join(f"s{seed} {scale * per_seed[seed]:+.{digits}f}" for seed in seeds)
     if len(seeds) < 2:
         return f"{each}; one seed, no interval across seeds"
-    return f"{each}; {ci_text(t_interval([per_seed[seed] for seed in seeds]), scale)}"
+    return f"{each}; {ci_text(t_interval([per_seed[seed] for seed in seeds]), scale, digits=digits)}"
 
 
 def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], reference: str,
@@ -312,8 +312,9 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
         if not seeds:
             cells = f"- (no seed in common with {reference}) | -"
         elif a:
-            cells = (f"{describe_difference(paired_difference(a, b), scale, unit, 2 if metric else 1)}{note} | "
-                     f"{across_seeds_cell(per_seed, scale)}")
+            digits = 2 if metric else 1
+            cells = (f"{describe_difference(paired_difference(a, b), scale, unit, digits)}{note} | "
+                     f"{across_seeds_cell(per_seed, scale, digits)}")
         else:
             cells = (f"- (no per-prompt {metric} in these runs' records) | -" if metric
                      else "- (no per-prompt records in these runs) | -")

@@ -162,5 +162,5 @@ def test_study_difference_table_pairs_a_method_metric_in_its_own_unit(tmp_path):
     plain = {0: save_report(_report([[1.0, 1.0]] * 10, ids), tmp_path / "plain.json")}
     section = difference_table(tmp_path, {"SFT": base, "RL": shaped, "old": plain}, "SFT", metric="think_blocks")
     assert "per-prompt mean of think_blocks over samples" in section
-    assert "| RL | +1.00 ± 0.00 think_blocks (95% CI +1.00 to +1.00) | s0 +1.0; one seed, no interval across seeds |" in section
+    assert "| RL | +1.00 ± 0.00 think_blocks (95% CI +1.00 to +1.00) | s0 +1.00; one seed, no interval across seeds |" in section
     assert "| old | - (no per-prompt think_blocks in these runs' records) | - |" in section

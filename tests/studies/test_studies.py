@@ -11,6 +11,7 @@ import pytest
 
 from slime_ext.studies import (ci_text, min_detectable_difference, paired_over_prompts, per_level_table,
                                per_prompt_scores, read_records, t_interval)
+from slime_ext.tools.study import across_seeds_cell
 from tests.conftest import CONFIGS, fake_our_subprocesses
 
 
@@ -42,10 +43,20 @@ def test_min_detectable_difference_of_two_three_seed_arms():
         min_detectable_difference(1.0, 1)
 
 
+def test_across_seeds_cell_gives_each_seed_and_a_t_interval_in_the_metric_unit():
+    # seeds 0.52 and 0.40: mean 0.46, sd 0.0849, se 0.06, t(0.975, 1) = 12.706 -> +-0.762
+    assert (across_seeds_cell({0: 0.52, 1: 0.40}, 1.0, 2)
+            == "s0 +0.52, s1 +0.40; +0.46 ± 0.06 [-0.30, +1.22] (no measured difference)")
+    # points: sd 0.4 over three seeds, se 0.231, t(0.975, 2) = 4.303 -> +-0.99
+    assert across_seeds_cell({0: 0.012, 1: 0.004, 2: 0.008}) == "s0 +1.2, s1 +0.4, s2 +0.8; +0.8 ± 0.2 [-0.2, +1.8] (no measured difference)"
+    assert across_seeds_cell({3: 0.5}, 1.0, 2) == "s3 +0.50; one seed, no interval across seeds"
+
+
 def test_ci_text_says_when_the_interval_holds_zero():
     assert ci_text({"mean": 0.02, "se": 0.005, "ci95": [0.01, 0.03]}) == "+2.0 ± 0.5 [+1.0, +3.0]"
     assert ci_text({"diff": 0.01, "se": 0.01, "ci95": [-0.01, 0.03]}).endswith("(no measured difference)")
     assert ci_text({"mean": -0.031, "se": None, "ci95": None}) == "-3.1 (one seed)"
+    assert ci_text({"mean": 0.52, "se": 0.021, "ci95": [0.47, 0.56]}, 1.0, digits=2) == "+0.52 ± 0.02 [+0.47, +0.56]"
 
 
 def test_per_level_table_from_gzipped_records(tmp_path):
