@@ -57,14 +57,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
-from slime_ext.tools.study import (command_line, config_on_task, difference_table, finished_run,  # noqa: E402
-                                   restore_tokenizer, reuse, run_one, save_figure, sharpening_eval, summarise,
-                                   tokenizer_of, write_table)
+from slime_ext.tools.study import (append_section, command_line, config_on_task, difference_table,  # noqa: E402
+                                   finished_run, restore_tokenizer, reuse, run_one, save_figure, sharpening_eval,
+                                   summarise, tokenizer_of, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -114,6 +114,8 @@ CONTROL_DIFFERENCES = [("Restated SFT", "SxS SFT"), ("Restated SFT->RL", "SxS SF
 # the disclosure mechanism paired prompt by prompt (the records' per-sample latency metrics, evaluations from 298aa86
 # on): does RL, and does the shaping, change how many think blocks there are, how long each waits, when content shows
 MECHANISM_DIFFERENCES = [("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->RL +shaping")]
+# and what interleaving changes in disclosure against the same content restated after the reasoning (v2's control)
+CONTROL_MECHANISM_DIFFERENCES = [("Restated SFT", "SxS SFT")]
 MECHANISM_METRICS = ("think_blocks", "airw", "first_disclosure")
 # what RL adds over sampling the same warm start cooler, per format
 SHARP_DIFFERENCES = [("CoT SFT, T = {t} (sharpening)", "CoT SFT->RL"), ("SxS SFT, T = {t} (sharpening)", "SxS SFT->RL")]
@@ -153,12 +155,55 @@ def checkpoint_of(run: Path, eval_name: str) -> str:
     return warm_start_of(run) if eval_name in ("eval_warm_start.json", "eval_sft.json") else str(run / "hf")
 
 
+def timing_path(folder: Path, arm: str) -> Path:
+    """Where an arm's streamed timelines of one seed are kept (`folder` = --out/latency/seedS)."""
+    return folder / f"{arm.replace(' ', '_').replace('->', '_to_').replace('+', '')}.timing.jsonl"
+
+
+def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence[int]) -> Optional[str]:
+    """Latency in seconds of `after` minus `before`, paired by prompt over the streamed prompts both arms timed in each
+    seed and pooled (the same prompts in the same order per seed); appended to `out/table.md`. None when no seed has
+    both timelines. The means in the study's table are over each arm's own prompts; this pairs them."""
+    from slime_ext.algo.eval_stats import describe_difference, paired_difference
+    from slime_ext.methods.sxs.metrics import seconds_metrics
+
+    def per_prompt(arm: str, seed: int) -> Optional[dict[str, dict[str, float]]]:
+        path = timing_path(out / "latency" / f"seed{seed}", arm)
+        if not path.exists():
+            return None
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        return {r.get("prompt_id", str(i)): seconds_metrics(r["deltas"], not arm.startswith("CoT"))
+                for i, r in enumerate(records)}
+
+    pairs: dict[str, tuple[list[float], list[float]]] = {key: ([], []) for key in SECONDS}
+    used = []
+    for seed in seeds:
+        a, b = per_prompt(before, seed), per_prompt(after, seed)
+        if a is None or b is None:
+            continue
+        used.append(seed)
+        for prompt in (p for p in a if p in b):  # the timed order, so the bootstrap is reproducible
+            for key in SECONDS:
+                x, y = a[prompt][key], b[prompt][key]
+                if x == x and y == y:  # a prompt that disclosed nothing in either arm is left out
+                    pairs[key][0].append(x)
+                    pairs[key][1].append(y)
+    if not used:
+        return None
+    lines = [f"## Latency in seconds: {after} minus {before} (streamed prompts, paired by prompt within seeds {used})",
+             "", "| metric | difference, s | prompts |", "| --- | --- | --- |"]
+    for key, (a, b) in pairs.items():
+        cell = describe_difference(paired_difference(a, b), 1.0, "s", 3) if a else "- (nothing disclosed in either arm)"
+        lines.append(f"| {key} | {cell} | {len(a)} |")
+    return append_section(out, "\n".join(lines))
+
+
 def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int, measure: bool = True) -> dict[str, float]:
     """Latency in seconds of `prompts` streamed responses of the arm's weights (SxS formats: the speak stream), measured
     once and kept in `folder` (a study resumed later, or `--report-only`, reads it; without it and `measure`, none)."""
     from slime_ext.methods.sxs.metrics import seconds_summary
 
-    timing = folder / f"{arm.replace(' ', '_').replace('->', '_to_').replace('+', '')}.timing.jsonl"
+    timing = timing_path(folder, arm)
     speak_only = not arm.startswith("CoT")
     if not timing.exists():
         if not measure:
@@ -343,9 +388,15 @@ def main(argv=None) -> int:
     for before, after in pairs:
         if evals.get(before) and evals.get(after):  # paired within the seeds both arms ran
             print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before))
-    for (before, after), metric in ((p, m) for p in MECHANISM_DIFFERENCES for m in MECHANISM_METRICS):
+    mechanism_pairs = MECHANISM_DIFFERENCES + (CONTROL_MECHANISM_DIFFERENCES if task["control"] else [])
+    for (before, after), metric in ((p, m) for p in mechanism_pairs for m in MECHANISM_METRICS):
         if evals.get(before) and evals.get(after):
             print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before, metric=metric))
+    if task["latency_prompts"]:
+        for before, after in mechanism_pairs:
+            section = seconds_difference_table(args.out, before, after, args.seeds)
+            if section:
+                print(section)
     if warm_starts:
         (args.out / "sxs_warm_starts.json").write_text(json.dumps(warm_starts, indent=2) + "\n")
     print(table)

@@ -304,6 +304,9 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     md = (tmp_path / "out" / "table.md").read_text()
     for reference in ("Restated SFT", "Restated SFT->RL", "CoT SFT->RL"):  # interleaving against restating, and CoT
         assert f"## Difference to {reference} " in md
+    for metric in ("think_blocks", "airw", "first_disclosure"):  # the control's disclosure, paired too
+        assert f"## Difference to Restated SFT (held-out, per-prompt mean of {metric} over samples" in md
+        assert f"| SxS SFT | - (no per-prompt {metric} in these runs' records) | - |" in md
     assert json.loads((tmp_path / "out" / "sxs_warm_starts.json").read_text()) == \
         ["/c/warmstart/sxs/hf", "/c/warmstart/restated/hf"]
     assert study.tokenizer_of(cot_summary.parent) == str(REPO / ".cache/slime_ext/tokenizers/tok-640-x")
@@ -336,6 +339,27 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     assert (s["SxS SFT"]["first_visible_s"][0], s["SxS SFT"]["first_disclosure_s"][0], s["SxS SFT"]["total_s"][0]) == (0.2, 0.5, 0.9)
     assert (s["CoT SFT->RL"]["first_visible_s"][0], s["CoT SFT->RL"]["total_s"][0]) == (1.5, 1.6)
     assert "first_visible_s" not in s["Restated SFT"]
+    assert "## Latency in seconds" not in (tmp_path / "out" / "table.md").read_text()  # no pair has both timelines
+
+    # the seconds paired by prompt (SxS SFT minus the restated control, three prompts timed in different orders):
+    # first visible -0.2, -0.4, -0.3 s: -0.300, SE 0.1 / sqrt(3); first disclosure -0.3, -0.5 and p3 left out (the
+    # control disclosed nothing there): -0.400, SE 0.1 over 2; the ends -0.1, -0.1, -0.3: -0.167, SE 0.0667
+    def timelines(rows):
+        return "".join(json.dumps({"prompt_id": p, "deltas": d}) + "\n" for p, d in rows)
+
+    (timing / "SxS_SFT.timing.jsonl").write_text(timelines((
+        ("p1", [[0.2, "Okay."], [0.5, "After step 1"], [0.9, ""]]), ("p2", [[0.1, "Step 2 gives 7"], [0.6, ""]]),
+        ("p3", [[0.3, "Step 1 gives 2"], [0.5, ""]]))))
+    (timing / "Restated_SFT.timing.jsonl").write_text(timelines((
+        ("p3", [[0.6, "Okay."], [0.8, ""]]), ("p2", [[0.5, "Okay."], [0.6, "Step 2 gives 7"], [0.7, ""]]),
+        ("p1", [[0.4, "Okay."], [0.8, "The answer is 3"], [1.0, ""]]))))
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "table.md").read_text()
+    section = md[md.index("## Latency in seconds: SxS SFT minus Restated SFT"):]
+    assert "| first_visible_s | -0.300 ± 0.058 s" in section and "| 3 |" in section
+    assert "| first_disclosure_s | -0.400 ± 0.100 s" in section and "| 2 |" in section
+    assert "| total_s | -0.167 ± 0.067 s" in section
 
     # without a finished CoT run the SxS-format runs cannot have its tokenizer: named as not run
     (root / "cot-seed0").rename(root / "elsewhere")
