@@ -440,8 +440,10 @@ class SGLangEngineClient:
 
     # -- control -------------------------------------------------------------------------------------
     def _abort_wire(self, wire_rid: str) -> None:
+        # a control call: bounded, but not by a generation timeout tuned short (an abort lost to a busy host leaves
+        # the request decoding on the server)
         try:
-            self._request("POST", "/abort_request", {"rid": wire_rid}, timeout=min(self.timeout_s, 10.0))
+            self._request("POST", "/abort_request", {"rid": wire_rid}, timeout=min(max(self.timeout_s, 2.0), 10.0))
         except Exception as exc:  # noqa: BLE001 - best effort
             logger.debug("abort of %s failed: %s", wire_rid, exc)
 
