@@ -161,9 +161,9 @@ def timing_path(folder: Path, arm: str) -> Path:
 
 
 def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence[int]) -> Optional[str]:
-    """Latency in seconds of `after` minus `before`, paired by prompt over the streamed prompts both arms timed in each
-    seed and pooled (the same prompts in the same order per seed); appended to `out/table.md`. None when no seed has
-    both timelines. The means in the study's table are over each arm's own prompts; this pairs them."""
+    """Latency in seconds of `after` minus `before`, paired by prompt id over the streamed prompts both arms timed in
+    each seed, pooled over seeds; appended to `out/table.md`. None when no seed has both timelines. The study's table
+    averages each arm over its own prompts; this pairs them, so prompt length drops out of the difference."""
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.methods.sxs.metrics import seconds_metrics
 
@@ -185,7 +185,7 @@ def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence
         for prompt in (p for p in a if p in b):  # the timed order, so the bootstrap is reproducible
             for key in SECONDS:
                 x, y = a[prompt][key], b[prompt][key]
-                if x == x and y == y:  # a prompt that disclosed nothing in either arm is left out
+                if x == x and y == y:  # left out where either arm disclosed nothing
                     pairs[key][0].append(x)
                     pairs[key][1].append(y)
     if not used:
@@ -193,7 +193,7 @@ def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence
     lines = [f"## Latency in seconds: {after} minus {before} (streamed prompts, paired by prompt within seeds {used})",
              "", "| metric | difference, s | prompts |", "| --- | --- | --- |"]
     for key, (a, b) in pairs.items():
-        cell = describe_difference(paired_difference(a, b), 1.0, "s", 3) if a else "- (nothing disclosed in either arm)"
+        cell = describe_difference(paired_difference(a, b), 1.0, "s", 3) if a else "- (no prompt disclosed in both arms)"
         lines.append(f"| {key} | {cell} | {len(a)} |")
     return append_section(out, "\n".join(lines))
 
