@@ -392,8 +392,8 @@ def main(argv=None) -> int:
     for (before, after), metric in ((p, m) for p in mechanism_pairs for m in MECHANISM_METRICS):
         if evals.get(before) and evals.get(after):
             print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before, metric=metric))
-    if task["latency_prompts"]:
-        for before, after in mechanism_pairs:
+    if task["latency_prompts"]:  # and the formats' own comparison, in seconds where both warm starts were streamed
+        for before, after in mechanism_pairs + [("CoT SFT", "SxS SFT"), ("CoT SFT->RL", "SxS SFT->RL")]:
             section = seconds_difference_table(args.out, before, after, args.seeds)
             if section:
                 print(section)

@@ -360,6 +360,14 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     assert "| first_visible_s | -0.300 ± 0.058 s" in section and "| 3 |" in section
     assert "| first_disclosure_s | -0.400 ± 0.100 s" in section and "| 2 |" in section
     assert "| total_s | -0.167 ± 0.067 s" in section
+    assert "## Latency in seconds: SxS SFT minus CoT SFT" not in md  # CoT SFT was not streamed
+    # CoT is visible from its \\boxed line: first visible 0.2 - 1.5 and 0.1 - 0.9 s, mean -1.05, SE 0.25
+    (timing / "CoT_SFT.timing.jsonl").write_text(timelines((("p1", [[0.4, "Step 1\n"], [1.5, "\\boxed{3}"], [1.6, ""]]),
+                                                           ("p2", [[0.2, "Step 1\n"], [0.9, "\\boxed{7}"], [1.0, ""]]))))
+    assert study.main(["--task", "v2", "--report-only", "--seeds", "0", "--runs", str(root),
+                       "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| first_visible_s | -1.050 ± 0.250 s" in md[md.index("## Latency in seconds: SxS SFT minus CoT SFT"):]
 
     # without a finished CoT run the SxS-format runs cannot have its tokenizer: named as not run
     (root / "cot-seed0").rename(root / "elsewhere")
