@@ -250,9 +250,10 @@ def shared_seeds(reference: Mapping[int, object], arm: Mapping[int, object]) -> 
 
 
 def across_seeds_cell(per_seed: Mapping[int, float], scale: float = 100.0, digits: int = 1) -> str:
-    """Each seed's own difference (points; `scale=1` and `digits=2` for a metric in its own unit) and a t interval over them (seeds - 1 degrees of freedom): the pooled
-    paired interval measures prompt noise only, this one the spread between seeds (different warm starts and
-    runs), which is what a claim about the method has to beat. One seed has no such interval."""
+    """Each seed's own difference (points; `scale=1` and `digits=2` for a metric in its own unit) and a t interval
+    over them (seeds - 1 degrees of freedom): the pooled paired interval measures prompt noise only, this one the
+    spread between seeds (different warm starts and runs), which is what a claim about the method has to beat. One
+    seed has no such interval."""
     from slime_ext.studies.stats import ci_text, t_interval
 
     seeds = sorted(per_seed)
@@ -284,7 +285,7 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
         return loaded[path]
 
     what = f"mean of {metric} over samples" if metric else "mean over samples" if k is None else f"mean@{k}"
-    scale, unit = (1.0, metric) if metric else (100.0, "points")
+    scale, unit, digits = (1.0, metric, 2) if metric else (100.0, "points", 1)
     lines = [f"## Difference to {reference} (held-out, per-prompt {what}, paired within seeds)", "",
              f"| arm | difference, {unit} (paired over prompts, seeds pooled) | per seed; across seeds (t over seeds) |",
              "| --- | --- | --- |"]
@@ -312,7 +313,6 @@ def difference_table(out: Path, arm_evals: dict[str, Mapping[int, Path]], refere
         if not seeds:
             cells = f"- (no seed in common with {reference}) | -"
         elif a:
-            digits = 2 if metric else 1
             cells = (f"{describe_difference(paired_difference(a, b), scale, unit, digits)}{note} | "
                      f"{across_seeds_cell(per_seed, scale, digits)}")
         else:
