@@ -28,7 +28,7 @@ that separates interleaving from restating the answer: `restated_sft` / `restate
 in the same tokens; their responses are longer (the account), so their `rollout.max_response_len` is 640 against CoT's
 480 (V10 at share 0.5: up to ~620 tokens with that tokenizer). Latency in seconds: each arm's weights are served by
 our HTTP server and 64 held-out prompts streamed one at a time (`slime_ext.tools.stream_timing`, the SxS formats'
-speak stream), kept under `--out`/latency/seedS/ and summarised as first_visible_s, first_disclosure_s and total_s
+speak stream) as soon as the arm's run finishes (so a study stopped later in the seed keeps it), kept under `--out`/latency/seedS/ and summarised as first_visible_s, first_disclosure_s and total_s
 (`slime_ext.methods.sxs.metrics.seconds_metrics`). The noise floor's sharpening baseline (results/noise_floor_v2) is a
 row per format: "CoT SFT, T = 0.4 (sharpening)" is the DUET study's evaluation of the same warm start at T = 0.4 (read
 from `--cot-runs` or its kept copy), "SxS SFT, T = 0.4 (sharpening)" the SxS warm start evaluated at T = 0.4 as soon as its
@@ -322,6 +322,7 @@ def main(argv=None) -> int:
     missing, warm_starts = [], []
     for seed in args.seeds:
         done: dict[str, Path] = {}
+        seconds: dict[str, dict[str, float]] = {}  # arm -> its latency in seconds this seed
         tokenizer = None
         for slug, (config, extra) in plan.items():
             parent = args.runs / f"{slug}-seed{seed}"
@@ -351,6 +352,10 @@ def main(argv=None) -> int:
                 missing.append(f"{slug} seed {seed}")
                 continue
             done[slug] = run
+            for arm in (a for a, (s, _) in arms.items() if s == slug and task["latency_prompts"]):
+                # streamed as soon as the run is there, so a study stopped later in the seed keeps it
+                seconds[arm] = seconds_row(run, arms[arm][1], arm, args.out / "latency" / f"seed{seed}",
+                                           task["latency_prompts"], measure=not args.report_only)
             if slug in sharp_after:  # as soon as the family's warm start is there
                 arm, family = sharp_after[slug]
                 report = sharpening_report(args, family, run, seed, sharp_t)
@@ -364,11 +369,7 @@ def main(argv=None) -> int:
                 warm_starts.append(check_same_warm_start(done, family))
         for arm, (slug, eval_name) in arms.items():
             if slug in done:
-                row = row_of(done[slug], eval_name)
-                if task["latency_prompts"]:
-                    row.update(seconds_row(done[slug], eval_name, arm, args.out / "latency" / f"seed{seed}",
-                                           task["latency_prompts"], measure=not args.report_only))
-                rows[arm].append(row)
+                rows[arm].append({**row_of(done[slug], eval_name), **seconds.get(arm, {})})
                 runs[arm][seed] = done[slug]
         for arm in curves:
             if RL_CURVES[arm] in done:
