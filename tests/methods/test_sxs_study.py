@@ -439,3 +439,36 @@ def test_v2_sharpening_is_read_where_kept_else_evaluated_once_and_kept(tmp_path,
     gone = fake_run(tmp_path / "runs", "sxs_sft", 2, str(tmp_path / "elsewhere" / "hf"), {})
     assert study.sharpening_report(args, "SxS", gone, 2, 0.4) is None and len(calls) == 1
     assert "not on this machine" in capsys.readouterr().out
+
+
+def test_v2_study_streams_each_arm_as_its_run_finishes(tmp_path, monkeypatch):
+    """A seed stopped part-way (here: its restated SFT fails) keeps the seconds of every arm that finished before."""
+    study = load_study()
+    root, events = tmp_path / "runs", []
+    warm = {"cot": "/c/warmstart/cot/hf", "restated_sft": "/c/warmstart/restated/hf"}
+
+    def run_one(config, seed, parent, overrides, shared_sft_seed=0):
+        slug = Path(parent).name.rsplit("-seed", 1)[0]
+        events.append(f"run {slug}")
+        if slug == "restated_sft":
+            raise RuntimeError("stopped")
+        return fake_run(root, slug, seed, warm.get(slug, "/c/warmstart/sxs/hf"),
+                        {"eval_warm_start.json": eval_json(0.5, 0.6, latency(60.0, 1.0)),
+                         "eval_sft.json": eval_json(0.4, 0.5, latency(45.0, 3.0)),
+                         "eval_final.json": eval_json(0.7, 0.8, latency(40.0, 3.0))})
+
+    def seconds_row(run, eval_name, arm, folder, prompts, measure=True):
+        events.append(f"stream {arm}")
+        return {"first_visible_s": 0.25}
+
+    monkeypatch.setattr(study, "run_one", run_one)
+    monkeypatch.setattr(study, "seconds_row", seconds_row)
+    monkeypatch.setattr(study, "tokenizer_of", lambda run: "/tok")
+    monkeypatch.setattr(study, "restore_tokenizer", lambda run, folder: "/tok")
+    monkeypatch.setattr(study, "sharpening_report", lambda *a: None)
+    with pytest.raises(RuntimeError, match="stopped"):
+        study.main(["--task", "v2", "--seeds", "0", "--runs", str(root), "--out", str(tmp_path / "out"),
+                    "--cot-kept", str(tmp_path / "none")])
+    assert events == ["run cot", "stream CoT SFT", "stream CoT SFT->RL", "run sxs_sft", "stream SxS SFT",
+                      "run sxs_rl", "stream SxS SFT->RL", "run sxs_rl_shaping", "stream SxS SFT->RL +shaping",
+                      "run restated_sft"]
