@@ -62,9 +62,9 @@ from typing import Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
-from slime_ext.tools.study import (append_section, command_line, config_on_task, difference_table,  # noqa: E402
-                                   finished_run, restore_tokenizer, reuse, run_one, save_figure, sharpening_eval,
-                                   summarise, tokenizer_of, write_table)
+from slime_ext.tools.study import (across_seeds_cell, append_section, command_line, config_on_task,  # noqa: E402
+                                   difference_table, finished_run, restore_tokenizer, reuse, run_one, save_figure,
+                                   sharpening_eval, summarise, tokenizer_of, write_table)
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -176,25 +176,29 @@ def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence
                 for i, r in enumerate(records)}
 
     pairs: dict[str, tuple[list[float], list[float]]] = {key: ([], []) for key in SECONDS}
+    per_seed: dict[str, dict[int, float]] = {key: {} for key in SECONDS}  # each seed's mean paired difference
     used = []
     for seed in seeds:
         a, b = per_prompt(before, seed), per_prompt(after, seed)
         if a is None or b is None:
             continue
         used.append(seed)
-        for prompt in (p for p in a if p in b):  # the timed order, so the bootstrap is reproducible
-            for key in SECONDS:
-                x, y = a[prompt][key], b[prompt][key]
-                if x == x and y == y:  # left out where either arm disclosed nothing
-                    pairs[key][0].append(x)
-                    pairs[key][1].append(y)
+        for key in SECONDS:
+            # the timed order, so the bootstrap is reproducible; left out where either arm disclosed nothing
+            both = [(a[p][key], b[p][key]) for p in a if p in b and a[p][key] == a[p][key] and b[p][key] == b[p][key]]
+            pairs[key][0].extend(x for x, _ in both)
+            pairs[key][1].extend(y for _, y in both)
+            if both:
+                per_seed[key][seed] = sum(y - x for x, y in both) / len(both)
     if not used:
         return None
     lines = [f"## Latency in seconds: {after} minus {before} (streamed prompts, paired by prompt within seeds {used})",
-             "", "| metric | difference, s | prompts |", "| --- | --- | --- |"]
+             "", "| metric | difference, s (paired over prompts, seeds pooled) | prompts | per seed; across seeds (t over "
+             "seeds) |", "| --- | --- | --- | --- |"]
     for key, (a, b) in pairs.items():
         cell = describe_difference(paired_difference(a, b), 1.0, "s", 3) if a else "- (no prompt disclosed in both arms)"
-        lines.append(f"| {key} | {cell} | {len(a)} |")
+        spread = across_seeds_cell(per_seed[key], 1.0, 3) if per_seed[key] else "-"
+        lines.append(f"| {key} | {cell} | {len(a)} | {spread} |")
     return append_section(out, "\n".join(lines))
 
 

@@ -360,6 +360,7 @@ def test_v2_study_table_holds_the_control_and_pairs_it(tmp_path):
     assert "| first_visible_s | -0.300 ± 0.058 s" in section and "| 3 |" in section
     assert "| first_disclosure_s | -0.400 ± 0.100 s" in section and "| 2 |" in section
     assert "| total_s | -0.167 ± 0.067 s" in section
+    assert "| 3 | s0 -0.300; one seed, no interval across seeds |" in section
     assert "## Latency in seconds: SxS SFT minus CoT SFT" not in md  # CoT SFT was not streamed
     # CoT is visible from its \\boxed line: first visible 0.2 - 1.5 and 0.1 - 0.9 s, mean -1.05, SE 0.25
     (timing / "CoT_SFT.timing.jsonl").write_text(timelines((("p1", [[0.4, "Step 1\n"], [1.5, "\\boxed{3}"], [1.6, ""]]),
@@ -472,3 +473,25 @@ def test_v2_study_streams_each_arm_as_its_run_finishes(tmp_path, monkeypatch):
     assert events == ["run cot", "stream CoT SFT", "stream CoT SFT->RL", "run sxs_sft", "stream SxS SFT",
                       "run sxs_rl", "stream SxS SFT->RL", "run sxs_rl_shaping", "stream SxS SFT->RL +shaping",
                       "run restated_sft"]
+
+
+def test_seconds_across_seeds_is_a_t_interval_over_each_seeds_mean_pair(tmp_path):
+    """Seed 0: first visible -0.2 and -0.4 s (mean -0.3); seed 1: -0.1 s on its one prompt. Pooled over the three
+    prompts -0.233 ± 0.088 (sd 0.153); across seeds mean -0.2, SE 0.1 (sd 0.1414 / sqrt 2), t(1) = 12.706: [-1.471, +1.071]."""
+    study = load_study()
+
+    def write(seed: int, arm: str, rows) -> None:
+        folder = tmp_path / "latency" / f"seed{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        study.timing_path(folder, arm).write_text(
+            "".join(json.dumps({"prompt_id": p, "deltas": [[t, "Okay."], [t + 0.1, ""]]}) + "\n" for p, t in rows))
+
+    write(0, "SxS SFT", (("p1", 0.2), ("p2", 0.1)))
+    write(0, "Restated SFT", (("p2", 0.5), ("p1", 0.4)))
+    write(1, "SxS SFT", (("p1", 0.3),))
+    write(1, "Restated SFT", (("p1", 0.4), ("p9", 0.2)))  # p9: timed in one arm only, left out
+    section = study.seconds_difference_table(tmp_path, "Restated SFT", "SxS SFT", [0, 1, 2])  # seed 2: not streamed
+    assert "within seeds [0, 1])" in section
+    row = next(line for line in section.splitlines() if line.startswith("| first_visible_s |"))
+    assert "-0.233 ± 0.088 s" in row and "| 3 |" in row
+    assert row.endswith("| s0 -0.300, s1 -0.100; -0.200 ± 0.100 [-1.471, +1.071] (no measured difference) |")
