@@ -65,6 +65,7 @@ from slime_ext.studies import keep_run_files, read_metrics  # noqa: E402
 from slime_ext.tools.study import (across_seeds_cell, append_section, command_line, config_on_task,  # noqa: E402
                                    difference_table, finished_run, restore_tokenizer, reuse, run_one, save_figure,
                                    sharpening_eval, summarise, tokenizer_of, write_table)
+from slime_ext.tools.study import warm_start_of as checked_warm_start  # noqa: E402
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -151,8 +152,9 @@ def check_same_warm_start(runs: dict[str, Path], family: str = "SxS") -> str:
 
 
 def checkpoint_of(run: Path, eval_name: str) -> str:
-    """The weights an arm's row evaluates: the run's warm start for its SFT rows, its final weights otherwise."""
-    return warm_start_of(run) if eval_name in ("eval_warm_start.json", "eval_sft.json") else str(run / "hf")
+    """The weights an arm's row evaluates: the run's warm start for its SFT rows (checked against the build the run
+    recorded), its final weights otherwise."""
+    return checked_warm_start(run) if eval_name in ("eval_warm_start.json", "eval_sft.json") else str(run / "hf")
 
 
 def timing_path(folder: Path, arm: str) -> Path:

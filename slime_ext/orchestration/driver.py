@@ -12,19 +12,21 @@ that differ from it are not used; the job says so in a warning per key and in `s
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from tqdm import tqdm
 
 from slime_ext.config import ConfigError, ResolvedConfig, load_config
 from slime_ext.orchestration.run_dir import (RunStopped, create_run_dir, finished_run_message, remove_if_unused,
                                              write_json)
+from slime_ext.orchestration.warm_start_marker import build_of, check_build
 from slime_ext.tasks.dataset import DatasetError
 from slime_ext.tasks.prepare import PreparedData, prepare_data
 
@@ -86,6 +88,8 @@ class Job:
         self.sft_report: Any = None  # the SFT rows' skips (LoadReport), once SFT has built its rows
         self._job: Any = None  # the TrainingJob, built once (its method's config errors surface before SFT)
         self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
+        # a resumed run's warm start must be the build its first attempt recorded (read before summary.json is rewritten)
+        self._earlier_sft_build = self._recorded_build() if self.cfg.run.resume else None
 
     # -- stages ---------------------------------------------------------------------------------
     def stage_data(self) -> dict:
@@ -231,8 +235,18 @@ class Job:
         self.warm_dir = training.run_sft()
         self.sft_report = training.sft_report  # None: the warm start came from the cache
         self._record_skips()
+        # a resumed RL checkpoint continues from the weights it started with, and its reference must be those too
+        check_build(self.warm_dir, self._earlier_sft_build, f"resume={self.run_dir}")
         report = self.sft_report
-        return {"warm_start": str(self.warm_dir), "skipped_rows": dict(report.skipped_by_reason) if report else {}}
+        return {"warm_start": str(self.warm_dir), "build": build_of(self.warm_dir),
+                "skipped_rows": dict(report.skipped_by_reason) if report else {}}
+
+    def _recorded_build(self) -> Optional[str]:
+        """The warm-start build id the run's earlier attempt recorded (None before it finished its SFT stage)."""
+        path = self.run_dir / "summary.json"
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text()).get("stages", {}).get("sft", {}).get("build")
 
     def stage_rl(self) -> dict:
         training = self._training()

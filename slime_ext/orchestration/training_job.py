@@ -58,6 +58,7 @@ from slime_ext.tasks.dataset import LoadReport
 from slime_ext.tasks.prepare import transform_key
 from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids, sft_token_ids
 from slime_ext.orchestration.train_group import TrainGroup
+from slime_ext.orchestration.warm_start_marker import MARKER, write_marker
 
 log = logging.getLogger("slime_ext.orchestration.training_job")
 WARM_FORMAT = "warmstart-v1"
@@ -297,7 +298,7 @@ class TrainingJob:
             return base
         out = self.warm_start_dir()
         hf_dir = out / "hf"
-        if (out / "complete").exists():
+        if (out / MARKER).exists():
             log.info("SFT warm start found in cache: %s (skipping SFT)", hf_dir)
             return hf_dir
         s = self.cfg.sft
@@ -321,7 +322,7 @@ class TrainingJob:
                 group.shutdown()
         self.tokenizer.save_pretrained(hf_dir)
         shutil.rmtree(out / "trainer_ckpt", ignore_errors=True)
-        (out / "complete").write_text(json.dumps({"steps": s.steps}) + "\n")
+        write_marker(out, s.steps)
         log.info("SFT warm start saved to %s", hf_dir)
         return hf_dir
 

@@ -138,8 +138,13 @@ def run_one(config: str | Path, seed: int, parent: Path, overrides: Sequence[str
 
 
 def warm_start_of(run: Path) -> str:
-    """The SFT warm start a run trained from (its summary's sft stage)."""
-    return json.loads((run / "summary.json").read_text())["stages"]["sft"]["warm_start"]
+    """The SFT warm start a run trained from (its summary's sft stage), checked against the build id the run recorded
+    where both are known: the cache may hold other weights under the same key (`warm_start_marker`)."""
+    from slime_ext.orchestration.warm_start_marker import check_build
+
+    sft = json.loads((run / "summary.json").read_text())["stages"]["sft"]
+    check_build(REPO / sft["warm_start"], sft.get("build"), f"the warm start of {run}")
+    return sft["warm_start"]
 
 
 def sharpening_eval(run: Path, temperature: float, folder: Path) -> Path:
