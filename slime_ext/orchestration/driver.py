@@ -88,7 +88,7 @@ class Job:
         self.sft_report: Any = None  # the SFT rows' skips (LoadReport), once SFT has built its rows
         self._job: Any = None  # the TrainingJob, built once (its method's config errors surface before SFT)
         self.summary: dict[str, Any] = {"config_files": resolved.files, "overrides": resolved.overrides, "stages": {}}
-        # a resumed run's warm start must be the build its first attempt recorded (read before summary.json is rewritten)
+        # a resumed run must find the warm-start build its first attempt recorded (read before summary.json changes)
         self._earlier_sft_build = self._recorded_build() if self.cfg.run.resume else None
 
     # -- stages ---------------------------------------------------------------------------------

@@ -37,7 +37,10 @@ def build_of(warm_start: Path | str) -> Optional[str]:
     for folder in (path, path.parent):
         marker = folder / MARKER
         if marker.is_file():
-            return json.loads(marker.read_text()).get("build")
+            try:
+                return json.loads(marker.read_text()).get("build")
+            except (ValueError, AttributeError):  # not a marker of ours (a folder above a user's checkpoint)
+                return None
     return None
 
 

@@ -27,6 +27,8 @@ def test_marker_carries_a_fresh_build_id_read_from_the_key_or_hf_folder(tmp_path
     assert write_marker(hf.parent, 1200) != first  # the same key built again is another build
     (hf.parent / MARKER).write_text(json.dumps({"steps": 1200}) + "\n")  # a marker from before build ids
     assert build_of(hf) is None
+    (hf.parent / MARKER).write_text("done\n")  # a file of that name that is not ours
+    assert build_of(hf) is None
 
 
 def test_check_build_refuses_other_weights_under_the_same_key_and_passes_what_it_cannot_check(tmp_path):
