@@ -215,12 +215,13 @@ def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int,
     if not timing.exists():
         if not measure:
             return {}
-        if not (REPO / checkpoint_of(run, eval_name)).exists():  # a run kept from another machine keeps no weights
-            print(f"[study] {arm}: latency not measured, its weights {checkpoint_of(run, eval_name)} are not on this "
+        checkpoint = checkpoint_of(run, eval_name)  # reads the summary and checks the warm start's build once
+        if not (REPO / checkpoint).exists():  # a run kept from another machine keeps no weights
+            print(f"[study] {arm}: latency not measured, its weights {checkpoint} are not on this "
                   "machine (measure it on the machine that ran it)", flush=True)
             return {}
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint_of(run, eval_name), "--config",
+        subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint, "--config",
                         str(run / "config.yaml"), "--prompts", str(prompts), "--out", str(timing),
                         *(["--speak-only"] if speak_only else [])], cwd=REPO, check=True)
     records = [json.loads(line) for line in timing.read_text().splitlines()]
