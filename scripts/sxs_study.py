@@ -67,6 +67,7 @@ from slime_ext.tools.study import (across_seeds_cell, append_section, command_li
                                    difference_table, finished_run, restore_tokenizer, reuse, run_one, save_figure,
                                    sharpening_eval, summarise, tokenizer_of, write_table)
 from slime_ext.tools.study import warm_start_of as checked_warm_start  # noqa: E402
+from slime_ext.tools.stream_sessions import common_session, find_timeline, folder_for_new_stream  # noqa: E402
 
 # run slug -> (config, extra overrides); arm -> (run slug, eval json of that run)
 RUNS = {
@@ -158,9 +159,14 @@ def checkpoint_of(run: Path, eval_name: str) -> str:
     return checked_warm_start(run) if eval_name in ("eval_warm_start.json", "eval_sft.json") else str(run / "hf")
 
 
+def timing_name(arm: str) -> str:
+    """The file name of an arm's streamed timelines in a seed's session folder (slime_ext.tools.stream_sessions)."""
+    return f"{arm.replace(' ', '_').replace('->', '_to_').replace('+', '')}.timing.jsonl"
+
+
 def timing_path(folder: Path, arm: str) -> Path:
-    """Where an arm's streamed timelines of one seed are kept (`folder` = --out/latency/seedS)."""
-    return folder / f"{arm.replace(' ', '_').replace('->', '_to_').replace('+', '')}.timing.jsonl"
+    """Where an arm's streamed timelines of one seed are kept (`folder` = a session folder of --out/latency/seedS)."""
+    return folder / timing_name(arm)
 
 
 def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence[int]) -> Optional[str]:
@@ -170,21 +176,22 @@ def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence
     from slime_ext.algo.eval_stats import describe_difference, paired_difference
     from slime_ext.methods.sxs.metrics import seconds_metrics
 
-    def per_prompt(arm: str, seed: int) -> Optional[dict[str, dict[str, float]]]:
-        path = timing_path(out / "latency" / f"seed{seed}", arm)
-        if not path.exists():
-            return None
-        records = [json.loads(line) for line in path.read_text().splitlines()]
+    def per_prompt(folder: Path, arm: str) -> dict[str, dict[str, float]]:
+        records = [json.loads(line) for line in timing_path(folder, arm).read_text().splitlines()]
         return {r.get("prompt_id", str(i)): seconds_metrics(r["deltas"], not arm.startswith("CoT"))
                 for i, r in enumerate(records)}
 
     pairs: dict[str, tuple[list[float], list[float]]] = {key: ([], []) for key in SECONDS}
     per_seed: dict[str, dict[int, float]] = {key: {} for key in SECONDS}  # each seed's mean paired difference
-    used = []
+    used, apart = [], []
     for seed in seeds:
-        a, b = per_prompt(before, seed), per_prompt(after, seed)
-        if a is None or b is None:
+        seed_folder = out / "latency" / f"seed{seed}"
+        folder = common_session(seed_folder, timing_name(before), timing_name(after))  # one machine and boot
+        if folder is None:
+            if find_timeline(seed_folder, timing_name(before)) and find_timeline(seed_folder, timing_name(after)):
+                apart.append(seed)  # both streamed, but on different machines or days: seconds do not pair
             continue
+        a, b = per_prompt(folder, before), per_prompt(folder, after)
         used.append(seed)
         for key in SECONDS:
             # the timed order, so the bootstrap is reproducible; left out where either arm disclosed nothing
@@ -195,7 +202,9 @@ def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence
                 per_seed[key][seed] = sum(y - x for x, y in both) / len(both)
     if not used:
         return None
-    lines = [f"## Latency in seconds: {after} minus {before} (streamed prompts, paired by prompt within seeds {used})",
+    note = f"; not paired, streamed in different sessions (machine or boot): seeds {apart}" if apart else ""
+    lines = [f"## Latency in seconds: {after} minus {before} (streamed prompts, paired by prompt within seeds {used}, "
+             f"each seed's pair streamed in one session{note})",
              "", "| metric | difference, s (paired over prompts, seeds pooled) | prompts | per seed; across seeds (t over "
              "seeds) |", "| --- | --- | --- | --- |"]
     for key, (a, b) in pairs.items():
@@ -207,12 +216,13 @@ def seconds_difference_table(out: Path, before: str, after: str, seeds: Sequence
 
 def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int, measure: bool = True) -> dict[str, float]:
     """Latency in seconds of `prompts` streamed responses of the arm's weights (SxS formats: the speak stream), measured
-    once and kept in `folder` (a study resumed later, or `--report-only`, reads it; without it and `measure`, none)."""
+    once and kept in the seed's latency `folder` (a study resumed later, or `--report-only`, reads it; without it and
+    `measure`, none); a later session on another machine streams into its own subfolder, so pairs stay side by side."""
     from slime_ext.methods.sxs.metrics import seconds_summary
 
-    timing = timing_path(folder, arm)
+    timing = find_timeline(folder, timing_name(arm))  # any session's; comparisons pair within one session
     speak_only = not arm.startswith("CoT")
-    if not timing.exists():
+    if timing is None:
         if not measure:
             return {}
         checkpoint = checkpoint_of(run, eval_name)  # reads the summary and checks the warm start's build once
@@ -220,7 +230,7 @@ def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int,
             print(f"[study] {arm}: latency not measured, its weights {checkpoint} are not on this "
                   "machine (measure it on the machine that ran it)", flush=True)
             return {}
-        folder.mkdir(parents=True, exist_ok=True)
+        timing = timing_path(folder_for_new_stream(folder), arm)
         subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint, "--config",
                         str(run / "config.yaml"), "--prompts", str(prompts), "--out", str(timing),
                         *(["--speak-only"] if speak_only else [])], cwd=REPO, check=True)

@@ -491,7 +491,44 @@ def test_seconds_across_seeds_is_a_t_interval_over_each_seeds_mean_pair(tmp_path
     write(1, "SxS SFT", (("p1", 0.3),))
     write(1, "Restated SFT", (("p1", 0.4), ("p9", 0.2)))  # p9: timed in one arm only, left out
     section = study.seconds_difference_table(tmp_path, "Restated SFT", "SxS SFT", [0, 1, 2])  # seed 2: not streamed
-    assert "within seeds [0, 1])" in section
+    assert "within seeds [0, 1]," in section
     row = next(line for line in section.splitlines() if line.startswith("| first_visible_s |"))
     assert "-0.233 ± 0.088 s" in row and "| 3 |" in row
     assert row.endswith("| s0 -0.300, s1 -0.100; -0.200 ± 0.100 [-1.471, +1.071] (no measured difference) |")
+
+
+def test_seconds_pair_only_timelines_streamed_in_one_session(tmp_path):
+    """Seed 1's SxS SFT was streamed on an older machine (the seed's folder, no session recorded) and again, beside
+    the restated control, in a later session: the pair uses the later session's two timelines (-0.1 s), not the
+    older SxS one (-0.3 s); SxS SFT->RL has only the older session, so it does not pair with Restated SFT->RL."""
+    study = load_study()
+    from slime_ext.tools.stream_sessions import folder_for_new_stream
+
+    seed = tmp_path / "latency" / "seed1"
+    later = {"host": "vm", "boot_id": "b07c71ae-0000", "date": "20261207"}
+
+    def write(folder: Path, arm: str, t: float) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        study.timing_path(folder, arm).write_text(json.dumps({"prompt_id": "p1", "deltas": [[t, "Okay."], [t + 0.1, ""]]}) + "\n")
+
+    write(seed, "SxS SFT", 0.1)
+    write(seed, "SxS SFT->RL", 0.1)
+    new = folder_for_new_stream(seed, later)  # the older folder holds another session's timelines
+    assert new == seed / "20261207-vm-b07c71ae" and json.loads((new / "session.json").read_text())["boot_id"] == "b07c71ae-0000"
+    assert folder_for_new_stream(seed, later) == new  # the same session writes on there
+    write(new, "Restated SFT", 0.4)
+    write(new, "Restated SFT->RL", 0.4)
+    write(new, "SxS SFT", 0.3)
+    (seed / "superseded").mkdir()
+    write(seed / "superseded", "Restated SFT->RL", 0.2)  # not a session: never paired
+    write(seed / "superseded", "SxS SFT->RL", 0.2)
+    section = study.seconds_difference_table(tmp_path, "Restated SFT", "SxS SFT", [1])
+    row = next(line for line in section.splitlines() if line.startswith("| first_visible_s |"))
+    assert "s1 -0.100" in row
+    assert study.seconds_difference_table(tmp_path, "Restated SFT->RL", "SxS SFT->RL", [1]) is None
+    write(tmp_path / "latency" / "seed0", "Restated SFT->RL", 0.5)
+    write(tmp_path / "latency" / "seed0", "SxS SFT->RL", 0.2)
+    section = study.seconds_difference_table(tmp_path, "Restated SFT->RL", "SxS SFT->RL", [0, 1])
+    assert "within seeds [0]" in section and "different sessions (machine or boot): seeds [1]" in section
+    # an empty seed folder takes the first session's timelines itself
+    assert folder_for_new_stream(tmp_path / "latency" / "seed5", later) == tmp_path / "latency" / "seed5"
