@@ -29,8 +29,9 @@ in the same tokens; their responses are longer (the account), so their `rollout.
 480 (V10 at share 0.5: up to ~620 tokens with that tokenizer). Latency in seconds: each arm's weights are served by
 our HTTP server and 64 held-out prompts streamed one at a time (`slime_ext.tools.stream_timing`, the SxS formats'
 speak stream) as soon as the arm's run finishes (so a study stopped later in the seed keeps it), kept under
-`--out`/latency/seedS/ and summarised as first_visible_s, first_disclosure_s and total_s
-(`slime_ext.methods.sxs.metrics.seconds_metrics`). The noise floor's sharpening baseline (results/noise_floor_v2) is a
+`--out`/latency/seedS/ (a later session on another machine or boot in its own subfolder; the seconds tables pair
+two arms only within one session, `slime_ext.tools.stream_sessions`) and summarised as first_visible_s,
+first_disclosure_s and total_s (`slime_ext.methods.sxs.metrics.seconds_metrics`). The noise floor's sharpening baseline (results/noise_floor_v2) is a
 row per format: "CoT SFT, T = 0.4 (sharpening)" is the DUET study's evaluation of the same warm start at T = 0.4 (read
 from `--cot-runs` or its kept copy), "SxS SFT, T = 0.4 (sharpening)" the SxS warm start evaluated at T = 0.4 as soon as its
 SFT run finishes (`eval_checkpoint`, which scores the visible answer as the run does), each paired with its format's
