@@ -121,6 +121,14 @@ MECHANISM_DIFFERENCES = [("SxS SFT", "SxS SFT->RL"), ("SxS SFT->RL", "SxS SFT->R
 # and what interleaving changes in disclosure against the same content restated after the reasoning (v2's control)
 CONTROL_MECHANISM_DIFFERENCES = [("Restated SFT", "SxS SFT")]
 MECHANISM_METRICS = ("think_blocks", "airw", "first_disclosure")
+# and in seconds of a streamed response: the mechanism pairs and the formats' own comparison
+
+
+def seconds_pairs(control: bool) -> list[tuple[str, str]]:
+    return MECHANISM_DIFFERENCES + (CONTROL_MECHANISM_DIFFERENCES if control else []) + \
+        [("CoT SFT", "SxS SFT"), ("CoT SFT->RL", "SxS SFT->RL")]
+
+
 # what RL adds over sampling the same warm start cooler, per format
 SHARP_DIFFERENCES = [("CoT SFT, T = {t} (sharpening)", "CoT SFT->RL"), ("SxS SFT, T = {t} (sharpening)", "SxS SFT->RL")]
 ACCURACY = {"mean@4": "mean@4", "pass@4": "pass@4", "greedy": "greedy", "truncated": "truncation_rate"}
@@ -222,21 +230,42 @@ def seconds_row(run: Path, eval_name: str, arm: str, folder: Path, prompts: int,
     from slime_ext.methods.sxs.metrics import seconds_summary
 
     timing = find_timeline(folder, timing_name(arm))  # any session's; comparisons pair within one session
-    speak_only = not arm.startswith("CoT")
     if timing is None:
         if not measure:
             return {}
-        checkpoint = checkpoint_of(run, eval_name)  # reads the summary and checks the warm start's build once
-        if not (REPO / checkpoint).exists():  # a run kept from another machine keeps no weights
-            print(f"[study] {arm}: latency not measured, its weights {checkpoint} are not on this "
-                  "machine (measure it on the machine that ran it)", flush=True)
+        timing = stream_arm(run, eval_name, arm, folder, prompts)
+        if timing is None:
             return {}
-        timing = timing_path(folder_for_new_stream(folder), arm)
-        subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint, "--config",
-                        str(run / "config.yaml"), "--prompts", str(prompts), "--out", str(timing),
-                        *(["--speak-only"] if speak_only else [])], cwd=REPO, check=True)
     records = [json.loads(line) for line in timing.read_text().splitlines()]
-    return {k: v for k, v in seconds_summary(records, speak_only).items() if k in SECONDS and v == v}
+    return {k: v for k, v in seconds_summary(records, not arm.startswith("CoT")).items() if k in SECONDS and v == v}
+
+
+def stream_arm(run: Path, eval_name: str, arm: str, folder: Path, prompts: int) -> Optional[Path]:
+    """Stream `prompts` responses of the arm's weights into this session's folder of the seed's latency `folder`;
+    None (said on stdout) when the weights are not on this machine."""
+    checkpoint = checkpoint_of(run, eval_name)  # reads the summary and checks the warm start's build once
+    if not (REPO / checkpoint).exists():  # a run kept from another machine keeps no weights
+        print(f"[study] {arm}: latency not measured, its weights {checkpoint} are not on this "
+              "machine (measure it on the machine that ran it)", flush=True)
+        return None
+    timing = timing_path(folder_for_new_stream(folder), arm)
+    subprocess.run([sys.executable, "-m", "slime_ext.tools.stream_timing", checkpoint, "--config",
+                    str(run / "config.yaml"), "--prompts", str(prompts), "--out", str(timing),
+                    *([] if arm.startswith("CoT") else ["--speak-only"])], cwd=REPO, check=True)
+    return timing
+
+
+def stream_partners(arm: str, folder: Path, finished: dict[str, tuple[Path, str]], pairs: Sequence[tuple[str, str]],
+                    prompts: int) -> None:
+    """After `arm` was streamed in a later session than the seed's first (another machine or boot): stream again, into
+    this session's folder, each finished arm it is compared with in seconds, so every pair stays side by side."""
+    session = folder_for_new_stream(folder)
+    if session == folder:
+        return  # the seed's first session: its arms are streamed there as their runs finish
+    for partner in (b if a == arm else a for a, b in pairs if arm in (a, b)):
+        if partner in finished and not timing_path(session, partner).exists():
+            print(f"[study] {partner}: streamed again beside {arm} ({session.name})", flush=True)
+            stream_arm(*finished[partner], partner, folder, prompts)
 
 
 def sharpening_report(args: argparse.Namespace, family: str, run: Path, seed: int, t: float) -> Optional[Path]:
@@ -373,8 +402,13 @@ def main(argv=None) -> int:
             done[slug] = run
             for arm in (a for a, (s, _) in arms.items() if s == slug and task["latency_prompts"]):
                 # streamed as soon as the run is there, so a study stopped later in the seed keeps it
-                seconds[arm] = seconds_row(run, arms[arm][1], arm, args.out / "latency" / f"seed{seed}",
-                                           task["latency_prompts"], measure=not args.report_only)
+                latency = args.out / "latency" / f"seed{seed}"
+                streamed_before = find_timeline(latency, timing_name(arm)) is not None
+                seconds[arm] = seconds_row(run, arms[arm][1], arm, latency, task["latency_prompts"],
+                                           measure=not args.report_only)
+                if not (streamed_before or args.report_only) and find_timeline(latency, timing_name(arm)):
+                    finished = {a: (done[s], e) for a, (s, e) in arms.items() if s in done}
+                    stream_partners(arm, latency, finished, seconds_pairs(task["control"]), task["latency_prompts"])
             if slug in sharp_after:  # as soon as the family's warm start is there
                 arm, family = sharp_after[slug]
                 report = sharpening_report(args, family, run, seed, sharp_t)
@@ -413,7 +447,7 @@ def main(argv=None) -> int:
         if evals.get(before) and evals.get(after):
             print(difference_table(args.out, {arm: evals[arm] for arm in (before, after)}, before, metric=metric))
     if task["latency_prompts"]:  # and the formats' own comparison, in seconds where both warm starts were streamed
-        for before, after in mechanism_pairs + [("CoT SFT", "SxS SFT"), ("CoT SFT->RL", "SxS SFT->RL")]:
+        for before, after in seconds_pairs(task["control"]):
             section = seconds_difference_table(args.out, before, after, args.seeds)
             if section:
                 print(section)

@@ -42,12 +42,10 @@ def folder_for_new_stream(seed_folder: Path, session: Optional[dict[str, str]] =
     """Where this session writes a new timeline of the seed: the seed's folder when it is empty or holds this
     session's timelines, else this session's subfolder (created, with its `session.json`)."""
     session = session or current_session()
-    if not any(seed_folder.glob(TIMELINES)):
-        folder = seed_folder
-    elif _same(_recorded(seed_folder), session):
-        return seed_folder
-    else:
-        folder = seed_folder / session_name(session)
+    mine = next((f for f in session_folders(seed_folder) if _same(_recorded(f), session)), None)
+    if mine is not None:
+        return mine
+    folder = seed_folder if not any(seed_folder.glob(TIMELINES)) else seed_folder / session_name(session)
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / SESSION_FILE).exists():
         (folder / SESSION_FILE).write_text(json.dumps(session, indent=2) + "\n")

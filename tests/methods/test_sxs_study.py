@@ -532,3 +532,42 @@ def test_seconds_pair_only_timelines_streamed_in_one_session(tmp_path):
     assert "within seeds [0]" in section and "different sessions (machine or boot): seeds [1]" in section
     # an empty seed folder takes the first session's timelines itself
     assert folder_for_new_stream(tmp_path / "latency" / "seed5", later) == tmp_path / "latency" / "seed5"
+
+
+def test_a_later_session_streams_the_arms_compared_with_beside_it(tmp_path, monkeypatch, capsys):
+    """Seed 2's SxS SFT was streamed in its first session; its restated SFT finishes in a later one (another boot):
+    the restated timeline goes to the later session's folder and SxS SFT (its partner in seconds) is streamed again
+    there, CoT SFT (not its partner) is not, and a partner whose weights are gone is named, not streamed."""
+    study = load_study()
+    import slime_ext.tools.stream_sessions as sessions
+
+    seed = tmp_path / "latency" / "seed2"
+    seed.mkdir(parents=True)
+    study.timing_path(seed, "SxS SFT").write_text(json.dumps({"prompt_id": "p1", "deltas": [[0.9, "Okay."]]}) + "\n")
+    monkeypatch.setattr(sessions, "current_session", lambda: {"host": "vm", "boot_id": "later-boot", "date": "20261208"})
+    weights = tmp_path / "w"
+    weights.mkdir()
+    monkeypatch.setattr(study, "checkpoint_of", lambda run, eval_name: str(weights if run.name != "gone" else tmp_path / "gone"))
+    streamed = []
+
+    def fake_stream(cmd, cwd, check):
+        out = Path(cmd[cmd.index("--out") + 1])
+        streamed.append((out.parent.name, out.name))
+        out.write_text(json.dumps({"prompt_id": "p1", "deltas": [[0.2, "Okay."]]}) + "\n")
+
+    monkeypatch.setattr(study.subprocess, "run", fake_stream)
+    finished = {"SxS SFT": (tmp_path / "sxs", "eval_sft.json"), "CoT SFT": (tmp_path / "cot", "eval_sft.json"),
+                "Restated SFT": (tmp_path / "restated", "eval_sft.json")}
+    pairs = study.seconds_pairs(True)
+    assert study.seconds_row(tmp_path / "restated", "eval_sft.json", "Restated SFT", seed, 64)["first_visible_s"] == 0.2
+    study.stream_partners("Restated SFT", seed, finished, pairs, 64)
+    later = "20261208-vm-later-bo"
+    assert streamed == [(later, "Restated_SFT.timing.jsonl"), (later, "SxS_SFT.timing.jsonl")]
+    study.stream_partners("Restated SFT", seed, finished, pairs, 64)  # already beside it: not streamed again
+    assert len(streamed) == 2
+    section = study.seconds_difference_table(tmp_path, "Restated SFT", "SxS SFT", [2])
+    assert "| first_visible_s | +0.000" in section  # the later session's pair (0.2 - 0.2), not 0.9 - 0.2
+    # the seed's first session does not stream partners again; a partner without weights is named
+    assert study.stream_partners("SxS SFT", tmp_path / "latency" / "seed7", finished, pairs, 64) is None
+    study.stream_partners("SxS SFT->RL +shaping", seed, {"SxS SFT->RL": (tmp_path / "gone", "eval_final.json")}, pairs, 64)
+    assert "SxS SFT->RL: latency not measured" in capsys.readouterr().out and len(streamed) == 2
