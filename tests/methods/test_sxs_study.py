@@ -571,3 +571,41 @@ def test_a_later_session_streams_the_arms_compared_with_beside_it(tmp_path, monk
     assert study.stream_partners("SxS SFT", tmp_path / "latency" / "seed7", finished, pairs, 64) is None
     study.stream_partners("SxS SFT->RL +shaping", seed, {"SxS SFT->RL": (tmp_path / "gone", "eval_final.json")}, pairs, 64)
     assert "SxS SFT->RL: latency not measured" in capsys.readouterr().out and len(streamed) == 2
+
+
+def test_v2_study_streams_the_partner_of_an_arm_streamed_in_a_later_session(tmp_path, monkeypatch):
+    """The study loop: seed 0's SxS arms were streamed in an earlier session (the seed's folder); its restated SFT
+    finishes in a later boot, so the study streams it into that session's folder and streams SxS SFT (its partner in
+    seconds) again beside it; arms already streamed are only read."""
+    study = load_study()
+    import slime_ext.tools.stream_sessions as sessions
+
+    root, out, events = tmp_path / "runs", tmp_path / "out", []
+    seed = out / "latency" / "seed0"
+    seed.mkdir(parents=True)
+    for arm in ("CoT SFT", "CoT SFT->RL", "SxS SFT", "SxS SFT->RL", "SxS SFT->RL +shaping"):
+        study.timing_path(seed, arm).write_text(json.dumps({"prompt_id": "p1", "deltas": [[0.5, "Okay."]]}) + "\n")
+    monkeypatch.setattr(sessions, "current_session", lambda: {"host": "vm", "boot_id": "later-boot", "date": "20261208"})
+
+    def run_one(config, seed, parent, overrides, shared_sft_seed=0):
+        slug = Path(parent).name.rsplit("-seed", 1)[0]
+        if slug == "restated_rl":
+            raise RuntimeError("stopped")
+        return fake_run(root, slug, seed, "/c/warmstart/w/hf", {n: eval_json(0.5, 0.6, latency(45.0, 3.0)) for n in
+                                                                 ("eval_warm_start.json", "eval_sft.json", "eval_final.json")})
+
+    def stream_arm(run, eval_name, arm, folder, prompts):
+        timing = study.timing_path(sessions.folder_for_new_stream(folder), arm)
+        events.append((arm, timing.parent.name))
+        timing.write_text(json.dumps({"prompt_id": "p1", "deltas": [[0.2, "Okay."]]}) + "\n")
+        return timing
+
+    monkeypatch.setattr(study, "run_one", run_one)
+    monkeypatch.setattr(study, "stream_arm", stream_arm)
+    monkeypatch.setattr(study, "tokenizer_of", lambda run: "/tok")
+    monkeypatch.setattr(study, "restore_tokenizer", lambda run, folder: "/tok")
+    monkeypatch.setattr(study, "sharpening_report", lambda *a: None)
+    with pytest.raises(RuntimeError, match="stopped"):
+        study.main(["--task", "v2", "--seeds", "0", "--runs", str(root), "--out", str(out),
+                    "--cot-kept", str(tmp_path / "none")])
+    assert events == [("Restated SFT", "20261208-vm-later-bo"), ("SxS SFT", "20261208-vm-later-bo")]
