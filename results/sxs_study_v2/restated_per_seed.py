@@ -15,7 +15,7 @@ def mean_scores(path: str) -> dict[str, float]:
 
 
 print("| seed | pair | prompts | SxS minus restated, mean@4 (95% CI, paired bootstrap) |\n| --- | --- | --- | --- |")
-for seed in (0, 1):
+for seed in (0, 1, 2):
     for restated, sxs, name, label in (("restated_sft", "sxs_sft", "eval_sft", "SxS SFT - Restated SFT"),
                                        ("restated_rl", "sxs_rl", "eval_final", "SxS SFT->RL - Restated SFT->RL")):
         a = mean_scores(f"{RUNS}{restated}-seed{seed}/{name}.records.jsonl.gz")
