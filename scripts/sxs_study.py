@@ -311,7 +311,7 @@ def curve(run: Path, *keys: str) -> tuple[list[int], list[float]]:
     return [x["step"] for x in m], values
 
 
-def plots(out: Path, curves: dict[str, list[Path]]) -> Path:
+def plots(out: Path, curves: dict[str, dict[int, Path]]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -319,9 +319,8 @@ def plots(out: Path, curves: dict[str, list[Path]]) -> Path:
 
     fig, (blocks, window, acc) = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, (arm, runs) in enumerate(curves.items()):  # one colour per arm, one line style per seed
-        for j, run in enumerate(runs):
-            style = {"color": f"C{i}", "linestyle": ("-", "--", ":", "-.")[j % 4],
-                     "label": arm if len(runs) == 1 else f"{arm} ({run.parent.name})"}
+        for j, (seed, run) in enumerate(sorted(runs.items())):
+            style = {"color": f"C{i}", "linestyle": ("-", "--", ":", "-.")[j % 4], "label": f"{arm}, seed {seed}"}
             if not arm.startswith("CoT"):
                 blocks.plot(*curve(run, "sxs/think_blocks"), **style)
                 window.plot(*curve(run, "sxs/airw"), **style)
@@ -366,7 +365,7 @@ def main(argv=None) -> int:
     rows: dict[str, list[dict[str, float]]] = {a: [] for a in order}
     runs: dict[str, dict[int, Path]] = {a: {} for a in arms}  # by seed: a difference pairs only the seeds both arms ran
     baselines: dict[str, dict[int, Path]] = {a: {} for a in sharp_arms}  # the sharpening rows' eval json by seed
-    curves: dict[str, list[Path]] = {a: [] for a, slug in RL_CURVES.items() if slug in plan}
+    curves: dict[str, dict[int, Path]] = {a: {} for a, slug in RL_CURVES.items() if slug in plan}  # by seed
     missing, warm_starts = [], []
     for seed in args.seeds:
         done: dict[str, Path] = {}
@@ -426,7 +425,7 @@ def main(argv=None) -> int:
                 runs[arm][seed] = done[slug]
         for arm in curves:
             if RL_CURVES[arm] in done:
-                curves[arm].append(done[RL_CURVES[arm]])
+                curves[arm][seed] = done[RL_CURVES[arm]]
     summary = summarise({a: r for a, r in rows.items() if r})
     title = "SxS study: standard CoT vs SxS, SFT and SFT -> RL (latency in tokens" + \
         (f"; in seconds over {task['latency_prompts']} streamed responses per arm)" if task["latency_prompts"] else ")")

@@ -609,3 +609,23 @@ def test_v2_study_streams_the_partner_of_an_arm_streamed_in_a_later_session(tmp_
         study.main(["--task", "v2", "--seeds", "0", "--runs", str(root), "--out", str(out),
                     "--cot-kept", str(tmp_path / "none")])
     assert events == [("Restated SFT", "20261208-vm-later-bo"), ("SxS SFT", "20261208-vm-later-bo")]
+
+
+def test_the_block_count_plot_names_each_line_by_its_seed(tmp_path, monkeypatch):
+    """Kept runs all live in one `runs/` folder, so a label from the run's folder read "(runs)" for every seed; the
+    legend must say which seed each line style is."""
+    study = load_study()
+    runs = {}
+    for seed in (0, 2):
+        run = tmp_path / "runs" / f"sxs_rl-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "sxs/think_blocks": 3.0 + seed, "sxs/airw": 40.0,
+                                                               "reward/correct": 0.5}) + "\n" for s in range(3)))
+        runs[seed] = run
+    figures = []
+    monkeypatch.setattr(study, "save_figure", lambda fig, path: figures.append(fig) or path)
+    study.plots(tmp_path, {"SxS SFT->RL": {2: runs[2], 0: runs[0]}})
+    blocks = figures[0].axes[0]
+    assert [line.get_label() for line in blocks.lines] == ["SxS SFT->RL, seed 0", "SxS SFT->RL, seed 2"]
+    assert [line.get_ydata()[0] for line in blocks.lines] == [3.0, 5.0]
+    assert [line.get_linestyle() for line in blocks.lines] == ["-", "--"]
