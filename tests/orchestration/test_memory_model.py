@@ -80,20 +80,25 @@ def _trainer_cases() -> list:
             for length in LENGTHS for size in SIZES]
 
 
-@pytest.mark.parametrize("size, length", _trainer_cases())
-def test_estimate_within_15_percent_of_the_measured_peak(size, length):
+def trainer_case(size: str, length: int) -> tuple[dict[str, float], float, float, float, float]:
+    """(estimated terms in bytes, estimated static, estimated step growth, measured static, measured step growth) of
+    one trainer case; results/memory_model_2026-12-07/measure.py prints the same numbers as ratios."""
     config = _config(size, length)
     plan = build_plan(config)
-    tokens = MICRO_BATCH * length
     estimate = trainer_memory(plan.model, plan.layout, config.cluster.gpu_memory_gib, config.train.logprob_chunk_mb,
-                              tokens)
+                              MICRO_BATCH * length)
     comps = {k: v * GIB for k, v in estimate.components_gib.items()}
     static_est = comps["weights"] + comps["grads_fp32"] + comps["optimizer"]
     dynamic_est = sum(v for k, v in comps.items() if k not in ("weights", "grads_fp32", "optimizer"))
-    static, growth = _measure(config, length)
-    detail = (f"{size} x {tokens} tokens: static {static / 2**20:.1f} MiB measured vs {static_est / 2**20:.1f} "
-              f"estimated; step peak growth {growth / 2**20:.1f} vs {dynamic_est / 2**20:.1f}; terms "
-              + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in comps.items()))
+    return (comps, static_est, dynamic_est, *_measure(config, length))
+
+
+@pytest.mark.parametrize("size, length", _trainer_cases())
+def test_estimate_within_15_percent_of_the_measured_peak(size, length):
+    comps, static_est, dynamic_est, static, growth = trainer_case(size, length)
+    detail = (f"{size} x {MICRO_BATCH * length} tokens: static {static / 2**20:.1f} MiB measured vs "
+              f"{static_est / 2**20:.1f} estimated; step peak growth {growth / 2**20:.1f} vs {dynamic_est / 2**20:.1f}; "
+              "terms " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in comps.items()))
     assert abs(static_est - static) <= TOLERANCE * static, detail
     assert abs(dynamic_est - growth) <= TOLERANCE * growth, detail
     assert abs(static_est + dynamic_est - static - growth) <= TOLERANCE * (static + growth), detail
@@ -161,17 +166,23 @@ def _engine_cases() -> list:
             for lengths in ENGINE_LENGTHS for size in ENGINE_SIZES]
 
 
+def engine_case(size: str, prompt: int, new: int):
+    """(the plan's engine estimate, its non-weight terms in bytes, measured weights, measured generate growth) of one
+    engine case; results/memory_model_2026-12-07/measure.py prints the same numbers as ratios."""
+    config = _engine_config(size, prompt, new)
+    est = build_plan(config).embedded_engine_memory
+    weights, growth = _measure_engine(config)
+    rest = sum(v * 2**20 for k, v in est.components_mib.items() if k != "weights")
+    return est, rest, weights, growth
+
+
 @pytest.mark.parametrize("size, prompt, new", _engine_cases())
 def test_embedded_engine_estimate_within_15_percent(size, prompt, new):
-    config = _engine_config(size, prompt, new)
-    plan = build_plan(config)
-    est = plan.embedded_engine_memory
-    weights, growth = _measure_engine(config)
-    comps = {k: v * 2**20 for k, v in est.components_mib.items()}
-    rest = sum(v for k, v in comps.items() if k != "weights")
+    est, rest, weights, growth = engine_case(size, prompt, new)
+    weights_est = est.components_mib["weights"] * 2**20
     detail = (f"{size}, {prompt}+{new} tokens x {est.rows} rows: weights {weights / 2**20:.1f} vs "
-              f"{comps['weights'] / 2**20:.1f} MiB, generate growth {growth / 2**20:.1f} vs {rest / 2**20:.1f}; "
+              f"{weights_est / 2**20:.1f} MiB, generate growth {growth / 2**20:.1f} vs {rest / 2**20:.1f}; "
               f"terms {est.components_mib}")
-    assert abs(comps["weights"] - weights) <= TOLERANCE * weights, detail
+    assert abs(weights_est - weights) <= TOLERANCE * weights, detail
     assert abs(rest - growth) <= TOLERANCE * growth, detail
     assert abs(est.total_mib * 2**20 - weights - growth) <= TOLERANCE * (weights + growth), detail
