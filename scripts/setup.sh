@@ -46,10 +46,18 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# On a machine without CUDA the real sglang package goes in without its dependencies (it pins a CUDA torch):
+# the tensor and distributed weight-sync paths call its serializer, flattened buckets and rendezvous, in the
+# driver's trainer ranks as in the tests (its own stamp skips it when current).
+cpu_sglang() {
+  if [ "$HAS_CUDA" = 0 ]; then VENV="$VENV" bash "$ROOT/scripts/install_sglang_cpu.sh"; fi
+}
+
 STAMP="$VENV/.slime_ext_install_stamp"
 WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16) extras=$EXTRAS cuda=$HAS_CUDA torch=$TORCH_VERSION"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import slime_ext, torch" >/dev/null 2>&1; then
   log "environment up to date ($VENV)"
+  cpu_sglang
   exit 0
 fi
 
@@ -72,4 +80,5 @@ if [ "$HAS_CUDA" = 0 ] && "$PY" -c "import transformer_engine" >/dev/null 2>&1; 
   exit 1
 fi
 echo "$WANT" > "$STAMP"
+cpu_sglang
 log "ready: $("$PY" -c 'import torch, megatron.core, ray, transformers; print(f"torch {torch.__version__}, megatron-core {megatron.core.__version__}, ray {ray.__version__}, transformers {transformers.__version__}")')"

@@ -4,10 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
-if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
-  bash scripts/install_sglang_cpu.sh  # the real sglang package for CPU contract tests (no deps)
-fi
+bash scripts/setup.sh  # on a machine without CUDA it also installs the sglang package (no deps) the tests use
 MARK="not slow and not gpu"
 ARGS=()
 for arg in "$@"; do

@@ -539,6 +539,21 @@ class SGLangEngineClient:
         with self.weight_update_session():
             self._control("/update_weights_from_tensor", payload, "UpdateWeightsFromTensorReqInput")
 
+    def update_weights_from_flattened_bucket(self, bucket: dict[str, Any], *, flush_cache: bool = True,
+                                             weight_version: Optional[str] = None) -> None:
+        """One SGLang `FlattenedTensorBucket` ({"flattened_tensor", "metadata"}, `weight_sync.sglang_flattened_bucket`)
+        to every TP rank with `load_format="flattened_bucket"`: the engine rebuilds the HF-named tensors and
+        loads them with its own model's `load_weights` (no custom loader)."""
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": [MultiprocessingSerializer.serialize(bucket, output_str=True)
+                                         for _ in range(self.tp_size)],
+            "load_format": "flattened_bucket", "flush_cache": flush_cache, "weight_version": weight_version,
+        }
+        with self.weight_update_session():
+            self._control("/update_weights_from_tensor", payload, "UpdateWeightsFromTensorReqInput")
+
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str = "nccl") -> None:
         self._control("/init_weights_update_group", {

@@ -129,7 +129,8 @@ def build_server_command(cfg_sglang: Any, model_path: Optional[str], port: int, 
         args.append("--enable-custom-logit-processor")
         if "--disable-overlap-schedule" not in extra:
             args.append("--disable-overlap-schedule")
-    if _get(cfg_sglang, "weight_sync", "disk") == "tensor":  # checksummed (delta) buckets: sglang_patches.weight_payload
+    if _get(cfg_sglang, "weight_sync", "disk") == "tensor" and _get(cfg_sglang, "weight_sync_delta", False):
+        # checksummed delta buckets (sglang_patches.weight_payload); dense buckets use the model's own loader
         from sglang_patches.weight_payload import LOADER
 
         args += ["--custom-weight-loader", LOADER]

@@ -9,10 +9,15 @@ ranks straight to the engines; the driver then sends control messages only (the 
 Transports (`sglang.weight_sync`):
 - disk: each sender writes one safetensors file per bucket into the version's directory and returns its
   names; the driver writes `model.safetensors.index.json` and tells the engines to load the directory.
-- tensor: each bucket goes to `/update_weights_from_tensor` as a checksummed payload
-  (`sglang_patches.weight_payload`, applied by that module's custom weight loader: `load_format`), with
-  sparse deltas when `sglang.weight_sync_delta` is on. CUDA IPC handles on a GPU node; on CPU,
-  shared-memory file names (the `file_system` sharing strategy lets an unrelated process open them).
+- tensor: each bucket goes to `/update_weights_from_tensor` as SGLang takes it from slime: HF-named tensors in
+  SGLang's own `FlattenedTensorBucket`, serialised with its `MultiprocessingSerializer`, one copy per engine TP
+  rank, `load_format="flattened_bucket"`, so the engine's own model `load_weights` maps the names onto its
+  fused parameters (qkv_proj, gate_up_proj, FusedMoE w13 / w2; held to SGLang's Qwen3-MoE by
+  tests/engine/test_sglang_model_contract.py). With `sglang.weight_sync_delta` a bucket is a checksummed
+  payload of sparse deltas instead (`sglang_patches.weight_payload`, applied by that module's custom weight
+  loader), which only the project's server takes: SGLang's fused parameters have no HF-named tensor to patch,
+  so GPU runs refuse delta sync at validation. CUDA IPC handles on a GPU node; on CPU, shared-memory file
+  names (the `file_system` sharing strategy lets an unrelated process open them).
 - distributed: each sender is rank 0 of its own weight-update group with every engine's ranks behind it
   (SGLang's `init_custom_process_group`: a `tcp://` store on the sender's node address, NCCL on GPUs, gloo
   on CPU); per bucket it announces names, dtypes and shapes (`/update_weights_from_distributed`,
@@ -210,13 +215,15 @@ class ServerTarget:
     def clients(self) -> list[Any]:
         from slime_ext.engine.sglang_client import SGLangEngineClient
 
-        return [SGLangEngineClient(u, timeout_s=self.timeout_s, max_retries=0, **self.client_kwargs) for u in self.urls]
+        # tp_size: a tensor update carries one serialized copy per engine TP rank (each rank reads its own)
+        kwargs = {"tp_size": self.tp_size, **self.client_kwargs}
+        return [SGLangEngineClient(u, timeout_s=self.timeout_s, max_retries=0, **kwargs) for u in self.urls]
 
     def open(self, key: str) -> "Sender":
         if self.kind == "disk":
             wire: Any = _DiskWire(Path(self.directory or "."), key)
         elif self.kind == "tensor":
-            wire = _TensorWire(self.clients())
+            wire = _TensorWire(self.clients(), self.delta)
         elif self.kind == "distributed":
             wire = _DistributedWire(self, key)
         else:
@@ -357,11 +364,44 @@ class _DiskWire:
         return {"weight_map": self.weight_map}
 
 
-class _TensorWire:
-    payloads = True
+def flat_bucket(bucket: NamedTensors, dtype: Optional[torch.dtype], device: torch.device) -> tuple[torch.Tensor, list]:
+    """The bucket as one flat byte tensor on `device` and its (name, shape, dtype, start, end) entries, each
+    tensor converted to `dtype` (None: as it is) as it is copied into its slice and popped from `bucket`. Why
+    not convert the bucket, then concatenate: that held the converted bucket and its flat copy at once
+    (measured at 556M, TP 2 / EP 2: the sender grew 1.2 GiB in a sync with 512 MiB buckets)."""
+    dtypes = [dtype or t.dtype for _, t in bucket]
+    flat = torch.empty(sum(t.numel() * d.itemsize for (_, t), d in zip(bucket, dtypes)), dtype=torch.uint8,
+                       device=device)
+    entries, at = [], 0
+    for (name, value), value_dtype in zip(converted(bucket, dtype), dtypes):
+        size = value.numel() * value.element_size()
+        flat[at:at + size].copy_(value.to(device).contiguous().view(-1).view(torch.uint8))
+        entries.append((name, value.shape, value_dtype, at, at + size))
+        at += size
+        del value
+    return flat, entries
 
-    def __init__(self, clients: list[Any]):
+
+def sglang_flattened_bucket(flat: torch.Tensor, entries: list) -> dict[str, Any]:
+    """`flat_bucket`'s output as SGLang's own `FlattenedTensorBucket` hands it to `update_weights_from_tensor`
+    with `load_format="flattened_bucket"` (its weight updater rebuilds the tensors from exactly these keys)."""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
+
+    metadata = [FlattenedTensorMetadata(name=name, shape=torch.Size(shape), dtype=dtype, start_idx=start,
+                                        end_idx=end, numel=end - start) for name, shape, dtype, start, end in entries]
+    bucket = FlattenedTensorBucket(flattened_tensor=flat, metadata=metadata)
+    return {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+
+
+class _TensorWire:
+    """Dense: SGLang's flattened bucket through the engine's own loader. Delta: checksummed payloads through
+    the custom loader of `sglang_patches.weight_payload` (the project's server only)."""
+
+    def __init__(self, clients: list[Any], delta: bool = False):
         self.clients = clients
+        self.payloads = delta
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
         if not torch.cuda.is_available():
             # CPU tensors by shared-memory file name: the default (file descriptor) strategy needs the
             # receiver to be a multiprocessing child of this process, which an engine server is not.
@@ -370,6 +410,13 @@ class _TensorWire:
     def send(self, payload: NamedTensors) -> None:
         on_all_engines(self.clients, "update_weights_from_tensor",
                 lambda i, c: c.update_weights_from_tensor(payload, load_format=weight_payload.LOADER))
+
+    def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
+        flat, entries = flat_bucket(bucket, dtype, self.device)
+        serialized = sglang_flattened_bucket(flat, entries)
+        on_all_engines(self.clients, "update_weights_from_tensor (flattened_bucket)",
+                       lambda i, c: c.update_weights_from_flattened_bucket(serialized))
+        del flat, serialized
 
     def close(self) -> dict:
         return {}
@@ -414,20 +461,12 @@ class DistributedGroup:
     def broadcast_bucket(self, clients: Sequence[Any], bucket: NamedTensors, dtype: Optional[torch.dtype] = None) -> None:
         """Announce the bucket to every engine and broadcast it as one flat byte tensor (SGLang's
         `flattened_bucket`) on the backend's device, each tensor converted to `dtype` (None: as it is) as it is
-        copied into its slice and popped from `bucket`. Why not convert the bucket, then concatenate: that held
-        the converted bucket and its flat copy at once (measured at 556M, TP 2 / EP 2: the sender grew 1.2 GiB
-        in a sync with 512 MiB buckets)."""
-        dtypes = [dtype or t.dtype for _, t in bucket]
-        names = [n for n, _ in bucket]
-        shapes = [list(t.shape) for _, t in bucket]
-        flat = torch.empty(sum(t.numel() * d.itemsize for (_, t), d in zip(bucket, dtypes)), dtype=torch.uint8,
-                           device=self.device)
-        at = 0
-        for _, value in converted(bucket, dtype):
-            size = value.numel() * value.element_size()
-            flat[at:at + size].copy_(value.to(self.device).contiguous().view(-1).view(torch.uint8))
-            at += size
-            del value
+        copied into its slice and popped from `bucket`, never holding
+        the converted bucket and its flat copy at once (`flat_bucket`)."""
+        flat, entries = flat_bucket(bucket, dtype, self.device)
+        names = [name for name, _, _, _, _ in entries]
+        dtypes = [value_dtype for _, _, value_dtype, _, _ in entries]
+        shapes = [list(shape) for _, shape, _, _, _ in entries]
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-announce") as pool:
             announced = pool.submit(on_all_engines, clients, f"update_weights_from_distributed ({self.name})",
                                     lambda i, c: c.update_weights_from_distributed(
