@@ -17,17 +17,26 @@ def main(argv: list[str] | None = None) -> int:
     from slime_ext.orchestration.plan import build_plan
     from slime_ext.orchestration.plan_layout import PlanError
 
+    from slime_ext.engine.sync_requirements import missing_sync_package
+
     try:
         resolved = load_config(args.check, args.overrides)
         plan = build_plan(resolved.config)
     except (ConfigError, PlanError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    missing = missing_sync_package(resolved.config)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     if plan.memory_problems:
         print("error: the layout does not fit (python -m slime_ext.orchestration.plan prints every term):\n  "
               + "\n  ".join(plan.memory_problems), file=sys.stderr)
         return 3
     sys.stdout.write(resolved.to_yaml())
+    if resolved.config.rollout.engine == "sglang":
+        sglang = resolved.config.sglang
+        print(f"# weight sync: {sglang.weight_sync} ({sglang.weight_sync_reason(resolved.config.cluster.colocate)})", file=sys.stderr)
     print(f"# OK: {args.check} is valid (method={resolved.config.method})", file=sys.stderr)
     return 0
 

@@ -389,7 +389,10 @@ class SGLangConfig(Section):
     # How the trainer's weights reach the engines after every step (slime_ext.engine.weight_sync):
     # disk = HF safetensors + /update_weights_from_disk; tensor = /update_weights_from_tensor (colocated);
     # distributed = /init_weights_update_group + broadcast (NCCL on GPUs, gloo on CPU).
-    weight_sync: Literal["disk", "tensor", "distributed"] = "disk"
+    # auto (the default) resolves at validation: tensor when cluster.colocate (the engines share the trainer's
+    # devices), distributed otherwise; disk only when asked (a full copy of the model through a filesystem per
+    # step). `weight_sync_reason` says which rule chose it (`--check` and the plan print it).
+    weight_sync: Literal["auto", "disk", "tensor", "distributed"] = "auto"
     # Every process holds at most its shard plus about two buckets of this size beyond it during a sync.
     weight_bucket_mb: float = Field(512.0, gt=0)
     # Send only the elements whose engine-dtype value changed (indices + values), checksummed per tensor.
@@ -407,6 +410,28 @@ class SGLangConfig(Section):
     generate_batching: Literal["request", "group", "call"] = "group"
     host: str = "127.0.0.1"  # where engine servers listen; "node": the address Ray gives the engine's node
     base_port: int = Field(0, ge=0, le=65535)  # engine i listens on base_port + i; 0 = free ports
+
+    @staticmethod
+    def auto_weight_sync(colocate: bool) -> str:
+        """What `weight_sync: auto` resolves to: tensor for colocated engines, distributed for engines on their
+        own devices."""
+        return "tensor" if colocate else "distributed"
+
+    def weight_sync_reason(self, colocate: bool) -> str:
+        """Why this path (for `--check` and the plan); stateless, so a resolved config reloads equal."""
+        auto = self.auto_weight_sync(colocate)
+        if self.weight_sync == auto == "tensor":
+            return ("the default for colocated engines: each engine rank reads the buckets from the trainer on its "
+                    "own device (CUDA IPC handles; shared memory on CPU) through SGLang's own loader")
+        if self.weight_sync == auto == "distributed":
+            return ("the default for engines on their own devices: each sender broadcasts its buckets to the "
+                    "engines over a weight-update group (NCCL; gloo on CPU)")
+        return f"set in the config; the default for this layout is {auto}"
+
+    def resolve_weight_sync(self, colocate: bool) -> None:
+        """`auto` -> the path that fits the layout (idempotent; an explicit choice is kept)."""
+        if self.weight_sync == "auto":
+            self.weight_sync = self.auto_weight_sync(colocate)
 
 
 class ParallelConfig(Section):
@@ -612,6 +637,15 @@ class CoreConfig(Section):
                 ("rollout.max_prompt_len", "rollout.max_response_len", "model.max_position_embeddings"),
             )
         s = self.sglang
+        s.resolve_weight_sync(self.cluster.colocate)
+        if s.weight_sync_delta and self.rollout.engine == "sglang" and self.cluster.gpus_per_node > 0:
+            raise ConfigCheckError(
+                "sglang.weight_sync_delta=true cannot run on SGLang's own engines (cluster.gpus_per_node > 0): a "
+                "delta patches elements of HF-named tensors, and SGLang's Qwen3-MoE holds fused parameters instead "
+                "(qkv_proj = [q; k; v], gate_up_proj, FusedMoE w13 / w2, each cut by the engine's TP rank), which "
+                "its loader fills only from whole HF tensors; set sglang.weight_sync_delta=false (delta sync runs "
+                "with the embedded engine and the project's CPU server)", ("sglang.weight_sync_delta",
+                                                                           "cluster.gpus_per_node"))
         if s.weight_sync_delta and self.rollout.engine == "sglang" and s.weight_sync != "tensor":
             raise ConfigCheckError(
                 f"sglang.weight_sync_delta=true needs sglang.weight_sync=tensor with engine servers (got "

@@ -352,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from slime_ext.engine.sync_requirements import missing_sync_package
+
+    missing = missing_sync_package(resolved.config)
+    if missing:  # before any stage runs: the first sync comes only after data, tokenizer and SFT
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     run_dir = create_run_dir(resolved)
     log.info("config %s (%s) -> %s", config, resolved.describe(), run_dir)
     try:

@@ -61,6 +61,7 @@ def _format_rollout(p: Plan) -> list[str]:
     lines = [f"rollout: {r.num_engines} {kind} x TP {r.tp_size} = {r.engine_gpus} GPUs, {mode}, "
              f"router {'on' if r.router else 'off'}, {r.models_per_engine} model(s) per engine"]
     lines.append("  " + _format_schedule(r))
+    lines.append(f"  weight sync: {r.weight_sync} ({r.weight_sync_reason})")
     if r.server_command:
         lines.append("  engine 0: " + " ".join(r.server_command))
     return lines

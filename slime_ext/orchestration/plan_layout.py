@@ -69,6 +69,8 @@ class RolloutLayout:
     off_policy_steps: int = 0  # 1: rollout t+1 is generated while step t trains (rollout.off_policy_steps)
     partial_rollouts: bool = False
     stale_tokens: str = "mask"
+    weight_sync: str = ""  # the resolved sglang.weight_sync (engine servers only)
+    weight_sync_reason: str = ""
 
 
 def _check_layout(config: Config, shape: ModelShape, world: int, problems: list[str]) -> None:
@@ -151,6 +153,7 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
         server_command=engine_command(config, warnings),
         off_policy_steps=config.rollout.off_policy_steps, partial_rollouts=config.rollout.partial_rollouts,
         stale_tokens=config.rollout.stale_token_policy,
+        weight_sync=s.weight_sync if sglang else "", weight_sync_reason=s.weight_sync_reason(config.cluster.colocate) if sglang else "",
     )
 
 
