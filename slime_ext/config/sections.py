@@ -395,6 +395,10 @@ class SGLangConfig(Section):
     weight_sync: Literal["auto", "disk", "tensor", "distributed"] = "auto"
     # Every process holds at most its shard plus about two buckets of this size beyond it during a sync.
     weight_bucket_mb: float = Field(512.0, gt=0)
+    # Deadline of one weight sync (the ranks' pushes) and of each control call in it: a hung engine or a rank
+    # that never sends stops the run within it, naming the engine or rank and the resume command. null: derived
+    # from the model's size (slime_ext.engine.sync_deadline: 120 s + 10x the bytes over 1 GB/s).
+    weight_sync_timeout_s: Optional[float] = Field(None, gt=0)
     # Send only the elements whose engine-dtype value changed (indices + values), checksummed per tensor.
     # Carried by payloads: the embedded engine and weight_sync=tensor (SGLang's custom weight loader).
     weight_sync_delta: bool = False

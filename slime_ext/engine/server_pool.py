@@ -86,6 +86,10 @@ class ServerEnginePool:
         self.router_url = router_url
         self.engine_dtype = engine_dtype
         self.base_dir = Path(base_dir) if base_dir else None  # config.json for disk versions
+        from slime_ext.engine.sync_deadline import sync_deadline_s
+
+        # one sync (the ranks' pushes) and each control call in it must finish within this (weight_sync_timeout_s)
+        self.sync_timeout_s = sync_deadline_s(cfg_sglang.weight_sync_timeout_s, self.base_dir)
         self.weight_source: Any = None
         self.generation = "0"
         self.syncs = 0
@@ -98,6 +102,9 @@ class ServerEnginePool:
 
     def _init_local(self) -> None:
         self.clients = [self._client(u) for u in self.urls]
+        # the sync's control calls: bounded by the sync's deadline, never retried (collective with the ranks)
+        self.control_clients = [SGLangEngineClient(u, timeout_s=self.sync_timeout_s, max_retries=0, **self.client_kwargs)
+                                for u in self.urls]
         # sglang-router reads single-request bodies only (a batch is a 422): one request per call through it
         self.router = self._client(self.router_url, routing_key=group_key, batching="request") \
             if self.router_url else None
@@ -113,7 +120,7 @@ class ServerEnginePool:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "engine_dtype", "base_dir",
-                "weight_source", "generation", "syncs")
+                "weight_source", "generation", "syncs", "sync_timeout_s")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -289,7 +296,7 @@ class ServerEnginePool:
         return ServerTarget(kind or self.cfg.weight_sync, list(urls or self.urls), engine_dtype=self.engine_dtype,
                             delta=self.cfg.weight_sync_delta if delta is None else delta, tp_size=self.cfg.tp_size,
                             directory=str(directory) if directory else None, generation=self.generation,
-                            timeout_s=self.cfg.request_timeout_s)
+                            timeout_s=self.sync_timeout_s)
 
     def restore_point(self) -> tuple[Optional[str], str, str]:
         """(snapshot dir or None for the base checkpoint, that snapshot's version, the current version)."""
@@ -316,10 +323,10 @@ class ServerEnginePool:
         snapshot: Optional[Path] = None
         if disk:
             snapshot = write_index(directory, stats["weight_map"], int(stats.get("bytes_sent", 0)), self.base_dir)
-            on_all_engines(self.clients, f"update_weights_from_disk (version {version})",
+            on_all_engines(self.control_clients, f"update_weights_from_disk (version {version})",
                            lambda i, c: c.update_weights_from_disk(str(snapshot), weight_version=version))
         else:
-            on_all_engines(self.clients, f"update_weight_version ({version})",
+            on_all_engines(self.control_clients, f"update_weight_version ({version})",
                            lambda i, c: c.update_weight_version(version))
         t2 = time.perf_counter()
         if snapshot is None and self.cfg.snapshot_every and self.syncs % self.cfg.snapshot_every == 0:

@@ -184,9 +184,10 @@ class EmbeddedTarget:
     kind: str = "embedded"
     identity: str = "embedded"
     carries_deltas: bool = True  # payloads carry sparse deltas
+    timeout_s: Optional[float] = None  # the sync's deadline (sglang.weight_sync_timeout_s); None: none
 
     def open(self, key: str) -> "Sender":
-        return Sender(self, key, _EmbeddedWire(self.handle))
+        return Sender(self, key, _EmbeddedWire(self.handle, self.timeout_s))
 
 
 @dataclass
@@ -319,8 +320,8 @@ class Sender:
 class _EmbeddedWire:
     payloads = True
 
-    def __init__(self, handle: Any):
-        self.handle = handle
+    def __init__(self, handle: Any, timeout_s: Optional[float] = None):
+        self.handle, self.timeout_s = handle, timeout_s
 
     def send(self, payload: NamedTensors) -> None:
         apply = self.handle.apply_weight_payload
@@ -328,7 +329,7 @@ class _EmbeddedWire:
             if hasattr(apply, "remote"):  # the actor (the payload travels as a Ray object)
                 import ray
 
-                ray.get(apply.remote(payload))
+                ray.get(apply.remote(payload), timeout=self.timeout_s)
             else:  # an engine in this process (tests, tools)
                 apply(payload)
         except Exception as exc:  # noqa: BLE001 - a checksum mismatch, a dead actor

@@ -31,15 +31,16 @@ class VersionedRemoteEngine(RemoteEngine):
     """The embedded engine actor with the pool's sync call (it reports no weight versions): the trainer
     ranks hand their checksummed buckets to the actor themselves (`slime_ext.engine.weight_sync`)."""
 
-    def __init__(self, handle: Any, engine_dtype: str = "float32", delta: bool = False):
+    def __init__(self, handle: Any, engine_dtype: str = "float32", delta: bool = False,
+                 timeout_s: Optional[float] = None):
         super().__init__(handle)
-        self.engine_dtype, self.delta = engine_dtype, delta
+        self.engine_dtype, self.delta, self.timeout_s = engine_dtype, delta, timeout_s
 
     def attach_weight_source(self, source: Any) -> None:
         """Nothing to restart here: the actor has no restore path to feed."""
 
     def sync_weights(self, source: Any, version: int | str) -> dict[str, float]:
-        target = EmbeddedTarget(self.handle, self.engine_dtype, self.delta)
+        target = EmbeddedTarget(self.handle, self.engine_dtype, self.delta, timeout_s=self.timeout_s)
         return sync_metrics(merge_stats(source.push_weights(target, str(version))))
 
 
@@ -77,7 +78,10 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
                                   **sampler_env(cfg)}}
     ).remote(str(model_dir), cfg.rollout.threads, str(partner_dir) if partner_dir else None,
              engine_dtype(cfg.rollout.precision) or "float32", cfg.rollout.engine_kernel)
-    engine = VersionedRemoteEngine(handle, engine_dtype(cfg.rollout.precision) or "float32", cfg.sglang.weight_sync_delta)
+    from slime_ext.engine.sync_deadline import sync_deadline_s
+
+    engine = VersionedRemoteEngine(handle, engine_dtype(cfg.rollout.precision) or "float32", cfg.sglang.weight_sync_delta,
+                                   sync_deadline_s(cfg.sglang.weight_sync_timeout_s, model_dir))
     return RunEngine(lambda: engine, lambda: ray.kill(handle))  # the handle queues calls until the actor is up
 
 

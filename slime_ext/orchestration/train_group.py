@@ -191,6 +191,22 @@ class TrainWorker:
         return self.trainer.step
 
 
+def wait_for_ranks(futures: list[Any], timeout_s: Optional[float], what: str) -> list[Any]:
+    """Every rank's result, in rank order, or WeightSyncError naming each rank still running after `timeout_s`
+    (None: no deadline). A rank that failed raises its own error first, as `ray.get` does."""
+    from slime_ext.engine.failures import WeightSyncError
+
+    if timeout_s is None:
+        return ray.get(futures)
+    ready, pending = ray.wait(futures, num_returns=len(futures), timeout=timeout_s)
+    ray.get(ready)  # a rank that failed: its own error, not a deadline
+    if pending:
+        late = sorted(futures.index(f) for f in pending)
+        raise WeightSyncError(f"trainer rank(s) {late} of {len(futures)} did not finish {what} within {timeout_s:.0f} s "
+                              f"(sglang.weight_sync_timeout_s): a rank hung in a gather or never sent")
+    return ray.get(futures)
+
+
 class TrainGroup:
     """Driver-side handle: creates the rank actors and calls them in lockstep."""
 
@@ -242,8 +258,13 @@ class TrainGroup:
 
     def push_weights(self, target: Any, version: Optional[str] = None, expect_version: Optional[str] = None) -> list[dict]:
         """The ranks push their buckets to `target` (never through this process); returns each sender's
-        counts. After it the ranks' weights are `version` (see TrainWorker.push_weights for `expect_version`)."""
-        return [s for s in self.call("push_weights", target, self.bucket_bytes, version, expect_version) if s is not None]
+        counts. After it the ranks' weights are `version` (see TrainWorker.push_weights for `expect_version`).
+        Within the target's deadline (`timeout_s`: sglang.weight_sync_timeout_s), or WeightSyncError naming the
+        ranks that did not finish."""
+        futures = [w.push_weights.remote(target, self.bucket_bytes, version, expect_version) for w in self.workers]
+        deadline = getattr(target, "timeout_s", None)
+        stats = wait_for_ranks(futures, deadline, f"the push of weights {version or '(unversioned)'}")
+        return [s for s in stats if s is not None]
 
     def set_weights_version(self, version: Optional[str]) -> None:
         self.call("set_weights_version", version)

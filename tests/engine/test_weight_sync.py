@@ -207,8 +207,12 @@ def test_delta_with_engine_servers_needs_the_tensor_path():
     from slime_ext.config.loader import load_config
     from tests.conftest import CONFIGS
 
-    with pytest.raises(Exception, match="sglang.weight_sync_delta"):
-        load_config(CONFIGS / "grpo.yaml", ["rollout.engine=sglang", "sglang.weight_sync_delta=true"])
+    with pytest.raises(Exception, match="sglang.weight_sync_delta"):  # disk and distributed send dense
+        load_config(CONFIGS / "grpo.yaml", ["rollout.engine=sglang", "sglang.weight_sync=disk",
+                                            "sglang.weight_sync_delta=true"])
+    # auto resolves to tensor on the colocated CPU layout, which carries deltas
+    assert load_config(CONFIGS / "grpo.yaml", ["rollout.engine=sglang", "sglang.weight_sync_delta=true"]).config \
+        .sglang.weight_sync == "tensor"
     ok = load_config(CONFIGS / "grpo.yaml", ["rollout.engine=sglang", "sglang.weight_sync=tensor",
                                              "sglang.weight_sync_delta=true", "sglang.weight_bucket_mb=64"]).config
     assert ok.sglang.weight_sync_delta and ok.sglang.weight_bucket_mb == 64
