@@ -27,6 +27,7 @@ that produced it (`GenerateResult.weight_version`), and `versions()` reads what 
 from __future__ import annotations
 
 import json
+import re
 import logging
 import shutil
 import sys
@@ -90,6 +91,7 @@ class ServerEnginePool:
 
         # one sync (the ranks' pushes) and each control call in it must finish within this (weight_sync_timeout_s)
         self.sync_timeout_s = sync_deadline_s(cfg_sglang.weight_sync_timeout_s, self.base_dir)
+        self._standin: Optional[bool] = None  # every engine the project's server (see _same_layout)
         self.weight_source: Any = None
         self.generation = "0"
         self.syncs = 0
@@ -120,7 +122,7 @@ class ServerEnginePool:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "engine_dtype", "base_dir",
-                "weight_source", "generation", "syncs", "sync_timeout_s")
+                "weight_source", "generation", "syncs", "sync_timeout_s", "_standin")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -296,7 +298,15 @@ class ServerEnginePool:
         return ServerTarget(kind or self.cfg.weight_sync, list(urls or self.urls), engine_dtype=self.engine_dtype,
                             delta=self.cfg.weight_sync_delta if delta is None else delta, tp_size=self.cfg.tp_size,
                             directory=str(directory) if directory else None, generation=self.generation,
-                            timeout_s=self.sync_timeout_s)
+                            timeout_s=self.sync_timeout_s, sender_checksums=self._same_layout())
+
+    def _same_layout(self) -> bool:
+        """True when every engine is the project's server (HF-named, unsharded weights): its checksums can be
+        held to the senders'. SGLang's own engines fuse and shard, and hash on the GPU: engines only."""
+        if getattr(self, "_standin", None) is None:
+            self._standin = all(_get(a, "host_kind") == "standin" if hasattr(a, "host_kind") else False
+                                for a in self.actors)
+        return bool(self._standin)
 
     def restore_point(self) -> tuple[Optional[str], str, str]:
         """(snapshot dir or None for the base checkpoint, that snapshot's version, the current version)."""
@@ -333,8 +343,60 @@ class ServerEnginePool:
             snapshot = self.write_snapshot(source, version)
         self._record(version, snapshot)
         at_version = self.check_versions(version)
+        t3 = time.perf_counter()
+        verified = self.verify_checksums(version, stats.get("checksums"))
         return {**sync_metrics(stats), "time/sync_push": t1 - t0, "time/sync_commit": t2 - t1,
-                "time/sync_snapshot": time.perf_counter() - t2, "sync/engines_at_version": at_version}
+                "time/sync_snapshot": t3 - t2, "time/sync_verify": time.perf_counter() - t3,
+                "sync/engines_at_version": at_version, **verified}
+
+    def _on_engines(self, what: str, call: Any) -> list[Any]:
+        answers: list[Any] = [None] * len(self.control_clients)
+
+        def one(i: int, client: SGLangEngineClient) -> None:
+            answers[i] = call(client)
+
+        on_all_engines(self.control_clients, what, one)
+        return answers
+
+    def verify_checksums(self, version: str, sent: Optional[dict[str, str]]) -> dict[str, float]:
+        """Every engine's `/weights_checker` checksum after a sync: engines holding the same shards must agree,
+        and where the layouts match (`sent`: what the senders hashed) each tensor must equal what was sent.
+        Raises WeightSyncError naming the engines or tensors (the run stops with the resume command)."""
+        answers = self._on_engines(f"weights_checker checksum (version {version})",
+                                   lambda c: c.check_weights("checksum"))
+        per_engine = [a.get("per_engine_checksum") for a in answers]
+        if len(set(per_engine)) > 1:  # every engine has the same TP layout and the same weights
+            held = {self.urls[i]: (v or "?")[:16] for i, v in enumerate(per_engine)}
+            raise WeightSyncError(f"after the sync of version {version} the engines hold different weights "
+                                  f"(per-engine checksums {held}): a bucket was lost or corrupted on its way to "
+                                  f"some engines")
+        compared = 0
+        if sent:
+            for i, answer in enumerate(answers):
+                held = (answer.get("ranks") or [{}])[0].get("checksums", {})
+                wrong = sorted(n for n, h in sent.items() if n in held and held[n] != h)
+                compared = sum(1 for n in sent if n in held)
+                if wrong:
+                    raise WeightSyncError(f"after the sync of version {version} engine {i} ({self.urls[i]}) holds "
+                                          f"{len(wrong)} tensor(s) other than the trainer sent: {wrong[:5]}")
+        return {"sync/checksum_engines": float(len(answers)), "sync/checksum_tensors_vs_senders": float(compared)}
+
+    def verify_refit(self, source: Any, version: int | str) -> dict[str, float]:
+        """The first sync of a run, checked bit for bit as SGLang's weight checker allows: the engines snapshot
+        the weights they loaded (the base checkpoint, which the trainer also starts from), reset every tensor
+        to random values, receive the sync from the ranks and compare with the snapshot: a tensor the sync
+        missed, or delivered wrong, differs. Raises WeightSyncError naming the engine and the tensors."""
+        self._on_engines("weights_checker snapshot", lambda c: c.check_weights("snapshot"))
+        self._on_engines("weights_checker reset_tensors", lambda c: c.check_weights("reset_tensors"))
+        metrics = self.sync_weights(source, version)
+        try:
+            self._on_engines("weights_checker compare", lambda c: c.check_weights("compare"))
+        except WeightSyncError as exc:  # the tensors first: the stop message keeps one line of it
+            names = sorted(set(re.findall(r"name=([\w.]+)", str(exc))))
+            raise WeightSyncError(f"the first sync (version {version}) did not reproduce the base checkpoint's "
+                                  f"weights: {len(names)} tensor(s) differ ({', '.join(names[:4])}"
+                                  f"{', ...' if len(names) > 4 else ''}); {exc}") from None
+        return {**metrics, "sync/refit_verified": 1.0}
 
     def write_snapshot(self, source: Any, version: str) -> Path:
         """A restore point written shard by shard by the ranks (`sglang.snapshot_every`)."""

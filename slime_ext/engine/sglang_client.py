@@ -580,6 +580,13 @@ class SGLangEngineClient:
         self._control("/update_weight_version", {"new_version": str(version), "abort_all_requests": abort_all_requests},
                       "UpdateWeightVersionReqInput")
 
+    def check_weights(self, action: str = "checksum", skip_tensor_list: Optional[list[str]] = None) -> dict[str, Any]:
+        """SGLang's `/weights_checker`: snapshot, reset_tensors, compare (raises naming the tensors that differ)
+        or checksum (`{"ranks": [ChecksumInfo per TP rank], "per_engine_checksum": ...}`)."""
+        out = self._control("/weights_checker", {"action": action, "skip_tensor_list": skip_tensor_list},
+                            "CheckWeightsReqInput")
+        return out if isinstance(out, dict) else {}
+
     def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
         """Free GPU memory (weights / kv_cache); needs the server flag --enable-memory-saver."""
         self._control("/release_memory_occupation", {"tags": tags}, "ReleaseMemoryOccupationReqInput")

@@ -46,6 +46,7 @@ import torch
 from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
 from slime_ext.engine.held_weights import forget_held_weights, held_weights, target_dtype
+from slime_ext.engine.weight_hash import tensor_hash_hex
 
 log = logging.getLogger(__name__)
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -203,6 +204,9 @@ class ServerTarget:
     generation: str = "0"  # distributed: a new token when an engine restarted (new groups)
     timeout_s: float = 600.0
     client_kwargs: dict = field(default_factory=dict)
+    # hash what is sent (dense paths), for engines whose weight checker reports the same tensors (the project's
+    # server on CPU: HF names, one rank); SGLang's own engines fuse and shard them, and hash on the GPU
+    sender_checksums: bool = False
 
     @property
     def identity(self) -> str:
@@ -236,7 +240,8 @@ class ServerTarget:
 TRIM_EVERY_BYTES = 64 << 20
 
 
-def converted(bucket: NamedTensors, dtype: Optional[torch.dtype]) -> Iterator[tuple[str, torch.Tensor]]:
+def converted(bucket: NamedTensors, dtype: Optional[torch.dtype],
+              checksums: Optional[dict[str, str]] = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The bucket's tensors in `dtype` (None: as they are), one at a time, each source popped from the list
     first: a source tensor is freed as soon as its converted copy exists (the caller's list ends empty), and
     the heap is trimmed after every 64 MiB of freed sources, so the pages of the bucket's already-sent part
@@ -252,6 +257,8 @@ def converted(bucket: NamedTensors, dtype: Optional[torch.dtype]) -> Iterator[tu
         if freed >= TRIM_EVERY_BYTES:
             return_freed_memory()
             freed = 0
+        if checksums is not None:  # what the sender sent, hashed as SGLang's weight checker hashes (CPU)
+            checksums[name] = tensor_hash_hex(value)
         yield name, value
 
 
@@ -266,6 +273,9 @@ class Sender:
         self.delta = bool(target.delta) and target.carries_deltas
         self.stats = {"tensors": 0, "elements": 0, "changed": 0, "bytes_full": 0, "bytes_sent": 0, "buckets": 0,
                       "payloads": 0, "seconds": 0.0}
+        # dense wires hash what they send when the engines hold the same layout (`sender_checksums`)
+        self.checksums: Optional[dict[str, str]] = {} if getattr(target, "sender_checksums", False) else None
+        wire.checksums = self.checksums
         self.t0 = time.perf_counter()
 
     def send(self, bucket: NamedTensors, before: Optional[NamedTensors] = None) -> None:
@@ -314,11 +324,14 @@ class Sender:
     def close(self) -> dict:
         extra = self.wire.close()
         self.stats["seconds"] = time.perf_counter() - self.t0
+        if self.checksums is not None:
+            extra["checksums"] = self.checksums
         return {**self.stats, **extra, "sender": self.key, "delta": int(self.delta)}
 
 
 class _EmbeddedWire:
     payloads = True
+    checksums: Optional[dict[str, str]] = None  # payloads carry their own checksums
 
     def __init__(self, handle: Any, timeout_s: Optional[float] = None):
         self.handle, self.timeout_s = handle, timeout_s
@@ -343,6 +356,7 @@ class _DiskWire:
     """One safetensors file per bucket in the version's directory; the driver writes the index."""
 
     payloads = False
+    checksums: Optional[dict[str, str]] = None
 
     def __init__(self, directory: Path, key: str):
         self.directory, self.key = directory, key
@@ -353,7 +367,7 @@ class _DiskWire:
     def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
         from safetensors.torch import save_file
 
-        named = [(n, t.contiguous().cpu()) for n, t in converted(bucket, dtype)]
+        named = [(n, t.contiguous().cpu()) for n, t in converted(bucket, dtype, self.checksums)]
         fname = f"model-{self.key}-{self.count:05d}.safetensors"
         tmp = self.directory / f".{fname}.tmp"
         save_file(dict(named), str(tmp), metadata={"format": "pt"})
@@ -365,7 +379,8 @@ class _DiskWire:
         return {"weight_map": self.weight_map}
 
 
-def flat_bucket(bucket: NamedTensors, dtype: Optional[torch.dtype], device: torch.device) -> tuple[torch.Tensor, list]:
+def flat_bucket(bucket: NamedTensors, dtype: Optional[torch.dtype], device: torch.device,
+                checksums: Optional[dict[str, str]] = None) -> tuple[torch.Tensor, list]:
     """The bucket as one flat byte tensor on `device` and its (name, shape, dtype, start, end) entries, each
     tensor converted to `dtype` (None: as it is) as it is copied into its slice and popped from `bucket`. Why
     not convert the bucket, then concatenate: that held the converted bucket and its flat copy at once
@@ -374,7 +389,7 @@ def flat_bucket(bucket: NamedTensors, dtype: Optional[torch.dtype], device: torc
     flat = torch.empty(sum(t.numel() * d.itemsize for (_, t), d in zip(bucket, dtypes)), dtype=torch.uint8,
                        device=device)
     entries, at = [], 0
-    for (name, value), value_dtype in zip(converted(bucket, dtype), dtypes):
+    for (name, value), value_dtype in zip(converted(bucket, dtype, checksums), dtypes):
         size = value.numel() * value.element_size()
         flat[at:at + size].copy_(value.to(device).contiguous().view(-1).view(torch.uint8))
         entries.append((name, value.shape, value_dtype, at, at + size))
@@ -398,6 +413,8 @@ class _TensorWire:
     """Dense: SGLang's flattened bucket through the engine's own loader. Delta: checksummed payloads through
     the custom loader of `sglang_patches.weight_payload` (the project's server only)."""
 
+    checksums: Optional[dict[str, str]] = None
+
     def __init__(self, clients: list[Any], delta: bool = False):
         self.clients = clients
         self.payloads = delta
@@ -413,7 +430,7 @@ class _TensorWire:
                 lambda i, c: c.update_weights_from_tensor(payload, load_format=weight_payload.LOADER))
 
     def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
-        flat, entries = flat_bucket(bucket, dtype, self.device)
+        flat, entries = flat_bucket(bucket, dtype, self.device, self.checksums)
         serialized = sglang_flattened_bucket(flat, entries)
         on_all_engines(self.clients, "update_weights_from_tensor (flattened_bucket)",
                        lambda i, c: c.update_weights_from_flattened_bucket(serialized))
@@ -459,12 +476,13 @@ class DistributedGroup:
         log.info("weight-update group %s: rank 0 at %s:%d + %d engine rank(s) over %s", name, host, port, world - 1,
                  self.backend)
 
-    def broadcast_bucket(self, clients: Sequence[Any], bucket: NamedTensors, dtype: Optional[torch.dtype] = None) -> None:
+    def broadcast_bucket(self, clients: Sequence[Any], bucket: NamedTensors, dtype: Optional[torch.dtype] = None,
+                         checksums: Optional[dict[str, str]] = None) -> None:
         """Announce the bucket to every engine and broadcast it as one flat byte tensor (SGLang's
         `flattened_bucket`) on the backend's device, each tensor converted to `dtype` (None: as it is) as it is
         copied into its slice and popped from `bucket`, never holding
         the converted bucket and its flat copy at once (`flat_bucket`)."""
-        flat, entries = flat_bucket(bucket, dtype, self.device)
+        flat, entries = flat_bucket(bucket, dtype, self.device, checksums)
         names = [name for name, _, _, _, _ in entries]
         dtypes = [value_dtype for _, _, value_dtype, _, _ in entries]
         shapes = [list(shape) for _, shape, _, _, _ in entries]
@@ -488,6 +506,7 @@ class DistributedGroup:
 
 class _DistributedWire:
     payloads = False
+    checksums: Optional[dict[str, str]] = None
 
     def __init__(self, target: ServerTarget, key: str):
         self.clients = target.clients()
@@ -509,7 +528,7 @@ class _DistributedWire:
             self.group = memory.groups[wanted] = DistributedGroup(self.clients, name, target.tp_size, target.timeout_s)
 
     def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
-        self.group.broadcast_bucket(self.clients, bucket, dtype)
+        self.group.broadcast_bucket(self.clients, bucket, dtype, self.checksums)
 
     def close(self) -> dict:
         return {}
@@ -572,8 +591,8 @@ def merge_stats(parts: Sequence[Optional[dict]]) -> dict:
             continue
         out["senders"] += 1
         for k, v in part.items():
-            if k == "weight_map":
-                out["weight_map"].update(v)
+            if k in ("weight_map", "checksums"):
+                out.setdefault(k, {}).update(v)
             elif k == "seconds" or k.startswith("peak_"):  # the slowest sender; the largest peak
                 out[k] = max(out.get(k, 0), v)
             elif isinstance(v, (int, float)):

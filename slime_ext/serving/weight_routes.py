@@ -15,6 +15,7 @@ failure. A malformed body is a 400 naming the field, as on every route of this s
     GET  /model_info, /get_model_info
     GET|POST /get_weights_by_name         the first rows of a parameter (checks after an update)
     GET|POST /release_memory_occupation, /resume_memory_occupation
+    GET|POST /weights_checker             snapshot / reset_tensors / compare / checksum (`weight_checker`)
 
 Updates run off the event loop (`/health` keeps answering while a group join waits for the trainer) and
 never while a `generate` call runs (see `weights.WeightUpdater.apply`).
@@ -237,6 +238,29 @@ async def _memory(request: Request, action: str) -> JSONResponse:
     body = parse(MemoryOccupationReqInput, await read_json(state, request))
     await run_in_threadpool(state.weights.memory, action, body.tags)
     return JSONResponse(None)  # SGLang answers 200 with a null body
+
+
+class CheckWeightsReqInput(BaseReq):
+    action: str = "checksum"
+    allow_quant_error: bool = False
+    skip_tensor_list: Optional[list[str]] = None
+    selector: Selector = "all"
+
+
+@router.api_route("/weights_checker", methods=["GET", "POST"])
+async def weights_checker(request: Request) -> JSONResponse:
+    """SGLang's weight checker: 200 `{"success", "message"}` (+ `ranks` and `per_engine_checksum` for a
+    checksum), 400 with success false when the action fails (a compare that found differences)."""
+    from slime_ext.serving.weight_checker import WeightCheckError
+
+    state = get_state(request)
+    raw = await read_json(state, request) if request.method == "POST" else {}
+    body = parse(CheckWeightsReqInput, raw or {})
+    try:
+        extra = await run_in_threadpool(state.weights.check_weights, body.action, body.skip_tensor_list)
+    except (WeightCheckError, WeightUpdateError) as exc:
+        return outcome(False, str(exc))
+    return outcome(True, "Success.", **(extra or {}))
 
 
 @router.api_route("/release_memory_occupation", methods=["GET", "POST"])

@@ -240,6 +240,7 @@ class WeightUpdater:
         self.groups: dict[str, _Group] = {}
         self._lock = threading.Lock()  # session flag and group table
         self.updates = 0
+        self.checker: Any = None  # /weights_checker state (its snapshot), made on first use
 
     # -- sessions (SGLang 0.5.21 SchedulerWeightUpdaterManager) -----------------------------------
     def begin(self) -> str:
@@ -473,6 +474,19 @@ class WeightUpdater:
             batcher.abort_all()
         with batcher.exclusive():
             batcher.weight_version = str(version)
+
+    def check_weights(self, action: str, skip: Optional[list[str]]) -> Optional[dict]:
+        """SGLang's `/weights_checker` actions on the served model, with no generate call running."""
+        from slime_ext.serving.weight_checker import WeightChecker
+
+        self._model()
+        if self.checker is None:
+            self.checker = WeightChecker(lambda: self.state.engine.model)
+        with self.state.batcher.exclusive():
+            result = self.checker.handle(action, skip)
+            if action == "reset_tensors":
+                getattr(self.state.engine, "flush_cache", lambda: None)()  # its KV came from the old weights
+            return result
 
     def memory(self, action: str, tags: Optional[list[str]]) -> None:
         """`release_memory_occupation` / `resume_memory_occupation` of the engine, with no generate running."""

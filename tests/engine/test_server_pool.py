@@ -221,6 +221,65 @@ def test_a_failed_update_stops_with_a_message_and_keeps_the_old_version(pool, mo
         check_weight_versions(reqs, pool.generate(reqs), 8)
 
 
+def _stopped(tmp_path, call) -> str:
+    """The message the loop stops with when `call` fails as it would inside a step."""
+    from slime_ext.orchestration.run_dir import RunStopped
+    from slime_ext.orchestration.training_job import stop_on_actor_failure
+
+    with pytest.raises(RunStopped) as stopped:
+        with stop_on_actor_failure("step 7", tmp_path, tmp_path / "checkpoints"):
+            call()
+    return str(stopped.value)
+
+
+def test_checksums_hold_each_sync_to_the_senders_and_the_engines_to_each_other(pool, model_dir, tmp_path):
+    _use(pool, "tensor")
+    named = _named(model_dir, 1.25)
+    out = pool.sync_weights(_source(named), "140")
+    assert out["sync/checksum_engines"] == 2
+    # the server holds every HF-named tensor as sent except the experts (fused in transformers' model)
+    assert out["sync/checksum_tensors_vs_senders"] == sum(".mlp.experts." not in n for n, _ in named) > 10
+    # an engine that lost its weights (reset to random values) is caught by the check and stops the run
+    pool.clients[1].check_weights("reset_tensors")
+    message = _stopped(tmp_path, lambda: pool.verify_checksums("140", None))
+    assert "hold different weights" in message and "during step 7" in message and "Resume with:" in message
+    pool.sync_weights(_source(_named(model_dir, 1.0)), "141")  # both engines back on the checkpoint
+
+
+@pytest.mark.parametrize("where", ["dense", "expert"])
+def test_a_corrupted_bucket_is_caught_by_the_checksums_or_the_first_sync_compare(pool, model_dir, tmp_path,
+                                                                                 monkeypatch, where):
+    """A byte flipped after the sender hashed it: in a tensor the server holds as sent, the checksum against the
+    senders catches it; in an expert (fused in the server's model, so no sender hash to match) only the first
+    sync's snapshot / reset / sync / compare does, naming the fused tensor."""
+    from slime_ext.engine import weight_sync
+
+    real = weight_sync.flat_bucket
+
+    def corrupt(bucket, dtype, device, checksums=None):
+        flat, entries = real(bucket, dtype, device, checksums)
+        hit = [e for e in entries if (".mlp.experts." in e[0]) == (where == "expert")]
+        if hit:
+            flat[hit[0][3]] ^= 0xFF  # the first byte of the tensor, after it was hashed
+        return flat, entries
+
+    _use(pool, "tensor")
+    base = _named(model_dir, 1.0)
+    pool.sync_weights(_source(base), "149")  # the engines hold the checkpoint, as at a run's start
+    monkeypatch.setattr(weight_sync, "flat_bucket", corrupt)
+    if where == "dense":
+        message = _stopped(tmp_path, lambda: pool.sync_weights(_source(base), "150"))
+        assert "other than the trainer sent" in message and "Resume with:" in message
+    else:  # the checksums pass (the engines agree, no sender hash for a fused expert); the compare does not
+        message = _stopped(tmp_path, lambda: pool.verify_refit(_source(base), "151"))
+        assert "did not reproduce the base checkpoint" in message and "mlp.experts" in message, message
+        assert "other than the trainer sent" not in message
+    monkeypatch.undo()
+    pool.sync_weights(_source(base), "152")  # the engines back on the checkpoint (the snapshot's reference)
+    out = pool.verify_refit(_source(base), "153")  # an intact first sync passes the compare
+    assert out["sync/refit_verified"] == 1.0
+
+
 def test_sglang_router_in_front_of_the_engines_gives_the_same_tokens(pool, tmp_path):
     """sglang-router (manual policy, a prompt group per routing key) between the pool and the servers."""
     direct = pool.generate(_requests(tag="routed"))
@@ -298,3 +357,4 @@ def test_a_server_that_stops_answering_is_restarted(model_dir, tmp_path):
         assert [r.output_ids for r in results] == [r.output_ids for r in reference]
     finally:
         actor.stop()
+
