@@ -1,0 +1,46 @@
+"""The trainer's sleep (megatron_glue.trainer_sleep): the DDP buffers are emptied in place and refilled, and a
+run that sleeps between steps trains to the same bits as one that does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_glue.trainer_sleep import TrainerSleep
+from tests.megatron_glue.test_trainer import make_samples, make_trainer
+from tests.megatron_fixtures import single_process_parallel_state
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parallel_state():
+    single_process_parallel_state(seed=3)
+
+
+def _params(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
+
+
+def test_sleeping_between_steps_frees_the_buffers_and_changes_no_bit():
+    awake, sleeper = make_trainer(), make_trainer()
+    with torch.no_grad():  # the same starting weights
+        for (_, a), (_, b) in zip(awake.model.module.named_parameters(), sleeper.model.module.named_parameters()):
+            b.copy_(a)
+    sleep = TrainerSleep(sleeper)
+    buffers = list(sleeper.model.buffers) + list(sleeper.model.expert_parallel_buffers)
+    numel = sum(p.numel() for p in sleeper.model.module.parameters())
+    has_params = [b for b in buffers if b.param_data is not None]
+    hand = 4 * numel * (1 + bool(has_params))  # fp32 grads (+ fp32 params when in a buffer)
+    expected = sum(d.untyped_storage().nbytes() for b in buffers for d in (b.param_data, b.grad_data) if d is not None)
+    assert hand <= expected <= 1.05 * hand  # the buffers hold them, padded to Megatron's bucket alignment
+    for step in range(2):
+        samples = make_samples(seed=step)
+        awake.train_step(samples, kind="grpo")
+        assert sleep.onload() == (expected if step else 0)  # nothing to bring back before the first step
+        sleeper.train_step(samples, kind="grpo")
+        assert sleep.offload() == expected  # the rollout's time: buffers emptied in place
+        assert sleep.offload() == 0  # already asleep
+        assert all(b.grad_data.untyped_storage().nbytes() == 0 for b in buffers)
+        assert all(b.param_data.untyped_storage().nbytes() == 0 for b in has_params)
+    sleep.onload()
+    assert all(b.grad_data.untyped_storage().nbytes() > 0 for b in buffers)
+    assert all(torch.equal(a, b) for a, b in zip(_params(awake).values(), _params(sleeper).values()))
