@@ -166,3 +166,85 @@ def test_allowed_imports_pass():
     ok = {"slime_ext.methods.planted.method": ("p.py", "from slime_ext.data import Sample\nfrom sglang_patches.tandem import author_runs\n"),
           "sglang_patches.planted": ("q.py", "from slime_ext.data.sample import Author\nimport torch\n")}
     assert violations(repo_sources() | ok) == []
+
+
+# -- no import cycles ------------------------------------------------------------------------------------------
+# Within a layer the rules above allow any import, so two modules can import each other (at module level, inside a
+# function or for types only). A cycle makes the import order matter (a module imported first can meet its partner
+# half-initialised) and hides which of the two is the lower one; the shared piece belongs in the lower module.
+
+
+def import_graph(sources: dict[str, tuple[str, str]]) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports anywhere (an imported name resolves to its nearest module)."""
+    modules = set(sources)
+    graph = {}
+    for module, (shown, text) in sources.items():
+        deps = set()
+        for _, name in imported_modules(ast.parse(text), module, shown.endswith("__init__.py"), modules):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that reach each other through imports (strongly connected components of more than
+    one module), each sorted; Tarjan's algorithm, iterative so that deep import chains need no recursion."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+    return sorted(cycles)
+
+
+def test_no_module_of_ours_imports_one_that_imports_it_back():
+    """Issue 71 named three: methods.base <-> methods.registry, memory_model -> plan_layout -> plan_shape ->
+    memory_model, plan <-> plan_format (each fixed by moving the shared piece into the lower module)."""
+    cycles = import_cycles(import_graph(repo_sources()))
+    assert not cycles, "import cycles (move what both need into the lower module):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_a_planted_cycle_is_found_even_through_a_type_only_import():
+    sources = {"slime_ext.x.a": ("a.py", "from slime_ext.x.b import f\n"),
+               "slime_ext.x.b": ("b.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from slime_ext.x.c import C\n"),
+               "slime_ext.x.c": ("c.py", "def g():\n    from slime_ext.x import a\n"),
+               "slime_ext.x": ("x/__init__.py", ""),
+               "slime_ext.x.d": ("d.py", "import slime_ext.x.a\n")}
+    assert import_cycles(import_graph(sources)) == [["slime_ext.x.a", "slime_ext.x.b", "slime_ext.x.c"]]

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from slime_ext.data.generation import FINISH_FAILED, GenerateRequest, GenerateResult
 from slime_ext.envs.base import EnvStep, Environment, Episode, Turn
+from slime_ext.tasks.response_tokens import observation_ids  # the one tokenisation of an observation
 
 Generate = Callable[[list[GenerateRequest]], list[GenerateResult]]
 
@@ -145,11 +146,6 @@ def prompt_affinity(request: GenerateRequest) -> str:
     if request.affinity is not None:
         return request.affinity
     return hashlib.blake2b(repr(list(request.input_ids)).encode(), digest_size=8).hexdigest()
-
-
-def observation_ids(tokenizer: Any, text: str) -> list[int]:
-    """The one tokenisation of an observation: the run's tokenizer, no special tokens added."""
-    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
 
 
 class _Live:

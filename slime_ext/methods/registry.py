@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from slime_ext.methods.base import Method
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -184,8 +181,10 @@ def method_sections(config: Any) -> list[str]:
     return list(_entry(config).sections)
 
 
-def method_class(config: Any) -> type["Method"]:
-    """The configured method's class (class-level facts such as the engine's models need no instance)."""
+def method_class(config: Any) -> type:
+    """The configured method's class, a `slime_ext.methods.base.Method` (class-level facts such as the engine's
+    models need no instance). Typed loosely on purpose: base.py imports this module, and this one imports no
+    method code, not even for types (tests/test_import_rules.py: no import cycles)."""
     return load_object(_entry(config).method)
 
 
@@ -198,8 +197,9 @@ def data_transform(config: Any) -> Any:
     return found[0][1] if found else None
 
 
-def build_method(config: Any, tokenizer: Optional[Any] = None) -> "Method":
-    """The configured method; its `name` is the registered name (one class may serve several names)."""
+def build_method(config: Any, tokenizer: Optional[Any] = None) -> Any:
+    """The configured method (a `slime_ext.methods.base.Method`); its `name` is the registered name (one class may
+    serve several names)."""
     method = method_class(config)(config, tokenizer)
     method.name = config.method
     return method

@@ -7,7 +7,7 @@ our grouped experts and chunked LM-head log-probs) with `megatron_glue.memory_me
 within 1.5%), and `tests/orchestration/test_memory_model.py` holds the whole estimate against measured peaks.
 CPU and GPU run one code path, so the element counts carry over; the element size follows the precision.
 
-Trainer rank (the heaviest pipeline stage; `ParamSplit` holds the parameter counts):
+Trainer rank (the heaviest pipeline stage; `plan_shape.ParamSplit` holds the parameter counts):
 
 * weights: 2 bytes per local parameter in bf16 (4 in fp32); gradients: 4 bytes (megatron's fp32 grad buffer,
   full size even with the distributed optimizer); optimizer: fp32 main params (bf16 only) + Adam moments
@@ -53,13 +53,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from megatron_glue.logprob_chunks import tokens_per_chunk  # no torch / megatron.core import
 
-if TYPE_CHECKING:  # the plan's dataclasses; imported for types only (the plan imports this module)
-    from slime_ext.orchestration.plan_layout import RolloutLayout, TrainerLayout
-    from slime_ext.orchestration.plan_shape import ModelShape
+from slime_ext.orchestration.plan_layout import RolloutLayout, TrainerLayout
+from slime_ext.orchestration.plan_shape import ModelShape, ParamSplit
 
 GIB = 1024**3
 RUNTIME_OVERHEAD_GIB = 4.0
@@ -100,47 +99,6 @@ ENGINE_FIXES = "sglang.tp_size, sglang.mem_fraction_static"
 
 
 @dataclass(frozen=True)
-class ParamSplit:
-    """Parameter counts by how the trainer shards them."""
-
-    num_layers: int
-    attention: int  # per layer: q, k, v, o projections (TP-split)
-    replicated: int  # per layer: 2 norms, q/k norms, router (on every TP rank)
-    experts: int  # per layer: all experts' gate, up, down (EP-split)
-    dense_mlp: int  # per layer: dense gate, up, down (TP-split); 0 for MoE
-    embedding: int
-    output: int  # 0 when tied
-    final_norm: int
-
-    @property
-    def total(self) -> int:
-        per_layer = self.attention + self.replicated + self.experts + self.dense_mlp
-        return self.num_layers * per_layer + self.embedding + self.output + self.final_norm
-
-
-def _head_dim(hf: Any) -> int:
-    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-
-
-def _num_experts(hf: Any) -> int:
-    return int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", 0) or 0)
-
-
-def param_split(hf: Any) -> ParamSplit:
-    """Count parameters per sharding kind; the sum equals `megatron_glue.hf_config.parameter_counts`."""
-    h, hd, experts = hf.hidden_size, _head_dim(hf), _num_experts(hf)
-    attention = h * hd * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads)
-    replicated = 2 * h + 2 * hd + experts * h  # input/post-attention norms, q/k norms, router
-    expert_params = experts * 3 * h * hf.moe_intermediate_size if experts else 0
-    dense = 0 if experts else 3 * h * hf.intermediate_size
-    embedding = hf.vocab_size * h
-    return ParamSplit(
-        num_layers=hf.num_hidden_layers, attention=attention, replicated=replicated, experts=expert_params,
-        dense_mlp=dense, embedding=embedding, output=0 if hf.tie_word_embeddings else embedding, final_norm=h,
-    )
-
-
-@dataclass(frozen=True)
 class TrainerMemory:
     local_params: int  # parameters on one GPU of the heaviest stage
     local_expert_params: int
@@ -161,7 +119,7 @@ class EngineMemory:
     fits: Optional[bool]
 
 
-def local_param_counts(split: ParamSplit, layout: "TrainerLayout") -> tuple[int, int, int]:
+def local_param_counts(split: ParamSplit, layout: TrainerLayout) -> tuple[int, int, int]:
     """(TP-split, replicated, expert) parameters on one GPU of the heaviest pipeline stage."""
     layers = split.num_layers // layout.pp
     if layout.pp == 1:
@@ -174,7 +132,7 @@ def local_param_counts(split: ParamSplit, layout: "TrainerLayout") -> tuple[int,
     return tp_split, replicated, experts
 
 
-def activation_elements_per_token(shape: "ModelShape", tp: int, sp: int) -> tuple[float, float]:
+def activation_elements_per_token(shape: ModelShape, tp: int, sp: int) -> tuple[float, float]:
     """(per layer, outside the layers) activation elements per token of a micro-batch."""
     h = shape.hidden
     q, kv = shape.num_heads * shape.head_dim, 2 * shape.num_kv_heads * shape.head_dim
@@ -186,7 +144,7 @@ def activation_elements_per_token(shape: "ModelShape", tp: int, sp: int) -> tupl
     return layer, FIXED_H * h / sp
 
 
-def activation_bytes(shape: "ModelShape", layout: "TrainerLayout", tokens: int, chunk_mb: float,
+def activation_bytes(shape: ModelShape, layout: TrainerLayout, tokens: int, chunk_mb: float,
                      local_expert_params: int) -> dict[str, int]:
     """Bytes of one rank's activations for micro-batches of `tokens` tokens (module docstring)."""
     elem = 2 if layout.precision == "bf16" else 4
@@ -207,7 +165,7 @@ def activation_bytes(shape: "ModelShape", layout: "TrainerLayout", tokens: int, 
     return out
 
 
-def trainer_memory(shape: "ModelShape", layout: "TrainerLayout", gpu_gib: float, chunk_mb: float,
+def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chunk_mb: float,
                    tokens: Optional[int] = None) -> TrainerMemory:
     """Per-rank trainer memory for micro-batches of `tokens` (default `max_tokens_per_gpu`); fits is None on CPU
     runs (host RAM, no GPU limit)."""
@@ -235,7 +193,7 @@ def trainer_memory(shape: "ModelShape", layout: "TrainerLayout", gpu_gib: float,
                          tokens_per_micro_batch=tokens)
 
 
-def engine_memory(shape: "ModelShape", config: Any, rollout: "RolloutLayout", gpu_gib: float) -> Optional[EngineMemory]:
+def engine_memory(shape: ModelShape, config: Any, rollout: RolloutLayout, gpu_gib: float) -> Optional[EngineMemory]:
     """SGLang weights and KV-cache budget per engine GPU; None without SGLang engines on GPUs."""
     if rollout.engine != "sglang" or config.cluster.gpus_per_node == 0:
         return None
@@ -257,7 +215,7 @@ class EmbeddedEngineMemory:
     rows: int
 
 
-def embedded_engine_memory(shape: "ModelShape", config: Any, models: int) -> EmbeddedEngineMemory:
+def embedded_engine_memory(shape: ModelShape, config: Any, models: int) -> EmbeddedEngineMemory:
     """Peak tensor memory of the embedded engine over one rollout step (module docstring)."""
     from slime_ext.engine.embedded import PREFIX_CACHE_TOKENS
     from slime_ext.engine.static_kv import PREFILL_ATTENTION_ELEMENTS

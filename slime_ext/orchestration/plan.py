@@ -8,7 +8,7 @@ mistake; the same numbers checked here fail in a second on a laptop (the launche
 
 The parts: the model's shape (`plan_shape`), the layouts and their rules (`plan_layout`, megatron-core's
 divisibility rules listed there), engine 0's command (`plan_engine`), memory (`memory_model`: every term,
-measured counts, what it leaves out), placement and actors (`placement`) and the text (`plan_format`). A
+measured counts, what it leaves out), placement and actors (`placement`), the result (`plan_types.Plan`) and the text (`plan_format`). A
 layout whose trainer or engine estimate exceeds `cluster.gpu_memory_gib` (or, with optimizer offload, whose
 host share exceeds `cluster.host_memory_gib`) is refused: the CLI prints the plan, then the error naming the
 terms and the keys that shrink them, and exits 3 (`--allow-over` prints it without failing).
@@ -19,44 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from slime_ext.config.loader import ConfigError, load_config
 from slime_ext.config.schema import Config
 from slime_ext.methods.registry import method_name
-from slime_ext.orchestration.memory_model import (EmbeddedEngineMemory, EngineMemory, TrainerMemory,
-                                                 embedded_engine_memory, engine_memory, over_memory_problems,
+from slime_ext.orchestration.memory_model import (embedded_engine_memory, engine_memory, over_memory_problems,
                                                  trainer_memory)
-from slime_ext.orchestration.placement import ActorGroup, Placement, actor_groups, build_placement
+from slime_ext.orchestration.placement import actor_groups, build_placement
 from slime_ext.orchestration.plan_format import format_plan
-from slime_ext.orchestration.plan_layout import (PlanError, RolloutLayout, TrainerLayout, build_layout, build_rollout,
-                                                layout_warnings)
-from slime_ext.orchestration.plan_shape import ModelShape, load_model_shape
+from slime_ext.orchestration.plan_layout import PlanError, build_layout, build_rollout, layout_warnings
+from slime_ext.orchestration.plan_shape import load_model_shape
+from slime_ext.orchestration.plan_types import Plan
 
 GPU_MEMORY_GIB = 80.0  # H100 80GB (cluster.gpu_memory_gib's default)
-
-
-@dataclass
-class Plan:
-    """Everything a launch would build (`build_plan`); `to_dict` is the CLI's `--json`."""
-
-    method: str
-    run_name: str
-    model: ModelShape
-    layout: TrainerLayout
-    rollout: RolloutLayout
-    placement: Placement
-    actors: list[ActorGroup]
-    trainer_memory: TrainerMemory
-    engine_memory: Optional[EngineMemory]
-    gpu_memory_gib: float
-    warnings: list[str] = field(default_factory=list)
-    memory_problems: list[str] = field(default_factory=list)  # why the layout does not fit (refused by main)
-    embedded_engine_memory: Optional[EmbeddedEngineMemory] = None  # CPU runs: the engine process's peak
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def build_plan(config: Config, gpu_memory_gib: Optional[float] = None) -> Plan:

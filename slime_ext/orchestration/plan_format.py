@@ -3,13 +3,11 @@ launchers' dry run print."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from slime_ext.orchestration.memory_model import NOT_COVERED
 from slime_ext.orchestration.plan_layout import RolloutLayout
-
-if TYPE_CHECKING:  # the plan imports this module
-    from slime_ext.orchestration.plan import Plan
+from slime_ext.orchestration.plan_types import Plan
 
 
 def _fmt_params(n: int) -> str:

@@ -41,7 +41,6 @@ from slime_ext.config.schema import Config
 from slime_ext.data import Sample
 from slime_ext.engine.engine_server import INITIAL_VERSION
 from slime_ext.engine.failures import EngineFailure
-from slime_ext.envs.warm_start import tool_sft_response
 from slime_ext.methods.base import Method
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
@@ -56,7 +55,8 @@ from slime_ext.orchestration.trainer_settings import trainer_settings
 from slime_ext.methods.registry import data_transform
 from slime_ext.tasks.dataset import LoadReport
 from slime_ext.tasks.prepare import transform_key
-from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids, sft_token_ids
+from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids
+from slime_ext.tasks.response_tokens import sft_response
 from slime_ext.orchestration.train_group import TrainGroup
 from slime_ext.orchestration.warm_start_marker import MARKER, write_marker
 
@@ -104,7 +104,8 @@ def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, p
     """Prompt (masked out) + reference solution + EOS (trained, cut at `max_len` in all) for each row. Rows
     too long were skipped when the SFT rows were built (`TrainingJob.sft_rows`); a prompt that fills
     `max_len` by itself is an error, never a batch padded to it. A solution that calls tools is tokenised piece
-    by piece as an episode is, its observations with loss mask 0 (`slime_ext.envs.warm_start`)."""
+    by piece as an episode is, its observations with loss mask 0; the length check counts the same ids
+    (`slime_ext.tasks.response_tokens.sft_response`)."""
     out = []
     for i, row in enumerate(rows):
         prompt = prompt_token_ids(tokenizer, template, row["prompt"])
@@ -112,12 +113,8 @@ def sft_samples(rows: list[dict], tokenizer: Any, template: str, max_len: int, p
             raise PromptTooLong(f"SFT row {row.get('row_id', i)}: a prompt of {len(prompt)} tokens leaves no room "
                                 f"for its solution in {max_len} tokens (too-long rows are skipped earlier)")
         cut = max(1, max_len - len(prompt))
-        with_tools = tool_sft_response(tokenizer, str(row.get("solution", row["label"])))
-        if with_tools is None:
-            out.append(Sample(f"{prefix}{i}", prompt, sft_token_ids(tokenizer, row)[:cut]))
-        else:
-            response, mask = with_tools
-            out.append(Sample(f"{prefix}{i}", prompt, response[:cut], loss_mask=mask[:cut]))
+        response, mask = sft_response(tokenizer, row)
+        out.append(Sample(f"{prefix}{i}", prompt, response[:cut], loss_mask=mask[:cut]))
     return out
 
 

@@ -1,15 +1,20 @@
-"""Per-prompt evaluation records (`eval_*.records.jsonl[.gz]`, written by `slime_ext.evaluation`) as tables."""
+"""Per-prompt evaluation records (`eval_*.records.jsonl[.gz]`, written by `slime_ext.evaluation`) as tables, and a
+run's per-step metrics (`metrics.jsonl`)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import logging
+import math
 import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+log = logging.getLogger("slime_ext.studies")
 
 __all__ = ["RUN_FILES", "read_records", "read_metrics", "per_prompt_scores", "level_key", "per_level_table",
            "keep_run_files"]
@@ -65,10 +70,31 @@ RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "eval_warm_start.js
              "eval_sft.json", "final_table.md")
 
 
-def read_metrics(run: Path | str) -> list[dict]:
-    """A run's `metrics.jsonl`, one dict per RL step."""
-    text = (Path(run) / "metrics.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def read_metrics(path: Path | str) -> list[dict]:
+    """A run's `metrics.jsonl` (give the run directory or the file), one dict per RL step: the one reader of the
+    plots, the study scripts and the tests. A line that is not a JSON object (a run stopped mid-write) is skipped
+    with a warning naming it; a record without a numeric `step` takes its position among the valid ones."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    records: list[dict] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                log.warning("%s:%d: skipped, not valid JSON (%s)", path, line_no, exc.msg)
+                continue
+            if not isinstance(obj, dict):
+                log.warning("%s:%d: skipped, not a JSON object (%s)", path, line_no, type(obj).__name__)
+                continue
+            step = obj.get("step")
+            if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+                obj = {**obj, "step": len(records)}
+            records.append(obj)
+    return records
 
 
 def keep_run_files(run: Path | str, dest: Path | str, names: tuple[str, ...] = RUN_FILES) -> None:

@@ -7,7 +7,8 @@ tokenizer stage, on the same `LoadReport` the loader fills: one count per reason
 
 Rules (docs/configs.md, "Rows that are skipped"):
 - RL, evaluation and SFT rows: the templated prompt must fit `rollout.max_prompt_len` tokens.
-- SFT rows: prompt + reference solution + EOS must also fit the model's context.
+- SFT rows: prompt + reference solution + EOS must also fit the model's context, the solution counted as the
+  SFT batch holds it (`response_tokens.sft_response`: a tool-call solution piece by piece).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from slime_ext.tasks.dataset import DatasetError, LoadReport
+from slime_ext.tasks.response_tokens import sft_response
 from slime_ext.tasks.templates import get_template
 
 __all__ = ["PROMPT_TOO_LONG", "SFT_TOO_LONG", "LengthLimits", "PromptTooLong", "prompt_token_ids",
@@ -53,8 +55,9 @@ def prompt_token_ids(tokenizer: Any, template: str, prompt: str) -> list[int]:
 
 
 def sft_token_ids(tokenizer: Any, row: dict) -> list[int]:
-    """The trained part of an SFT row: its reference solution (the label when it has none) and EOS."""
-    return list(tokenizer(str(row.get("solution", row["label"])))["input_ids"]) + [tokenizer.eos_token_id]
+    """The response part of an SFT row, exactly as the SFT batch holds it (`response_tokens.sft_response`: a
+    solution that calls tools tokenised piece by piece, then EOS)."""
+    return sft_response(tokenizer, row)[0]
 
 
 def _too_long(row: dict, tokenizer: Any, template: str, limits: LengthLimits) -> Optional[tuple[str, str]]:

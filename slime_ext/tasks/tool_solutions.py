@@ -13,7 +13,7 @@ the final answer:
 (`python`: ``print(262*66+526)``). Everything between ``</input>`` and ``\\boxed`` is exactly the observation
 the environment appends (`slime_ext.envs.tool_call.format_observation`; the tasks layer may not import the
 environments, so the format is written here too and a test keeps the two equal). The SFT builder
-(`slime_ext.envs.warm_start`) gives those tokens loss mask 0: they are the environment's, not the model's.
+(`slime_ext.tasks.response_tokens`) gives those tokens loss mask 0: they are the environment's, not the model's.
 Prompt, label and level stay those of the step row, so a run without tools sees the same problems.
 """
 

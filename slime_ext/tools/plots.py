@@ -1,8 +1,9 @@
 """Plots of a run's `metrics.jsonl`: `python -m slime_ext.tools.plots RUN_DIR/metrics.jsonl [OUT_DIR]`.
 
-One JSON object per line (keys like `step`, `reward/mean`, `eval/mean@1`, `time/train`); unknown keys are
-ignored, a figure whose keys never appear is not written, and lines that are not JSON objects are skipped
-with a warning naming the line. A record without `step` takes its position among the valid records.
+One JSON object per line (keys like `step`, `reward/mean`, `eval/mean@1`, `time/train`), read by
+`slime_ext.studies.read_metrics` (lines that are not JSON objects are skipped with a warning naming the line; a
+record without `step` takes its position among the valid records); unknown keys are ignored, and a figure whose
+keys never appear is not written.
 Matplotlib is used through its object API on the Agg canvas, so no global backend is switched.
 """
 
@@ -17,33 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from slime_ext.studies.records import read_metrics
+
 log = logging.getLogger("slime_ext.tools.plots")
 
 Records = list[dict[str, Any]]
 PathLike = Union[str, os.PathLike]
 TIME_KEYS = ("time/rollout", "time/reward", "time/train", "time/sync")
 SMOOTH_MIN_POINTS = 10
-
-
-def read_metrics(path: PathLike) -> Records:
-    """Valid records of a metrics.jsonl, each with a numeric `step`; bad lines are skipped with a warning."""
-    records: Records = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                log.warning("%s:%d: skipped, not valid JSON (%s)", path, line_no, exc.msg)
-                continue
-            if not isinstance(obj, dict):
-                log.warning("%s:%d: skipped, not a JSON object (%s)", path, line_no, type(obj).__name__)
-                continue
-            if _number(obj.get("step")) is None:
-                obj = {**obj, "step": len(records)}
-            records.append(obj)
-    return records
 
 
 def _number(value: Any) -> Optional[float]:

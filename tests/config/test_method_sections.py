@@ -180,3 +180,12 @@ def test_a_method_config_module_imports_first_in_a_fresh_process():
                               timeout=120)
         assert done.returncode == 0, f"{module}: {done.stderr[-800:]}"
         assert done.stdout.strip() == "True", module
+
+
+def test_tandem_axes_defaults_load_with_nothing_imported_before():
+    """`axes_settings` of a config without a `tandem_axes` section imports `TandemAxesConfig` on its own; it used to
+    import `slime_ext.config` first to dodge the cycle the previous test guards against. A fresh process, as there."""
+    script = "from slime_ext.methods.tandem.eval_axes import axes_settings; print(axes_settings(object()).prompts)"
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.strip() == "256"

@@ -72,7 +72,3 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     for f in sorted(Path(directory).glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

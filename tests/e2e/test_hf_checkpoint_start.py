@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from slime_ext.studies import read_metrics
 from tests.conftest import CONFIGS
-from tests.e2e.hf_checkpoint import make_tiny_hf_checkpoint, read_hf_weights, read_metrics, write_math_data
+from tests.e2e.hf_checkpoint import make_tiny_hf_checkpoint, read_hf_weights, write_math_data
 
 LR = 1e-3
 STEPS = 2

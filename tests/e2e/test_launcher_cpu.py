@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from slime_ext.studies import read_metrics
 from tests.conftest import REPO
-from tests.e2e.hf_checkpoint import make_tiny_hf_checkpoint, read_hf_weights, read_metrics, write_math_data
+from tests.e2e.hf_checkpoint import make_tiny_hf_checkpoint, read_hf_weights, write_math_data
 
 # The rollout engines of the launched run: two engine server processes (the project's SGLang-protocol
 # server on CPU) behind sglang-router, weights synced over a gloo group after every step.

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from slime_ext.studies import read_metrics
 from tests.e2e.engine_killer import kill_server_after_step_0
-from tests.e2e.test_training_job import job_args, read_metrics
+from tests.e2e.test_training_job import job_args
 
 TRAINER, ENGINE = "127.0.0.2", "127.0.0.3"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from slime_ext.studies import read_metrics
 from tests.e2e.engine_killer import kill_server_after_step_0
-from tests.e2e.test_training_job import job_args, read_metrics
+from tests.e2e.test_training_job import job_args
 
 SERVERS = ["rollout.engine=sglang", "sglang.num_engines=2", "sft.steps=3", "train.steps=2",
            "run.stages=[data,tokenizer,sft,rl]"]

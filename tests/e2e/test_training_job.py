@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from slime_ext.studies import read_metrics
 from tests.conftest import CONFIGS, REPO
 
 TINY = [
@@ -33,10 +34,6 @@ def job_args(tmp: Path, *extra: str, cache: Path | None = None) -> list[str]:
     the session's `job_cache`, so jobs with the same settings share their tokenizer and SFT warm start)."""
     cache = cache or tmp / "cache"
     return [str(CONFIGS / "grpo.yaml"), f"run.output_dir={tmp / 'runs'}", f"run.cache_dir={cache}", *TINY, *extra]
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

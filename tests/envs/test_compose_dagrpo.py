@@ -254,7 +254,7 @@ def test_phase_evaluation_runs_episodes_with_the_cloud_tool():
 
 
 def test_the_warm_start_asks_by_a_call_whose_observation_is_not_trained():
-    from slime_ext.envs.warm_start import tool_sft_response
+    from slime_ext.tasks.response_tokens import sft_response
     from slime_ext.methods.dagrpo.core import with_trigger_examples
 
     row = {"prompt": "p", "label": "7", "solution": "Step 1: 3 + 4 = 7.\n\\boxed{7}", "id": 1}
@@ -263,7 +263,7 @@ def test_the_warm_start_asks_by_a_call_whose_observation_is_not_trained():
     assert splice_rows[0]["solution"] == f"Step 1: 3 + 4 = 7.\n{TRIGGER}"
     observation = "\n<output>\n\\boxed{7}\n</output>\n"
     assert tool_rows[0]["solution"] == f"Step 1: 3 + 4 = 7.\n{CALL}{observation}\\boxed{{7}}"
-    ids, mask = tool_sft_response(TOK, tool_rows[0]["solution"])
+    ids, mask = sft_response(TOK, tool_rows[0])
     head = len(f"Step 1: 3 + 4 = 7.\n{CALL}")
     assert mask == [1.0] * head + [0.0] * len(observation) + [1.0] * (len("\\boxed{7}") + 1)
     tool_cfg, splice_cfg = config("dagrpo_tools.yaml"), config("dagrpo.yaml")

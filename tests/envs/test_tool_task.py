@@ -1,6 +1,6 @@
 """The tools task end to end below the job: every tool level's reference solution, played through the real
 `tools` environment by a scripted model, is an episode whose tokens and loss mask equal the SFT response built
-from the same solution (slime_ext/envs/warm_start.py) and whose answer scores 1; a tool that answers wrong
+from the same solution (slime_ext/tasks/response_tokens.py) and whose answer scores 1; a tool that answers wrong
 gets 0. And the SFT batch of a tool row has loss mask 0 exactly on the observation tokens."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from slime_ext.envs.tool_call import format_observation
 from slime_ext.envs.toolbox import Tool
 from slime_ext.envs.tools_env import ToolsEnv
 from slime_ext.envs.tools_settings import ToolsSettings
-from slime_ext.envs.warm_start import solution_pieces, tool_sft_response
 from slime_ext.orchestration.training_job import sft_samples
 from slime_ext.rewards import get_verifier
 from slime_ext.tasks.lengths import prompt_token_ids, sft_token_ids
+from slime_ext.tasks.response_tokens import solution_pieces, sft_response
 from slime_ext.tasks.synthetic_math import TOOL_LEVELS, generate_dataset
 from slime_ext.tasks.tool_solutions import with_tool_solution
 from slime_ext.tokenizer import train_tokenizer
@@ -81,7 +81,7 @@ def test_the_reference_through_the_tools_env_is_the_sft_response_and_scores_1(to
     verify = get_verifier("math")
     for row, episode in zip(rows, play(tok, rows, tool)):
         assert (episode.finish, episode.tool_calls, episode.tool_errors, len(episode.turns)) == ("done", 1, 0, 2)
-        ids, mask = tool_sft_response(tok, row["solution"])
+        ids, mask = sft_response(tok, row)
         # same tokens at the same places, same mask: SFT teaches exactly what a rollout of this solution holds
         assert episode.response_ids == ids and episode.loss_mask == mask, row["id"]
         assert verify(episode.final_text, row["label"]).score == 1.0
@@ -141,7 +141,7 @@ def test_a_tool_row_cut_at_the_length_limit_keeps_its_mask_aligned(tok):
     row = tool_rows("T1", "calculator", 1)[0]
     prompt = prompt_token_ids(tok, "plain", row["prompt"])
     (s,) = sft_samples([row], tok, "plain", len(prompt) + 25, "cut-")
-    ids, mask = tool_sft_response(tok, row["solution"])
+    ids, mask = sft_response(tok, row)
     assert s.response_ids == ids[:25] and s.loss_mask == mask[:25]
 
 
@@ -163,3 +163,28 @@ def test_evaluation_runs_episodes_and_scores_the_last_turn(tok):
     assert report.meta["response_metrics"] == {"turns": 2.0, "tool_calls": 1.0, "tool_errors": 0.0, "called_tool": 1.0}
     single = evaluate(ScriptedModel(tok, row_of), tok, rows, cfg.eval, progress=False)  # one turn: the call only
     assert single.mean_at_k[1] == 0.0
+
+
+def test_the_length_check_counts_the_ids_the_sft_batch_trains(tok):
+    """One length rule for a tool row: the check that skips SFT rows too long for the context counts the response
+    the SFT batch holds (piece by piece), which here is one token longer than the solution tokenised as one string
+    (`</input>` + `\\n<output>` would share a `>\\n` token). A context one token short of it skips the row."""
+    from slime_ext.envs.tool_call import CALL_END
+    from slime_ext.tasks import response_tokens
+    from slime_ext.tasks.dataset import LoadReport
+    from slime_ext.tasks.lengths import SFT_TOO_LONG, LengthLimits, drop_too_long
+
+    assert response_tokens.CALL_END == CALL_END
+    rows = tool_rows("T1", "calculator", 5)
+    for row in rows:
+        prompt = prompt_token_ids(tok, "plain", row["prompt"])
+        (s,) = sft_samples([row], tok, "plain", 10_000, "n-")
+        assert s.response_ids == sft_token_ids(tok, row)
+        assert len(s.response_ids) == len(tok(row["solution"])["input_ids"]) + 1 + 1  # + EOS, + the unshared token
+        fits = len(prompt) + len(s.response_ids)
+        short = {"prompt": "1 + 1", "label": "2"}  # fits any of these contexts: drop_too_long must keep a row
+        for context, skipped in ((fits, 0), (fits - 1, 1)):
+            report = LoadReport("rows.jsonl", n_rows_ok=2)
+            out = drop_too_long([row, short], tok, "plain", LengthLimits(10_000, context), report)
+            assert out == ([short] if skipped else [row, short])
+            assert report.skipped_by_reason.get(SFT_TOO_LONG, 0) == skipped

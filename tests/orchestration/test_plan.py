@@ -16,7 +16,8 @@ import pytest
 
 from megatron_glue.hf_config import hf_config_from_model_config, parameter_counts
 from slime_ext.config import load_config
-from slime_ext.orchestration.memory_model import GIB, param_split
+from slime_ext.orchestration.memory_model import GIB
+from slime_ext.orchestration.plan_shape import param_split
 from slime_ext.orchestration.plan import build_plan, main
 from slime_ext.orchestration.plan_format import format_plan
 from slime_ext.orchestration.plan_layout import PlanError

@@ -405,3 +405,27 @@ def test_restore_tokenizer_builds_a_kept_runs_tokenizer_again_from_its_config(tm
     (run / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(RuntimeError, match=rf"built the tokenizer {recorded}, not the .*tok-640-other"):
         study.restore_tokenizer(run, tmp_path / "third")
+
+
+def test_read_metrics_reads_a_run_or_its_file_and_skips_a_torn_line(tmp_path, caplog):
+    """The one reader of metrics.jsonl (plots, study scripts, tests): the run directory or the file; a line cut
+    mid-write is skipped with a warning naming it, and a record without `step` takes its position (here 1)."""
+    from slime_ext.studies import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "r": 0.5}\n{"r": 0.25}\n{"step": 2, "r"\n')
+    with caplog.at_level("WARNING", logger="slime_ext.studies"):
+        rows = read_metrics(tmp_path)
+    assert rows == [{"step": 0, "r": 0.5}, {"r": 0.25, "step": 1}]
+    assert read_metrics(tmp_path / "metrics.jsonl") == rows
+    assert [r.getMessage().split(": ")[0] for r in caplog.records] == [f"{tmp_path / 'metrics.jsonl'}:3"] * 2
+
+
+def test_there_is_one_metrics_reader():
+    """`def read_metrics` once in the code, scripts, tests and results (two copies had drifted apart: one skipped
+    bad lines, one raised)."""
+    from tests.conftest import REPO
+
+    found = [str(p.relative_to(REPO)) for top in ("slime_ext", "scripts", "tests", "results", "benchmarks")
+             for p in sorted((REPO / top).rglob("*.py")) if "def read_metrics(" in p.read_text(errors="replace")
+             and p.name != "test_studies.py"]
+    assert found == ["slime_ext/studies/records.py"]

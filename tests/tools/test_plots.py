@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_ext.tools.plots import plot_metrics, plot_series, read_metrics
+from slime_ext.studies import read_metrics
+from slime_ext.tools.plots import plot_metrics, plot_series
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["reward.png", "response_length.png", "kl.png", "entropy.png", "throughput.png", "time_split.png",
@@ -51,7 +52,7 @@ def check_png(path: Path) -> None:
 
 def test_seven_figures_and_malformed_line_reported(tmp_path, caplog):
     src = write_metrics(tmp_path / "metrics.jsonl")
-    with caplog.at_level(logging.WARNING, logger="slime_ext.tools.plots"):
+    with caplog.at_level(logging.WARNING, logger="slime_ext.studies"):
         paths = plot_metrics(src, tmp_path / "plots")
     assert sorted(p.name for p in paths) == sorted(FIGURES)
     for p in paths:

@@ -127,7 +127,7 @@ def with_trigger_examples(rows: Sequence[dict], trigger: str, fraction: float, s
     the cloud's answer as the environment's observation and writes it as its final line. The answer shown is
     the reference's answer line (`\\boxed{N}`: what `solver:synthetic_math_answer` answers), not a v2
     reference's re-check tail after it; the SFT builder gives the observation loss mask 0
-    (`slime_ext.envs.warm_start`)."""
+    (`slime_ext.tasks.response_tokens`)."""
     import hashlib
 
     out = []

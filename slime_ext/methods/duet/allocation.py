@@ -5,7 +5,8 @@ The continuous optimum (Theorem 1) is n_q = (B / S) s_q / sqrt(L_q), S = sum_k s
 dual variable lambda = (S / B)^2, i.e. n_q = s_q / sqrt(lambda L_q). The practical allocator rounds and
 clips n_q(lambda) to [n_min, n_max] and finds lambda by bisection on log lambda (warm-started from the
 previous step); the exact allocator solves the integer problem as a multiple-choice knapsack in exact
-integer arithmetic (exact_knapsack.py).
+integer arithmetic (exact_knapsack.py) and, past its time limit, falls back to the LP relaxation and the
+best integral allocation found (lp_fallback.py), marking the Allocation (`fallback`).
 
 Pitfall of the reference code avoided here: it bisects over a fixed range [e^-20, e^20], which at the
 cold-start floor s = 0.01 does not contain the crossing, so it returns an allocation that spends only
@@ -15,6 +16,7 @@ fits, and always return the side of the bracket that stays within B.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -22,7 +24,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from slime_ext.methods.duet.exact_knapsack import ExactAllocationError, solve_exact
+from slime_ext.methods.duet.exact_knapsack import ExactAllocationError, ExactSearchTimeout, solve_exact
+from slime_ext.methods.duet.lp_fallback import lp_fallback
+
+log = logging.getLogger("slime_ext.methods.duet")
 
 
 class BudgetError(ValueError):
@@ -38,6 +43,8 @@ class Allocation:
     saturated: bool = False  # every prompt at n_max (the budget was not binding)
     n_real: Optional[list[float]] = None
     iterations: int = 0
+    fallback: bool = False  # the exact search ran out of time: the LP relaxation's allocation (lp_fallback.py)
+    lp_objective: Optional[float] = None  # with `fallback`: the LP optimum of sum s^2 / n, a lower bound
 
 
 def closed_form(s: Sequence[float], L: Sequence[float], budget: float) -> tuple[np.ndarray, float]:
@@ -121,13 +128,23 @@ def knapsack_allocation(s: Sequence[float], L: Sequence[float], budget: float, n
     preprocessing off) returned non-optimal allocations as Optimal when two allocations nearly tie.
 
     Among equally good allocations it returns the cheapest, then the lexicographically smallest n. The
-    cost is summed exactly, so `cost <= budget` holds for the float values too."""
+    cost is summed exactly, so `cost <= budget` holds for the float values too. Past `time_limit_s` the
+    search stops and the allocation is the LP relaxation's best integral one (lp_fallback.py), within B and
+    [n_min, n_max] but not proven optimal: `fallback` is set and a warning logged."""
     s_arr, L_arr = _check_inputs(s, L, budget, n_min, n_max)
     if math.isinf(budget) or _exact_cost(L_arr, [n_max] * len(L_arr)) <= Fraction(budget):
         n = [n_max] * len(s_arr)
         return Allocation(n, 0.0, float(_exact_cost(L_arr, n)), budget, saturated=True)
+    s_list, L_list = [float(x) for x in s_arr], [float(x) for x in L_arr]
     try:
-        n = solve_exact([float(x) for x in s_arr], [float(x) for x in L_arr], budget, n_min, n_max, time_limit_s)
+        n = solve_exact(s_list, L_list, budget, n_min, n_max, time_limit_s)
+    except ExactSearchTimeout as e:
+        fb = lp_fallback(s_list, L_list, budget, n_min, n_max, incumbent=e.incumbent)
+        gap = "" if fb.lp_objective is None else \
+            f"; objective {objective(s_list, fb.n):.6g} against the LP bound {fb.lp_objective:.6g}"
+        log.warning("DUET knapsack: %s; using the LP relaxation's allocation (%s%s)", e, fb.source, gap)
+        return Allocation(fb.n, float("nan"), float(_exact_cost(L_arr, fb.n)), budget, fallback=True,
+                          lp_objective=fb.lp_objective)
     except ExactAllocationError as e:
         raise BudgetError(f"knapsack allocation: {e} (B={budget:.0f})") from e
     return Allocation(n, float("nan"), float(_exact_cost(L_arr, n)), budget)

@@ -15,6 +15,7 @@ class DuetConfig(Section):
     budget_fraction: Optional[float] = Field(1.0, gt=0, le=1)
     budget_tokens: Optional[int] = Field(None, ge=1)
     allocator: Literal["bisection", "knapsack"] = "bisection"
+    knapsack_time_limit_s: float = Field(30.0, gt=0)  # past it the knapsack falls back to the LP relaxation
     eps_abort: float = Field(0.05, gt=0, le=1)
     grace: int = Field(150, ge=0)
     poll: int = Field(8, ge=1)

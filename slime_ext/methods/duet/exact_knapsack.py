@@ -23,9 +23,10 @@ Every comparison is between Python ints, so the result is optimal in exact arith
 by a fixed rule: the smallest objective, then the smallest planned cost, then the lexicographically
 smallest n. The worst case is exponential (the problem is NP-hard): when many prompts' gains per token
 tie at the break (to ~1e-6) choosing which of them get one more rollout is a subset-sum over float
-lengths (24 such prompts can take over 20 s on one core). A deadline turns that into an error, never
-into a silently non-optimal allocation. Training-sized steps with ordinary signals (256 prompts, n in [1, 32])
-take about a second.
+lengths (24 such prompts can take over 20 s on one core). A deadline turns that into ExactSearchTimeout,
+never into a silently non-optimal allocation; the caller decides what to do instead (allocation.py falls back
+to the LP relaxation and flags the step, lp_fallback.py). Training-sized steps with ordinary signals (256
+prompts, n in [1, 32]) take about a second.
 """
 
 from __future__ import annotations
@@ -35,11 +36,20 @@ import time
 from bisect import bisect_right, insort
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 class ExactAllocationError(ValueError):
     """The budget cannot pay for n_min rollouts of every prompt, or the search ran out of time."""
+
+
+class ExactSearchTimeout(ExactAllocationError):
+    """The search passed its time limit before proving an allocation optimal. `incumbent` is the greedy
+    allocation (n per prompt) it had found by then, feasible but not proven optimal (None if none yet)."""
+
+    def __init__(self, message: str, incumbent: Optional[list[int]] = None):
+        super().__init__(message)
+        self.incumbent = incumbent
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ def integer_problem(s: Sequence[float], L: Sequence[float], budget: float, n_min
     return IntegerProblem(gains, costs, capacity, n_min)
 
 
-def _increments(problem: IntegerProblem) -> list[tuple[Fraction, int, int]]:
+def increments(problem: IntegerProblem) -> list[tuple[Fraction, int, int]]:
     """Unit increments (q, i -> i + 1) sorted by exact gain per token, best first; ties by (q, i).
 
     Gains per token fall with i inside a prompt (s^2 / n is convex), so this order takes each prompt's
@@ -96,20 +106,31 @@ def _increments(problem: IntegerProblem) -> list[tuple[Fraction, int, int]]:
 
 
 def _greedy_and_price(problem: IntegerProblem) -> tuple[list[int], tuple[int, int]]:
-    """Step 2: the greedy allocation (option indices) and the break item's (profit, weight).
+    """Step 2: the greedy allocation (option indices) and the break item's (profit, weight)."""
+    chosen, price = greedy_fill(problem, [0] * len(problem.gains))
+    if price is None:
+        raise AssertionError("the greedy fill took every increment: the caller handles saturation")
+    return chosen, price
+
+
+def greedy_fill(problem: IntegerProblem, start: Sequence[int]) -> tuple[list[int], Optional[tuple[int, int]]]:
+    """From option indices `start` (within the capacity), add unit increments by decreasing gain per token
+    while they fit; returns the options and the first increment that did not fit, as (profit, weight)
+    (None when every one fitted).
 
     Skipping an increment that does not fit never breaks a prompt's sequence: its later increments cost
     the same tokens and the room only shrinks."""
-    chosen = [0] * len(problem.gains)
-    room, price = problem.capacity, None
-    for ratio, q, i in _increments(problem):
+    chosen = list(start)
+    room = problem.capacity - sum(c[i] for c, i in zip(problem.costs, chosen))
+    if room < 0:
+        raise ValueError("greedy_fill: the start allocation is over the capacity")
+    price = None
+    for ratio, q, i in increments(problem):
         weight = problem.costs[q][i + 1] - problem.costs[q][i]
         if weight <= room and chosen[q] == i:
             chosen[q], room = i + 1, room - weight
-        elif price is None:
+        elif price is None and chosen[q] == i:
             price = (problem.gains[q][i + 1] - problem.gains[q][i], weight)
-    if price is None:
-        raise AssertionError("the greedy fill took every increment: the caller handles saturation")
     return chosen, price
 
 
@@ -190,8 +211,8 @@ def _dp(problem: IntegerProblem, z: int, kept: list[list[int]], deadline: float)
         try:
             states, stage = _extend(states, q, kept[q], problem, room, need, bounds[j], deadline)
         except TimeoutError as e:
-            raise ExactAllocationError(f"exact allocation: no proof of optimality within the time limit ({e} at "
-                                       f"undecided prompt {j + 1} of {len(free)})") from None
+            raise ExactSearchTimeout(f"exact allocation: no proof of optimality within the time limit ({e} at "
+                                     f"undecided prompt {j + 1} of {len(free)})") from None
         stages.append(stage)
     best = max(range(len(states)), key=lambda k: (states[k][1], -states[k][0], -k))
     return _backtrack(problem, kept, stages, best)
@@ -234,7 +255,8 @@ def _backtrack(problem: IntegerProblem, kept: list[list[int]], stages: list[_Sta
 def solve_exact(s: Sequence[float], L: Sequence[float], budget: float, n_min: int, n_max: int,
                 time_limit_s: float = 30.0) -> list[int]:
     """The optimal n per prompt (tie rule in the module docstring). Raises ExactAllocationError when even
-    n_min everywhere exceeds B, or when the search has not finished after time_limit_s."""
+    n_min everywhere exceeds B, and ExactSearchTimeout (with the greedy incumbent) when the search has not
+    finished after time_limit_s."""
     deadline = time.monotonic() + time_limit_s
     problem = integer_problem(s, L, budget, n_min, n_max)
     if problem.capacity < 0:
@@ -245,5 +267,9 @@ def solve_exact(s: Sequence[float], L: Sequence[float], budget: float, n_min: in
     z = sum(g[i] for g, i in zip(problem.gains, greedy))
     terms = _lagrangian_terms(problem, price)
     kept = _reduce(problem, terms, price, z)
-    chosen = _dp(problem, z, kept, deadline)
+    try:
+        chosen = _dp(problem, z, kept, deadline)
+    except ExactSearchTimeout as e:
+        e.incumbent = [n_min + i for i in greedy]
+        raise
     return [n_min + i for i in chosen]

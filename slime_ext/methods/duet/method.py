@@ -101,7 +101,7 @@ class Duet(GRPO):
         lengths = [self.stats.L(k) for k in keys]
         budget = self.budget(lengths)
         if d.allocator == "knapsack":
-            alloc = knapsack_allocation(s, lengths, budget, d.n_min, d.n_max)
+            alloc = knapsack_allocation(s, lengths, budget, d.n_min, d.n_max, d.knapsack_time_limit_s)
         else:
             alloc = bisect_allocation(s, lengths, budget, d.n_min, d.n_max, d.bisection_iters, lam_init=self.lam)
         if math.isfinite(alloc.lam) and alloc.lam > 0:
@@ -110,6 +110,7 @@ class Duet(GRPO):
                 "window": d.marker_window, "eps_abort": d.eps_abort, "task": self.task, "trim_entropy": d.trim_entropy}
         self._step_info = {"budget": budget, "keys": keys, "n": alloc.n, "k1": self.window.k1, "k2": self.window.k2,
                            "lam": alloc.lam, "saturated": alloc.saturated, "planned": alloc.cost,
+                           "fallback": alloc.fallback,
                            "plan_s": time.perf_counter() - t0}
         gate = [] if self.config.rollout.env is not None else [dict(spec)]  # no gate across turns (module doc)
         return [PromptPlan(n, self.sampling, list(gate)) for n in alloc.n]
@@ -154,6 +155,8 @@ class Duet(GRPO):
             "duet/budget_tokens": info.get("budget", float("nan")), "duet/generated_tokens": generated,
             "duet/tokens_over_budget": generated / info["budget"] if info.get("budget") else float("nan"),
             "duet/planned_tokens": info.get("planned", float("nan")), "duet/budgeted_tokens": budgeted,
+            # 1.0: the exact knapsack ran out of time and the step used the LP relaxation's allocation
+            "duet/allocator_fallback": float(info.get("fallback", False)),
             "duet/eps_kept_excess_tokens": generated - budgeted,
             "duet/eps_kept_rate": mean(s.metadata["eps_kept"] for s in samples),
             "duet/abort_rate": mean(s.metadata["did_abort"] for s in samples),

@@ -243,7 +243,6 @@ def axes_settings(cfg: Any) -> Any:
     settings = getattr(cfg, "tandem_axes", None)
     if settings is not None:
         return settings
-    import slime_ext.config  # noqa: F401  (the schema first: importing the section module first is an import cycle)
     from slime_ext.methods.tandem.config import TandemAxesConfig
 
     return TandemAxesConfig()
