@@ -46,7 +46,7 @@ import torch
 from sglang_patches import weight_payload
 from slime_ext.engine.failures import WeightSyncError
 from slime_ext.engine.held_weights import forget_held_weights, held_weights, target_dtype
-from slime_ext.engine.weight_hash import tensor_hash_hex
+from sglang_patches.weight_hash import tensor_hash_hex
 
 log = logging.getLogger(__name__)
 NamedTensors = list[tuple[str, torch.Tensor]]

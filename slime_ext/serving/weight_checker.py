@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from slime_ext.engine.weight_hash import overall_checksum, per_engine_checksum, tensor_hash_hex
+from sglang_patches.weight_hash import overall_checksum, per_engine_checksum, tensor_hash_hex
 
 # buffers SGLang skips: recomputed from the config, never loaded (weight_checker._NON_PERSISTENT_BUFFER_PATTERNS)
 NON_PERSISTENT = ("cos_sin_cache", "cos_cache", "sin_cache", "inv_freq", "freqs_cis", "expert_mask_gpu")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_ext.engine.weight_hash import overall_checksum, per_engine_checksum, tensor_hash_hex
+from sglang_patches.weight_hash import overall_checksum, per_engine_checksum, tensor_hash_hex
 from slime_ext.serving.weight_checker import WeightChecker, WeightCheckError
 
 pytest.importorskip("sglang")  # the real package (scripts/install_sglang_cpu.sh)
