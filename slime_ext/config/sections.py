@@ -569,6 +569,11 @@ class ClusterConfig(Section):
     gpu_memory_gib: float = Field(80.0, gt=0)
     host_memory_gib: Optional[float] = Field(None, gt=0)
     colocate: bool = True
+    # With colocate: the engines release their weights and KV cache while the trainer trains (SGLang's
+    # /release_memory_occupation; they resume weights, take the sync, then resume the KV cache), and the trainer
+    # moves its weights, gradients and device optimizer state off the GPU during rollouts
+    # (megatron_glue.trainer_sleep). Off: both stay resident, which the memory plan refuses on GPUs.
+    colocate_sleep: bool = True
     ray_address: Optional[str] = None
     # Custom Ray resources every trainer rank / engine actor asks for: the nodes that advertise them
     # (`ray start --resources='{"trainer_node": 8}'`) are where that group runs. Empty: anywhere.

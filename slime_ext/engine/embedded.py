@@ -219,6 +219,18 @@ class _ModelState:
         return out.logits[:, -1].float()
 
 
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
+
+
+def _memory_tags(tags: Optional[Sequence[str]]) -> set[str]:
+    """SGLang's tags of a release / resume (none: all), unknown ones refused."""
+    chosen = set(tags or MEMORY_TAGS)
+    unknown = sorted(chosen - set(MEMORY_TAGS))
+    if unknown:
+        raise ValueError(f"unknown memory tags {unknown} (SGLang's are {list(MEMORY_TAGS)})")
+    return chosen
+
+
 class EmbeddedEngine:
     """In-process rollout engine over an HF causal LM (and optionally a partner model)."""
 
@@ -252,6 +264,8 @@ class EmbeddedEngine:
         self._on_token: Optional[Callable[[str, int], None]] = None
         self.stats = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
                       "decode_seconds": 0.0, "aborted": 0}
+        self.released: set[str] = set()  # memory tags released (release_memory_occupation)
+        self._released_shapes: dict[str, torch.Size] = {}
 
     @classmethod
     def from_pretrained(cls, path: str, partner_path: Optional[str] = None, dtype: torch.dtype = torch.float32,
@@ -276,11 +290,46 @@ class EmbeddedEngine:
         self.prefix_cache.clear()
         self.partner_prefix_cache.clear()
 
-    def release_memory_occupation(self) -> None:
-        self.flush_cache()
+    def release_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> int:
+        """SGLang's release (tags: "weights", "kv_cache", "cuda_graph"; none: all). The policy's parameters are
+        freed for real (their storage emptied, the heap trimmed), so the process's memory falls; the KV state is
+        the prefix caches. The partner stays: no sync restores it. Returns the parameter bytes freed."""
+        tags = _memory_tags(tags)
+        freed = 0
+        if "kv_cache" in tags:
+            self.flush_cache()
+            self.released.add("kv_cache")
+        if "weights" in tags and "weights" not in self.released:
+            self._released_shapes = {}
+            for name, p in self.model.named_parameters():
+                self._released_shapes[name] = p.shape
+                freed += p.numel() * p.element_size()
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            self.released.add("weights")
+        self.released |= tags & {"cuda_graph"}
+        import gc
 
-    def resume_memory_occupation(self) -> None:
-        pass
+        from slime_ext.engine.weight_sync import return_freed_memory
+
+        gc.collect()
+        return_freed_memory()  # freed pages back to the OS: what the process holds falls now
+        return freed
+
+    def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
+        """SGLang's resume. Weights come back zeroed, as SGLang's memory saver gives back memory without its
+        contents: the sync that follows fills them (checked by the weight checker)."""
+        tags = _memory_tags(tags)
+        if "weights" in tags and "weights" in self.released:
+            for name, p in self.model.named_parameters():
+                p.data = torch.zeros(self._released_shapes[name], dtype=p.dtype, device=p.device)
+        self.released -= tags
+
+    def memory_released(self) -> Optional[str]:
+        """Why this engine cannot generate now (its weights are released), or None."""
+        if "weights" in self.released:
+            return ("the engine's weights are released (release_memory_occupation): resume_memory_occupation and a "
+                    "weight sync come first")
+        return None
 
     def metrics(self) -> dict[str, float]:
         out = dict(self.stats)
@@ -351,6 +400,9 @@ class EmbeddedEngine:
         routing recording are fixed when it starts; the static-KV kernel is needed to merge rows). With
         `on_finish(result)`, each request's result is handed over as soon as it finishes. Returns every
         result: the initial requests', then the admitted ones' in admission order."""
+        asleep = self.memory_released()
+        if asleep:
+            raise RuntimeError(asleep)
         self._on_token = on_token
         if not requests:
             return []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import logging
 import signal
 import socket
@@ -68,7 +69,7 @@ def engine_dtype(precision: Optional[str]) -> Optional[str]:
 def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int = 1,
                    partner_dir: Optional[str] = None, weight_version: str = INITIAL_VERSION,
                    use_sglang: Optional[bool] = None, dtype: Optional[str] = None,
-                   kernel: str = "auto") -> tuple[list[str], dict[str, str]]:
+                   kernel: str = "auto", memory_saver: bool = False) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of one engine server. `dtype` (float32 / bfloat16; None: the server's default,
     the checkpoint's dtype on SGLang and float32 on the CPU server) is passed as `--dtype`; `kernel`
     (rollout.engine_kernel) as the CPU server's `--kernel` (SGLang has its own kernels: only auto)."""
@@ -83,7 +84,8 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
 
             model_dir = str(write_tandem_checkpoint(model_dir, partner_dir, Path(model_dir).parent / "tandem_pair"))
             env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_patches.tandem_model"
-        argv = build_server_command(cfg_sglang, model_dir, port, host)
+        # colocated sleep: SGLang frees memory on /release_memory_occupation only with its memory saver
+        argv = build_server_command(cfg_sglang, model_dir, port, host, enable_memory_saver=memory_saver)
         argv += ["--weight-version", weight_version] + (["--dtype", dtype] if dtype else [])
         return argv, env
     argv = [sys.executable, "-m", STANDIN, "--model", str(model_dir), "--host", host, "--port", str(port),
@@ -114,8 +116,10 @@ class EngineServerActor:
 
     def __init__(self, index: int, cfg_sglang: Any, model_dir: str, *, threads: int = 1,
                  partner_dir: Optional[str] = None, log_dir: Optional[str] = None,
-                 use_sglang: Optional[bool] = None, dtype: Optional[str] = None, kernel: str = "auto"):
+                 use_sglang: Optional[bool] = None, dtype: Optional[str] = None, kernel: str = "auto",
+                 memory_saver: bool = False):
         self.index = index
+        self.memory_saver = memory_saver
         self.dtype = dtype
         self.kernel = kernel
         self.cfg = cfg_sglang
@@ -137,7 +141,8 @@ class EngineServerActor:
         """Start the server and wait for /health; returns its URL."""
         argv, env = server_command(self.cfg, self.model_dir, self.port, threads=self.threads,
                                    partner_dir=self.partner_dir, weight_version=weight_version,
-                                   use_sglang=self.use_sglang, dtype=self.dtype, kernel=self.kernel)
+                                   use_sglang=self.use_sglang, dtype=self.dtype, kernel=self.kernel,
+                                   memory_saver=self.memory_saver)
         self.server = SGLangServer(argv, self.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
                                    poll_interval_s=0.2, env=env, log_path=self.log_path,
                                    preexec_fn=_die_with_parent)
@@ -162,6 +167,31 @@ class EngineServerActor:
         """"sglang" (a real SGLang server) or "standin" (the project's server): the client's tandem mode differs."""
         use = self.use_sglang if self.use_sglang is not None else sglang_host_available()
         return "sglang" if use else "standin"
+
+    def memory_in_use(self) -> int:
+        """Bytes the engine holds now: the GPU memory in use on this node's visible devices (NVML) where CUDA is,
+        else the server process tree's resident memory. The pool reads it around a release (released bytes)."""
+        if self.server is None or self.server.proc is None:
+            return 0
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                import pynvml
+
+                pynvml.nvmlInit()
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                indices = [int(i) for i in visible.split(",")] if visible else range(pynvml.nvmlDeviceGetCount())
+                return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in indices)
+        except Exception as exc:  # noqa: BLE001 - no NVML: the host view below
+            log.debug("NVML unavailable (%s): measuring resident memory", exc)
+        import psutil
+
+        try:
+            root = psutil.Process(self.server.proc.pid)
+            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            return 0
 
     def restart_count(self) -> int:
         return self.restarts

@@ -468,6 +468,25 @@ class ServerEnginePool:
         for c in self.clients:
             c.resume_memory_occupation()
 
+    # -- colocated sleep (the loop: sleep before training; wake weights, sync, wake the KV cache) --------
+    def sleep(self) -> dict[str, float]:
+        """Every engine releases its weights and KV cache (SGLang's tags: all); returns the bytes the engines'
+        processes gave back (`engine/released_bytes`, measured by their actors) and the time it took."""
+        t0 = time.perf_counter()
+        before = [_get(a, "memory_in_use") for a in self.actors]
+        self._on_engines("release_memory_occupation", lambda c: c.release_memory_occupation(None))
+        after = [_get(a, "memory_in_use") for a in self.actors]
+        return {"engine/released_bytes": float(sum(max(0, b - a) for b, a in zip(before, after))),
+                "time/engine_sleep": time.perf_counter() - t0}
+
+    def wake_weights(self) -> None:
+        """Weights first, so the sync has somewhere to go; the KV cache after it (`wake_kv_cache`)."""
+        self._on_engines("resume_memory_occupation (weights)", lambda c: c.resume_memory_occupation(["weights"]))
+
+    def wake_kv_cache(self) -> None:
+        self._on_engines("resume_memory_occupation (kv_cache)",
+                         lambda c: c.resume_memory_occupation(["kv_cache", "cuda_graph"]))
+
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
         for c in self.clients + ([self.router] if self.router else []):

@@ -272,3 +272,23 @@ def over_memory_problems(trainer: TrainerMemory, engine: Optional[EngineMemory],
         problems.append(f"the engine's KV cache holds {engine.kv_tokens} tokens, less than one sequence "
                         f"({min_kv_tokens}): raise {ENGINE_FIXES}")
     return problems
+
+
+def colocated_problems(trainer: TrainerMemory, engine: Optional[EngineMemory], gpu_gib: float, *, colocate: bool,
+                       sleep: bool, gpus_per_node: int, sync_buffer_gib: float) -> list[str]:
+    """A colocated GPU holds a trainer rank and an engine rank in turn: with both sleeps on (cluster.colocate_sleep)
+    it needs the larger of the two plus the sync's buffers (a bucket sent and its received copy); without them
+    both stay resident, which the plan refuses. [] on CPU runs, separate engines, or a layout that fits."""
+    if not colocate or gpus_per_node == 0 or engine is None:
+        return []
+    if not sleep:
+        return [f"cluster.colocate puts an engine and a trainer rank on each GPU and cluster.colocate_sleep is false, "
+                f"so both stay resident: trainer {trainer.total_gib:.2f} GiB + engine static pool "
+                f"{engine.static_gib:.2f} GiB per GPU; set cluster.colocate_sleep=true (the engines release weights "
+                f"and KV cache while the trainer trains, the trainer offloads during rollouts) or cluster.colocate=false"]
+    need = max(trainer.total_gib, engine.static_gib) + sync_buffer_gib
+    if need > gpu_gib:
+        return [f"a colocated GPU needs max(trainer {trainer.total_gib:.2f}, engine {engine.static_gib:.2f}) + sync "
+                f"buffers {sync_buffer_gib:.2f} = {need:.2f} GiB, more than the {gpu_gib:.0f} GiB of "
+                f"cluster.gpu_memory_gib: lower sglang.mem_fraction_static or the trainer's terms"]
+    return []

@@ -24,8 +24,8 @@ from typing import Optional
 from slime_ext.config.loader import ConfigError, load_config
 from slime_ext.config.schema import Config
 from slime_ext.methods.registry import method_name
-from slime_ext.orchestration.memory_model import (embedded_engine_memory, engine_memory, over_memory_problems,
-                                                 trainer_memory)
+from slime_ext.orchestration.memory_model import (colocated_problems, embedded_engine_memory, engine_memory,
+                                                  over_memory_problems, trainer_memory)
 from slime_ext.orchestration.placement import actor_groups, build_placement
 from slime_ext.orchestration.plan_format import format_plan
 from slime_ext.orchestration.plan_layout import PlanError, build_layout, build_rollout, layout_warnings
@@ -53,6 +53,9 @@ def build_plan(config: Config, gpu_memory_gib: Optional[float] = None) -> Plan:
     tmem = trainer_memory(shape, layout, gpu_memory_gib, config.train.logprob_chunk_mb, tokens)
     emem = engine_memory(shape, config, rollout, gpu_memory_gib)
     problems = over_memory_problems(tmem, emem, gpu_memory_gib, config.cluster.host_memory_gib, seq)
+    problems += colocated_problems(tmem, emem, gpu_memory_gib, colocate=config.cluster.colocate,
+                                   sleep=config.cluster.colocate_sleep, gpus_per_node=config.cluster.gpus_per_node,
+                                   sync_buffer_gib=2 * config.sglang.weight_bucket_mb / 1024)
     embedded = (embedded_engine_memory(shape, config, rollout.models_per_engine)
                 if config.cluster.gpus_per_node == 0 else None)
     return Plan(method=method_name(config), run_name=config.run.name, model=shape, layout=layout, rollout=rollout,

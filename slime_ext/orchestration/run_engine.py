@@ -60,6 +60,13 @@ class RunEngine:
         return self._engine
 
 
+def colocated_sleep(cfg: Config) -> bool:
+    """Whether the engines sleep while the trainer trains (and the trainer while they generate): colocated
+    engine servers with `cluster.colocate_sleep`, and no rollout running beside training (off-policy)."""
+    return (cfg.rollout.engine == "sglang" and cfg.cluster.colocate and cfg.cluster.colocate_sleep
+            and not cfg.rollout.off_policy_steps)
+
+
 def sampler_env(cfg: Config) -> dict[str, str]:
     """The run's method's sampler modules, declared to the engine processes (and the servers they start)."""
     from sglang_patches.request_sampler import SAMPLER_MODULES_ENV
@@ -108,7 +115,8 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **sampler_env(cfg)}}
     actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
         i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
-        log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel)
+        log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel,
+        memory_saver=colocated_sleep(cfg))
         for i in range(s.num_engines)]
     log.info("starting %d engine server(s); logs in %s", s.num_engines, log_dir)
     started = [a.start.remote() for a in actors]  # every server starts at once; `finish` waits for them

@@ -161,6 +161,20 @@ class TrainWorker:
         """The engine version these weights are (None: changed since the last push: trained or loaded)."""
         self.weights_version = version
 
+    def offload(self) -> int:
+        """Colocated sleep: this rank's weights, gradients and device optimizer state leave the GPU while the
+        engines generate (megatron_glue.trainer_sleep); returns the bytes moved."""
+        from megatron_glue.trainer_sleep import TrainerSleep
+
+        if getattr(self, "_sleep", None) is None or self._sleep.trainer is not self.trainer:
+            self._sleep = TrainerSleep(self.trainer)
+        return self._sleep.offload()
+
+    def onload(self) -> int:
+        """Back before the train step (0 when nothing was offloaded)."""
+        sleep = getattr(self, "_sleep", None)
+        return sleep.onload() if sleep is not None else 0
+
     def push_weights(self, target: Any, bucket_bytes: int, version: Optional[str] = None,
                      expect_version: Optional[str] = None) -> Optional[dict]:
         """Every rank walks its buckets (the TP / expert gathers are collective); the stage's sender rank

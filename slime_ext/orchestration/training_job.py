@@ -47,7 +47,7 @@ from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.off_policy import OffPolicyRollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, RemoteRolloutManager, RolloutManager
-from slime_ext.orchestration.run_engine import start_engine
+from slime_ext.orchestration.run_engine import colocated_sleep, start_engine
 from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, append_engine_events, engine_event_line,
                                              peak_rss_from_metrics, resume_command, truncate_metrics)
@@ -578,9 +578,15 @@ class TrainingJob:
     def _rl_step(self, step: int, manager: RolloutManager | RemoteRolloutManager, group: TrainGroup,
                  engine: Any) -> dict:
         t_start = time.perf_counter()
+        sleep = colocated_sleep(self.cfg) and hasattr(engine, "sleep")  # engine servers sharing the trainer's GPUs
+        offloaded = sum(group.call("offload")) if sleep else 0  # the trainer leaves the GPU to the engines
         groups, row = manager.rollout(step)
         loss = manager.loss_spec()  # the method's loss for this batch: it goes to the trainer with the batch
         report_engine_restarts(row, self.run_dir)
+        if sleep:  # the engines release weights and KV cache; the trainer comes back
+            row.update(engine.sleep())
+            row["memory/trainer_offloaded_bytes"] = float(offloaded)
+            group.call("onload")
         samples = [s for g in groups for s in g]
         if step == 0 and self.cfg.train.check_consistency_at_start:
             row.update(self._check_consistency(group, samples))
@@ -588,7 +594,11 @@ class TrainingJob:
         ref = group.first("compute_logprobs", samples, True) if self.kl_active else None
         train = group.first("train_step", samples, manager.train_kind, ref["logprobs"] if ref else None, loss)
         t1 = time.perf_counter()
+        if sleep:
+            engine.wake_weights()  # weights first: the sync writes into them
         sync = engine.sync_weights(group, step + 1)  # the ranks push; step + 1 rolls out with version step + 1
+        if sleep:
+            engine.wake_kv_cache()  # after the sync, so the KV pool is not in its way
         t2 = time.perf_counter()
         row.update(sync)
         row.update(manager.update(train, step))

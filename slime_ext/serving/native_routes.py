@@ -70,6 +70,9 @@ async def generate(request: Request) -> Response:
     same order. A batch is validated whole (one bad row refuses it, naming the row, as SGLang does), then
     takes one admission slot per row, all at once, and its rows join the engine together."""
     state = get_state(request)
+    asleep = getattr(state.engine, "memory_released", lambda: None)()
+    if asleep:  # a client error, not an overload: nothing to retry until the trainer wakes the engine
+        raise bad_request(asleep, code="memory_released")
     release = await state.admission.acquire()
     try:
         body = parse(GenerateReqInput, await read_prompt_json(state, request))

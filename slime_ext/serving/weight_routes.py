@@ -236,7 +236,10 @@ async def get_weights_by_name(request: Request) -> JSONResponse:
 async def _memory(request: Request, action: str) -> JSONResponse:
     state = get_state(request)
     body = parse(MemoryOccupationReqInput, await read_json(state, request))
-    await run_in_threadpool(state.weights.memory, action, body.tags)
+    try:
+        await run_in_threadpool(state.weights.memory, action, body.tags)
+    except WeightUpdateError as exc:
+        return outcome(False, str(exc))
     return JSONResponse(None)  # SGLang answers 200 with a null body
 
 

@@ -494,4 +494,7 @@ class WeightUpdater:
         if method is None:
             return
         with self.state.batcher.exclusive():
-            method()
+            try:
+                method(tags)
+            except ValueError as exc:  # unknown tags
+                raise WeightUpdateError(str(exc)) from None
