@@ -51,7 +51,7 @@ SIZES = {  # name: (hidden, layers, experts, moe_ffn, vocab); 2 KV heads of 64, 
     "560M": (1024, 8, 32, 512, 65536),
 }
 LAYOUTS = {"tp1ep1": dict(tp=1, ep=1), "tp2ep2": dict(tp=2, ep=2, etp=1, sequence_parallel=True)}
-PATHS = ("disk", "tensor", "distributed", "delta")
+PATHS = ("disk", "tensor", "distributed", "delta", "colocated")  # colocated: tensor with both sides' sleep
 QWEN3_30B_PARAMS = 30.5e9
 _CASES = itertools.count(1)
 
@@ -245,20 +245,33 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
         for path in paths:
             if path == "delta" and not new_api:
                 continue
-            kind = "tensor" if path == "delta" else path
+            if path == "colocated" and not hasattr(pool, "sleep"):
+                continue
+            kind = "tensor" if path in ("delta", "colocated") else path
             pool.cfg = cfg.model_copy(update={"weight_sync": kind, **({"weight_sync_delta": path == "delta"}
                                                                        if new_api else {})})
             if not new_api:
                 pool.weight_sync = weight_sync.make_weight_sync(kind, "127.0.0.1")
                 if kind == "distributed":  # group names must be new in this process for every case
                     pool.weight_sync.generation = next(_CASES) * 100
+            colocated = path == "colocated"
             for r in range(repeats + 1):  # the first is the warm-up (group setup, first dense delta)
+                slept: dict = {}
+                if colocated:  # the loop's order: engines release, trainer back, train, wake weights, sync, wake KV
+                    slept = pool.sleep()
+                    group.call("onload")
                 group.first("train_step", batch, "grpo")
                 version += 1
                 trim_heaps(group.workers)
+                driver_rss = weight_sync.rss_bytes()
                 with Sampler(pids) as mem, DriverBytes() as into_driver:
                     t0 = time.perf_counter()
-                    if new_api:
+                    if colocated:
+                        pool.wake_weights()
+                        out = pool.sync_weights(group, version)
+                        pool.wake_kv_cache()
+                        offloaded = sum(group.call("offload"))  # the trainer leaves the device to the next rollout
+                    elif new_api:
                         out = pool.sync_weights(group, version)
                         sent_by_driver = 0
                     else:
@@ -272,7 +285,11 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                        "peak_growth_bytes": mem.growth(), "shard_bytes": shard, "bucket_bytes": int(bucket_mb * 2**20),
                        "model_bytes_bf16": 2 * params,
                        "bytes_sent": out.get("sync/bytes_sent"), "changed_share": out.get("sync/changed_share"),
+                       "driver_rss_growth_bytes": max(0, weight_sync.rss_bytes() - driver_rss),
                        "metrics": {k: v for k, v in out.items() if isinstance(v, (int, float))}}
+                if colocated:
+                    row["engine_released_bytes"] = slept.get("engine/released_bytes")
+                    row["trainer_offloaded_bytes"] = offloaded
                 rows.append(row)
                 log(f"[ws] {size:>5} {layout} {path:<11} {'warm-up' if r == 0 else f'rep {r}':<7} "
                     f"{seconds:7.3f} s  driver {row['driver_bytes'] / 2**20:8.1f} MiB  peak+ "
@@ -344,7 +361,13 @@ def run(args: argparse.Namespace) -> Path:
                 last = measured[-1]
                 quick["paths"][p] = {"seconds": last["seconds"], "driver_bytes": last["driver_bytes"],
                                      "peak_bytes": last["peak_growth_bytes"], "bytes_sent": last["bytes_sent"],
-                                     "params": last["params"]}
+                                     "params": last["params"],
+                                     # the driver's resident growth over this path's syncs (not a whole job)
+                                     "driver_rss_growth_bytes": max(r.get("driver_rss_growth_bytes", 0)
+                                                                    for r in measured),
+                                     **({"engine_released_bytes": last["engine_released_bytes"],
+                                         "trainer_offloaded_bytes": last["trainer_offloaded_bytes"]}
+                                        if p == "colocated" else {})}
         (out / "weight_sync_quick.json").write_text(json.dumps(quick, indent=1) + "\n")
     log(f"[ws] wrote {path} (slime_ext imported from {result['imported_from']})")
     log_file.close()

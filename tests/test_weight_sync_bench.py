@@ -25,10 +25,15 @@ def test_quick_mode_writes_every_path_with_zero_driver_bytes(tmp_path):
                           timeout=580, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     paths = json.loads((tmp_path / "weight_sync_quick.json").read_text())["paths"]
-    assert set(paths) == {"disk", "tensor", "distributed", "delta"}
+    assert set(paths) == {"disk", "tensor", "distributed", "delta", "colocated"}
+    bucket = 512 << 20  # the default sglang.weight_bucket_mb
     for name, p in paths.items():
         assert p["driver_bytes"] == 0 and p["seconds"] > 0, name
         assert set(p["peak_bytes"]) == {"driver", "engine", "rank0"}, name
+        assert 0 <= p["driver_rss_growth_bytes"] < bucket, name
     dense = 2 * paths["tensor"]["params"]  # bf16 engine
-    assert dense <= paths["tensor"]["bytes_sent"] < dense * 1.01  # the weights plus 8-byte checksums
+    assert paths["tensor"]["bytes_sent"] == paths["colocated"]["bytes_sent"] == dense  # flattened buckets, no extras
+    # the sleeping engine gave back at least most of its bf16 weights; the trainer moved its buffers off
+    assert paths["colocated"]["engine_released_bytes"] > 0.7 * dense
+    assert paths["colocated"]["trainer_offloaded_bytes"] >= 4 * paths["colocated"]["params"]
     assert paths["delta"]["bytes_sent"] < 0.9 * paths["tensor"]["bytes_sent"]  # after a step, most bf16 values stay
