@@ -199,6 +199,13 @@ def _prune_checkpoints(directory: Path, keep: int = KEEP_CHECKPOINTS) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _final_evaluations(method: Any, final_hf: Path, warm_dir: Path, run_dir: Path, eval_rows: list[dict]) -> None:
+    """A method's final evaluations with in-process engines: run in a Ray worker (`off_driver.run_in_worker`)."""
+    from slime_ext.engine.embedded import EmbeddedEngine
+
+    method.final_evaluations(final_hf, warm_dir, run_dir, eval_rows, EmbeddedEngine.from_pretrained)
+
+
 def _peak_rss_gib() -> float:
     """Resident memory of this process and every Ray worker process of this machine (GiB)."""
     import psutil
@@ -379,10 +386,13 @@ class TrainingJob:
         return self._eval_hooks
 
     def evaluate_checkpoint(self, hf_dir: Path, name: str) -> Any:
-        """Evaluate an HF checkpoint in this process (SFT-only runs have no engine actor)."""
-        from slime_ext.engine.embedded import EmbeddedEngine
+        """Evaluate an HF checkpoint (SFT-only runs have no engine actor): the model lives in an engine actor on
+        this node, the evaluation loop here (slime_ext.orchestration.off_driver)."""
+        from slime_ext.orchestration.off_driver import checkpoint_engine
 
-        return self.evaluate(EmbeddedEngine.from_pretrained(str(hf_dir)), name)
+        init_ray(self.cfg)
+        with checkpoint_engine(hf_dir, self.cfg.rollout.threads) as engine:
+            return self.evaluate(engine, name)
 
     # -- RL ---------------------------------------------------------------------------------------
     def train_group(self, threads: int, wait: bool = True) -> TrainGroup:
@@ -559,10 +569,12 @@ class TrainingJob:
         self.tokenizer.save_pretrained(final_hf)
         if not with_eval:
             return {}
-        from slime_ext.engine.embedded import EmbeddedEngine
+        from slime_ext.orchestration.off_driver import run_in_worker
 
         reports = {self.method.name.upper(): self.evaluate(engine, "final")}
-        self.method.final_evaluations(final_hf, warm_dir, self.run_dir, self.eval_rows, EmbeddedEngine.from_pretrained)
+        # the method's own evaluations load whole models: in a worker on this node, not in the driver
+        run_in_worker(_final_evaluations, self.method, final_hf, warm_dir, self.run_dir, self.eval_rows,
+                      threads=self.cfg.rollout.threads)
         return reports
 
     def _check_consistency(self, group: TrainGroup, samples: list[Sample]) -> dict[str, float]:
