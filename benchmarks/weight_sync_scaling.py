@@ -51,7 +51,9 @@ SIZES = {  # name: (hidden, layers, experts, moe_ffn, vocab); 2 KV heads of 64, 
     "560M": (1024, 8, 32, 512, 65536),
 }
 LAYOUTS = {"tp1ep1": dict(tp=1, ep=1), "tp2ep2": dict(tp=2, ep=2, etp=1, sequence_parallel=True)}
-PATHS = ("disk", "tensor", "distributed", "delta", "colocated")  # colocated: tensor with both sides' sleep
+# colocated: tensor with both sides' sleep; distributed-one-sender: distributed with every expert gathered to the
+# stage's one sender (sglang.expert_senders false), against distributed's sender per EP rank
+PATHS = ("disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender")
 QWEN3_30B_PARAMS = 30.5e9
 _CASES = itertools.count(1)
 
@@ -247,9 +249,13 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                 continue
             if path == "colocated" and not hasattr(pool, "sleep"):
                 continue
-            kind = "tensor" if path in ("delta", "colocated") else path
-            pool.cfg = cfg.model_copy(update={"weight_sync": kind, **({"weight_sync_delta": path == "delta"}
-                                                                       if new_api else {})})
+            kind = {"delta": "tensor", "colocated": "tensor", "distributed-one-sender": "distributed"}.get(path, path)
+            if path == "distributed-one-sender" and "expert_senders" not in type(cfg).model_fields:
+                continue
+            extra = {"expert_senders": path != "distributed-one-sender"} if "expert_senders" in type(cfg).model_fields \
+                else {}
+            pool.cfg = cfg.model_copy(update={"weight_sync": kind, **extra, **({"weight_sync_delta": path == "delta"}
+                                                                               if new_api else {})})
             if not new_api:
                 pool.weight_sync = weight_sync.make_weight_sync(kind, "127.0.0.1")
                 if kind == "distributed":  # group names must be new in this process for every case

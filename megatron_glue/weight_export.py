@@ -10,7 +10,7 @@ whole model. Memory stays bounded by the bucket size, not the model size.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -31,16 +31,28 @@ def _all_gather(tensor: torch.Tensor, group: Any, size: int) -> list[torch.Tenso
     return parts
 
 
-def is_bucket_sender() -> bool:
-    """True on the one rank per pipeline stage that sends its stage's buckets (TP, EP and DP rank 0):
-    every rank of a stage ends with the same buckets, one of them is enough."""
+def sends_dense() -> bool:
+    """The rank that sends its pipeline stage's dense part (TP, EP and DP rank 0) and, without expert senders,
+    every expert gathered over EP too: every rank of a stage could, one is enough."""
     return (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_expert_model_parallel_rank() == 0
             and mpu.get_data_parallel_rank() == 0)
 
 
-def sender_key() -> str:
-    """Names this stage's sender (file names, weight-update group names)."""
-    return f"pp{mpu.get_pipeline_model_parallel_rank()}"
+def sends_own_experts() -> bool:
+    """With expert senders: the rank that sends its EP rank's experts (expert-TP and expert-DP rank 0)."""
+    return mpu.get_expert_tensor_parallel_rank() == 0 and mpu.get_expert_data_parallel_rank() == 0
+
+
+def is_bucket_sender(expert_senders: bool = False) -> bool:
+    """True on a rank that sends buckets: one per pipeline stage, or with `expert_senders` also one per EP rank
+    (each its own experts, so a stage's bytes leave over as many links as it has EP ranks)."""
+    return sends_dense() or (expert_senders and sends_own_experts())
+
+
+def sender_key(expert_senders: bool = False) -> str:
+    """Names this rank's sender (file names, weight-update group names)."""
+    key = f"pp{mpu.get_pipeline_model_parallel_rank()}"
+    return f"{key}_ep{mpu.get_expert_model_parallel_rank()}" if expert_senders else key
 
 
 def _bucket_tensor(tensor: torch.Tensor, gathered: bool, to_host: bool) -> torch.Tensor:
@@ -70,7 +82,7 @@ def _add_pieces(bucket: Bucket, pieces: list[tuple[str, torch.Tensor]], gathered
 
 
 def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Tensor]], bucket_bytes: int,
-                  to_host: bool, collect: bool) -> Iterator[list[Bucket]]:
+                  to_host: bool, collect: bool, own_experts: Optional[bool] = None) -> Iterator[list[Bucket]]:
     """One bucket per source for each stretch of parameters: every source is a state dict in this rank's
     local names (the trainer's own, or a copy of it), gathered and converted the same way, so the buckets
     hold the same HF names in the same order. Sizes are counted over every source: what one stretch holds
@@ -81,15 +93,18 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
     buckets: list[Bucket] = [[] for _ in sources]
     filled = 0
     for param in rank_parameters(trainer.hf_config, ep_rank, sizes.ep, pp_rank, sizes.pp):
-        if param.expert_slot is None:
+        expert = param.expert_slot is not None
+        if not expert:
             tp_group, ways = mpu.get_tensor_model_parallel_group(), sizes.tp
         else:  # experts are split over the expert-TP group (1: whole on every TP rank)
             tp_group, ways = mpu.get_expert_tensor_parallel_group(), sizes.expert_tp
         joined = param.tp_split and ways > 1
-        spread = param.expert_slot is not None and sizes.ep > 1
+        # expert senders (`own_experts` given): no EP gather, each EP rank's sender keeps its own experts
+        spread = expert and sizes.ep > 1 and own_experts is None
+        take = collect if own_experts is None else (own_experts if expert else collect)
         incoming = (ways if joined else 1) * (sizes.ep if spread else 1) * sum(
             source[param.local_name].nbytes for source in sources)
-        if collect and buckets[0] and filled + incoming > bucket_bytes:
+        if take and buckets[0] and filled + incoming > bucket_bytes:
             yield buckets
             buckets, filled = [[] for _ in sources], 0
         for i, source in enumerate(sources):
@@ -97,7 +112,7 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
             if joined:
                 parts = _all_gather(tensor, tp_group, ways)
                 # a rank that sends nothing needs the joined tensor only as its part of an expert gather
-                tensor = tp_join(param.full_name, parts, trainer.hf_config) if collect or spread else parts[0]
+                tensor = tp_join(param.full_name, parts, trainer.hf_config) if take or spread else parts[0]
                 del parts
             if spread:
                 owners = _all_gather(tensor, mpu.get_expert_model_parallel_group(), sizes.ep)
@@ -107,7 +122,7 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
             else:
                 named = [(param.full_name, tensor)]
             del tensor
-            if not collect:
+            if not take:
                 continue
             named.reverse()
             while named:  # each gathered tensor is dropped once its pieces are in the bucket
@@ -124,7 +139,8 @@ def _iter_buckets(trainer: MegatronTrainer, sources: list[Mapping[str, torch.Ten
 
 
 def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 20,
-                           to_host: bool = True, collect: bool = True) -> Iterator[Bucket]:
+                           to_host: bool = True, collect: bool = True,
+                           own_experts: Optional[bool] = None) -> Iterator[Bucket]:
     """Yield lists of (HF name, full tensor) of at most `bucket_bytes` (a single tensor larger than that is a
     bucket of its own). Collective: every rank of the trainer must consume the iterator to the end.
     `to_host=False` keeps the copies on the device the parameters live on (an NCCL broadcast reads them
@@ -133,8 +149,12 @@ def iter_hf_weight_buckets(trainer: MegatronTrainer, bucket_bytes: int = 512 << 
 
     A bucket is handed out *before* the gather of the tensor that would overflow it, so while the consumer
     sends it the generator holds no gathered tensor: the sender's peak is one bucket plus what sending it
-    takes, never a bucket plus a gathered tensor plus its copy."""
-    for (bucket,) in _iter_buckets(trainer, [trainer.local_state_dict()], bucket_bytes, to_host, collect):
+    takes, never a bucket plus a gathered tensor plus its copy.
+
+    `own_experts` (expert senders; None: off): experts are not gathered over EP, and this rank's buckets hold
+    its own EP rank's experts when `own_experts` is true and the dense part when `collect` is."""
+    for (bucket,) in _iter_buckets(trainer, [trainer.local_state_dict()], bucket_bytes, to_host, collect,
+                                   own_experts):
         yield bucket
 
 

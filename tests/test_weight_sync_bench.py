@@ -25,7 +25,7 @@ def test_quick_mode_writes_every_path_with_zero_driver_bytes(tmp_path):
                           timeout=580, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     paths = json.loads((tmp_path / "weight_sync_quick.json").read_text())["paths"]
-    assert set(paths) == {"disk", "tensor", "distributed", "delta", "colocated"}
+    assert set(paths) == {"disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender"}
     bucket = 512 << 20  # the default sglang.weight_bucket_mb
     for name, p in paths.items():
         assert p["driver_bytes"] == 0 and p["seconds"] > 0, name

@@ -395,6 +395,10 @@ class SGLangConfig(Section):
     weight_sync: Literal["auto", "disk", "tensor", "distributed"] = "auto"
     # Every process holds at most its shard plus about two buckets of this size beyond it during a sync.
     weight_bucket_mb: float = Field(512.0, gt=0)
+    # Senders per expert-parallel rank on the disk and distributed paths: each EP rank sends its own experts and
+    # the stage's first rank the dense part, so a stage's bytes leave over its EP ranks' links instead of one
+    # rank gathering every expert (the tensor path keeps one sender per stage).
+    expert_senders: bool = True
     # Deadline of one weight sync (the ranks' pushes) and of each control call in it: a hung engine or a rank
     # that never sends stops the run within it, naming the engine or rank and the resume command. null: derived
     # from the model's size (slime_ext.engine.sync_deadline: 120 s + 10x the bytes over 1 GB/s).

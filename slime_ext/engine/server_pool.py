@@ -298,7 +298,8 @@ class ServerEnginePool:
         return ServerTarget(kind or self.cfg.weight_sync, list(urls or self.urls), engine_dtype=self.engine_dtype,
                             delta=self.cfg.weight_sync_delta if delta is None else delta, tp_size=self.cfg.tp_size,
                             directory=str(directory) if directory else None, generation=self.generation,
-                            timeout_s=self.sync_timeout_s, sender_checksums=self._same_layout())
+                            timeout_s=self.sync_timeout_s, sender_checksums=self._same_layout(),
+                            expert_senders=self.cfg.expert_senders)
 
     def _same_layout(self) -> bool:
         """True when every engine is the project's server (HF-named, unsharded weights): its checksums can be

@@ -207,6 +207,13 @@ class ServerTarget:
     # hash what is sent (dense paths), for engines whose weight checker reports the same tensors (the project's
     # server on CPU: HF names, one rank); SGLang's own engines fuse and shard them, and hash on the GPU
     sender_checksums: bool = False
+    # one sender per EP rank for its own experts besides the stage's dense sender (sglang.expert_senders); the
+    # disk and distributed paths take several senders' parts of one sync, the tensor path one sender per stage
+    expert_senders: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("disk", "distributed"):
+            self.expert_senders = False
 
     @property
     def identity(self) -> str:

@@ -30,18 +30,20 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
     sender compares bucket by bucket. Returns the sender's counts with its peak RSS growth and shard size
     (None on the other ranks)."""
     from megatron_glue.weight_export import (all_ranks_agree, is_bucket_sender, iter_hf_weight_bucket_pairs,
-                                             iter_hf_weight_buckets, sender_key)
+                                             iter_hf_weight_buckets, sender_key, sends_dense, sends_own_experts)
     from slime_ext.engine.held_weights import held_weights
     from slime_ext.engine.weight_sync import PeakRSS, return_freed_memory
 
     return_freed_memory()  # the start level counts live memory, not what earlier steps left in the heap
     local = trainer.local_state_dict()  # views of the parameters: valid across the push
-    held = held_weights(target, sender_key())  # the same on every rank: one target, one config
+    # senders per EP rank (each its own experts) where the transport takes several senders' parts of one sync
+    experts = bool(getattr(target, "expert_senders", False)) and trainer.sizes.ep > 1
+    held = held_weights(target, sender_key(experts))  # the same on every rank: one target, one config
     # the branch is collective: every rank must hold its copy (a first delta sync has none: dense)
     known = held is not None and all_ranks_agree(held.matches(local))
     with PeakRSS() as peak:
-        sending = is_bucket_sender()
-        sender = target.open(sender_key()) if sending else None
+        sending = is_bucket_sender(experts)
+        sender = target.open(sender_key(experts)) if sending else None
         # NCCL broadcasts and CUDA IPC handles read the buckets where the weights live; files and Ray objects
         # are written from the host
         to_host = target.kind in ("disk", "embedded")
@@ -49,6 +51,9 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
         if known:
             pairs = iter_hf_weight_bucket_pairs(trainer, held.values, bucket_bytes, to_host=to_host,
                                                 collect=sending)
+        elif experts:
+            pairs = ((bucket, None) for bucket in iter_hf_weight_buckets(
+                trainer, bucket_bytes, to_host=to_host, collect=sends_dense(), own_experts=sends_own_experts()))
         else:
             pairs = ((bucket, None) for bucket in iter_hf_weight_buckets(trainer, bucket_bytes, to_host=to_host,
                                                                          collect=sending))

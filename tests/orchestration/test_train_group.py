@@ -18,7 +18,7 @@ def _kept_ranks():
         yield
 
 
-def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes):
+def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes, expert_senders=False):
     from megatron.core import parallel_state as mpu
 
     from megatron_glue.parallel import init_model_parallel
@@ -36,23 +36,35 @@ def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes):
         ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
         pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)
     trainer.load_local_state_dict(dict(shard))
-    return push_from_rank(trainer, ServerTarget("disk", [], engine_dtype="bfloat16", directory=directory), bucket_bytes)
+    target = ServerTarget("disk", [], engine_dtype="bfloat16", directory=directory, expert_senders=expert_senders)
+    return push_from_rank(trainer, target, bucket_bytes)
 
 
-@pytest.mark.parametrize("name, sizes, senders", [
-    ("pp2", dict(pp=2), 2),  # one sender per pipeline stage
-    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1, sequence_parallel=True), 1),  # TP/EP rank 0 sends the gathered stage
+@pytest.mark.parametrize("name, sizes, expert_senders, senders", [
+    ("pp2", dict(pp=2), False, 2),  # one sender per pipeline stage
+    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1, sequence_parallel=True), False, 1),  # rank 0 sends the gathered stage
+    ("tp2_ep2_etp1_ep_senders", dict(tp=2, ep=2, etp=1, sequence_parallel=True), True, 2),  # each EP rank its own
 ])
-def test_each_stage_sender_writes_its_own_shards_and_together_they_are_the_model(name, sizes, senders, tmp_path):
+def test_each_stage_sender_writes_its_own_shards_and_together_they_are_the_model(name, sizes, expert_senders, senders,
+                                                                                 tmp_path):
     from megatron_glue.checkpoint_io import load_hf_checkpoint
     from megatron_glue.model_provider import ParallelSizes
     from slime_ext.engine.weight_sync import merge_stats, write_index
 
     config = tiny_moe_config()
     hf_sd = _hf_weights(config)
-    results = run_ranks(_push_worker, 2, config, hf_sd, ParallelSizes(**sizes), str(tmp_path), 8 << 10)
+    results = run_ranks(_push_worker, 2, config, hf_sd, ParallelSizes(**sizes), str(tmp_path), 8 << 10,
+                        expert_senders)
     sent = [r for r in results if r is not None]
     assert len(sent) == senders and len({r["sender"] for r in sent}) == senders
+    if expert_senders:  # rank 0: the dense part and experts 0-1; rank 1 (EP rank 1): experts 2-3 and nothing else
+        import re
+
+        names = {r["sender"]: set(r["weight_map"]) for r in sent}
+        experts = {k: {int(m.group(1)) for n in v if (m := re.search(r"experts\.(\d+)\.", n))} for k, v in names.items()}
+        assert experts == {"pp0_ep0": {0, 1}, "pp0_ep1": {2, 3}}
+        assert all(".experts." in n for n in names["pp0_ep1"])
+        assert sum(".experts." not in n for n in names["pp0_ep0"]) == sum(".experts." not in n for n in hf_sd)
     stats = merge_stats(sent)
     assert stats["buckets"] > 2 and stats["elements"] == sum(t.numel() for t in hf_sd.values())
     assert stats["bytes_sent"] == 2 * stats["elements"]  # bf16 on disk, as the engines run
