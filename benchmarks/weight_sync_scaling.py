@@ -55,6 +55,7 @@ LAYOUTS = {"tp1ep1": dict(tp=1, ep=1), "tp2ep2": dict(tp=2, ep=2, etp=1, sequenc
 # stage's one sender (sglang.expert_senders false), against distributed's sender per EP rank
 PATHS = ("disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender")
 QWEN3_30B_PARAMS = 30.5e9
+QWEN3_30B_EXPERT_PARAMS = 48 * 128 * 3 * 2048 * 768  # layers x experts x (gate, up, down) x hidden x expert FFN
 _CASES = itertools.count(1)
 
 
@@ -507,8 +508,23 @@ def extrapolation(a: dict[tuple, dict]) -> list[str]:
         sparse = bf16 / 2 * delta_share * (4 + 2)  # int32 index + bf16 value per changed element
         rows.append(f"| delta | changed share {delta_share:.4f} (measured at the largest CPU size after one step) "
                     f"-> {sparse / 1e9:.2f} GB | {gather + sparse / ib:.1f} | verl delta 7.1 s |")
-    rows += ["", "One sender per pipeline stage caps the rate at one NIC; senders per EP rank (each its own experts) "
-             "would split the bytes over 8 NICs per node, which this extrapolation does not assume."]
+    # senders per EP rank (sglang.expert_senders): the EP ranks' senders sit on one node with a NIC each (an HGX
+    # H100 node has 8), each sending its 1/8 of the experts; the first also sends the dense part
+    experts = 2 * QWEN3_30B_EXPERT_PARAMS
+    dense = bf16 - experts
+    ep = 8
+    busiest = dense + experts / ep
+    gather_dense = dense / nvlink  # only the dense part is gathered (TP); experts are whole on their EP rank
+    rows.append(f"| distributed, a sender per EP rank ({ep} NICs) | gather {gather_dense:.2f} s + busiest NIC "
+                f"{busiest / 1e9:.1f} GB (dense {dense / 1e9:.1f} + experts {experts / 1e9:.0f} / {ep}) / "
+                f"{ib / 1e9:.0f} GB/s | {gather_dense + busiest / ib:.1f} | {full / (gather_dense + busiest / ib):.1f}x "
+                f"over one sender (assumed links) |")
+    rows += ["", f"One sender per pipeline stage caps the rate at one NIC. With a sender per EP rank the experts "
+             f"({experts / 1e9:.0f} of the {bf16 / 1e9:.0f} GB) leave over {ep} NICs and the busiest carries the dense "
+             f"part and its own experts. The receiving side is not modelled: every engine rank receives every byte, so an "
+             f"engine node takes all {bf16 / 1e9:.0f} GB whatever the senders (NCCL spreads it over the node's NICs and "
+             f"NVLink; at one NIC's rate that is {bf16 / ib:.1f} s). The CPU run at TP 2 / EP 2 measures the two "
+             f"layouts side by side."]
     return rows
 
 
