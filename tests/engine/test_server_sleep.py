@@ -5,7 +5,6 @@ resume (zeroed weights), a sync and the KV cache's resume it answers exactly as 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from sglang_patches.decoding import SamplingParams
 from slime_ext.config.sections import SGLangConfig
@@ -18,19 +17,10 @@ from slime_ext.engine.weight_sync import LocalWeightSource
 @pytest.fixture(scope="module")
 def wide_model_dir(tmp_path_factory):
     """~13M parameters (52 MB in fp32): a release shows in the process's resident memory above its noise."""
-    from transformers import AutoModelForCausalLM
+    from tests.serving.test_serve import served_checkpoint
 
-    from slime_ext.tokenizer import train_tokenizer
-    from tests.megatron_fixtures import tiny_moe_config
-
-    d = tmp_path_factory.mktemp("wide")
-    tok = train_tokenizer(["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40,
-                          vocab_size=300, out_dir=d)
-    torch.manual_seed(0)
-    cfg = tiny_moe_config(vocab_size=len(tok), hidden_size=256, head_dim=64, intermediate_size=1024,
-                          moe_intermediate_size=512, num_experts=8, num_hidden_layers=4, initializer_range=0.3)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
-    return d
+    return served_checkpoint(tmp_path_factory.mktemp("wide"), hidden_size=256, head_dim=64, intermediate_size=1024,
+                             moe_intermediate_size=512, num_experts=8, num_hidden_layers=4)
 
 
 def _requests(tag: str) -> list[GenerateRequest]:

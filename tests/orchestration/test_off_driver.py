@@ -5,22 +5,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from sglang_patches.decoding import SamplingParams
 from slime_ext.data.generation import GenerateRequest
+from tests.orchestration.test_one_method import local_ray  # noqa: F401 - one small local Ray (a module fixture)
 from tests.serving.test_serve import model_dir  # noqa: F401 - the tiny served checkpoint (a module fixture)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 def _worker_pid() -> int:

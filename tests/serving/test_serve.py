@@ -3,6 +3,8 @@ retries against a failing server: tests/clients/test_openai_client.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import urllib.error
 import urllib.request
@@ -14,19 +16,24 @@ from slime_ext.clients.openai_client import CallFailed, OpenAIClient
 from slime_ext.tools.serve import ServerState, serve
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def served_checkpoint(d, **config: Any):
+    """A tokenizer and a random Qwen3-MoE (tiny_moe_config with `config` on top) saved in `d`."""
     from transformers import AutoModelForCausalLM
 
     from slime_ext.tokenizer import train_tokenizer
     from tests.megatron_fixtures import tiny_moe_config
 
-    d = tmp_path_factory.mktemp("m")
     tok = train_tokenizer(["Question: what is 1 + 2?\nAnswer: 3", "the cat sat on the mat 12 34"] * 40,
                           vocab_size=300, out_dir=d)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), initializer_range=0.3)).save_pretrained(d)
+    AutoModelForCausalLM.from_config(tiny_moe_config(vocab_size=len(tok), initializer_range=0.3, **config)) \
+        .save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return served_checkpoint(tmp_path_factory.mktemp("m"))
 
 
 @pytest.fixture(scope="module")
