@@ -266,7 +266,8 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                 slept: dict = {}
                 if colocated:  # the loop's order: engines release, trainer back, train, wake weights, sync, wake KV
                     slept = pool.sleep()
-                    group.call("onload")
+                if hasattr(pool, "sleep"):
+                    group.call("onload")  # after a colocated path the trainer is away (a no-op otherwise)
                 group.first("train_step", batch, "grpo")
                 version += 1
                 trim_heaps(group.workers)

@@ -7,11 +7,12 @@ node by node, as slime places its train actors.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import ray
 import torch
@@ -154,10 +155,12 @@ class TrainWorker:
         """One batch; `loss` is the batch's own loss spec (RL: the method's, from the rollout manager with the
         rollout), None for the setup-time one (SFT)."""
         self.weights_version = None
-        return self.trainer.train_step(samples, kind=kind, ref_logprobs=ref_logprobs, loss=loss)
+        with self._awake():
+            return self.trainer.train_step(samples, kind=kind, ref_logprobs=ref_logprobs, loss=loss)
 
     def compute_logprobs(self, samples: list, reference: bool = False) -> Optional[dict]:
-        return self.trainer.compute_logprobs(samples, reference=reference)
+        with self._awake():
+            return self.trainer.compute_logprobs(samples, reference=reference)
 
     def snapshot_reference(self) -> None:
         self.trainer.snapshot_reference()
@@ -165,6 +168,21 @@ class TrainWorker:
     def set_weights_version(self, version: Optional[str]) -> None:
         """The engine version these weights are (None: changed since the last push: trained or loaded)."""
         self.weights_version = version
+
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        """The trainer's buffers present for the body: a call that reaches an offloaded rank (a restarted engine
+        brought current mid-rollout, a save) brings them back for it and sends them away again after, instead of
+        reading emptied storage."""
+        sleep = getattr(self, "_sleep", None)
+        asleep = sleep is not None and sleep.asleep
+        if asleep:
+            sleep.onload()
+        try:
+            yield
+        finally:
+            if asleep:
+                sleep.offload()
 
     def offload(self) -> int:
         """Colocated sleep: this rank's weights, gradients and device optimizer state leave the GPU while the
@@ -190,7 +208,8 @@ class TrainWorker:
         if expect_version is not None and self.weights_version != expect_version:
             raise RuntimeError(f"the trainer's weights are no longer version {expect_version} "
                                f"(they are {self.weights_version or 'newer: trained since'})")
-        stats = push_from_rank(self.trainer, target, bucket_bytes)
+        with self._awake():
+            stats = push_from_rank(self.trainer, target, bucket_bytes)
         if version is not None:
             self.weights_version = version
         return stats
@@ -198,7 +217,8 @@ class TrainWorker:
     def save(self, directory: str, extra: dict) -> str:
         from megatron_glue.trainer_checkpoint import save_checkpoint
 
-        return str(save_checkpoint(self.trainer, directory, extra))
+        with self._awake():
+            return str(save_checkpoint(self.trainer, directory, extra))
 
     def load(self, directory: str) -> dict:
         from megatron_glue.trainer_checkpoint import load_checkpoint

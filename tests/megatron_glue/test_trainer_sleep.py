@@ -44,3 +44,19 @@ def test_sleeping_between_steps_frees_the_buffers_and_changes_no_bit():
     sleep.onload()
     assert all(b.grad_data.untyped_storage().nbytes() > 0 for b in buffers)
     assert all(torch.equal(a, b) for a, b in zip(_params(awake).values(), _params(sleeper).values()))
+
+
+def test_a_call_that_reaches_an_offloaded_rank_wakes_it_for_the_call_and_sends_it_back():
+    """A restarted engine brought current mid-rollout pushes from offloaded ranks: the rank's calls bring the
+    buffers back for themselves and offload again, rather than read emptied storage."""
+    from slime_ext.orchestration.train_group import TrainWorker
+
+    worker = TrainWorker.__new__(TrainWorker)  # the rank's methods around an in-process trainer
+    worker.trainer, worker.weights_version = make_trainer(), None
+    samples = make_samples(seed=5)
+    awake = worker.compute_logprobs(samples)["logprobs"]
+    assert worker.offload() > 0
+    asleep = worker.compute_logprobs(samples)["logprobs"]
+    assert awake.keys() == asleep.keys() and all(torch.equal(awake[k], asleep[k]) for k in awake)
+    buffers = list(worker.trainer.model.buffers)
+    assert worker._sleep.asleep and all(b.grad_data.untyped_storage().nbytes() == 0 for b in buffers)
