@@ -26,6 +26,7 @@ that produced it (`GenerateResult.weight_version`), and `versions()` reads what 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import logging
@@ -37,7 +38,7 @@ import uuid
 from collections import OrderedDict, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -292,6 +293,21 @@ class ServerEnginePool:
         it before the pool is handed to the rollout manager, whose copy restarts engines mid-rollout."""
         self.weight_source = source
 
+    @contextlib.contextmanager
+    def _weight_session(self, kind: str, engines: Optional[Sequence[int]] = None) -> Iterator[bool]:
+        """SGLang's weight-update session on the engines around a whole push (tensor and distributed updates
+        need one; a server allows one at a time, so every sender's calls share the driver's). Yields whether
+        one is open (disk loads need none)."""
+        if kind not in ("tensor", "distributed"):
+            yield False
+            return
+        clients = [self.control_clients[e] for e in (range(len(self.urls)) if engines is None else engines)]
+        on_all_engines(clients, "begin_weight_update", lambda i, c: c.begin_weight_update())
+        try:
+            yield True
+        finally:
+            on_all_engines(clients, "end_weight_update", lambda i, c: c.end_weight_update())
+
     def weight_target(self, urls: Optional[Sequence[str]] = None, directory: Optional[Path] = None,
                       kind: Optional[str] = None, delta: Optional[bool] = None) -> ServerTarget:
         """The description the trainer ranks push to (no tensors: picklable and small)."""
@@ -329,7 +345,10 @@ class ServerEnginePool:
         t0 = time.perf_counter()
         disk = self.cfg.weight_sync == "disk"
         directory = self.weights_dir / f"v{version}" if disk else None
-        stats = merge_stats(source.push_weights(self.weight_target(directory=directory), version))
+        target = self.weight_target(directory=directory)
+        with self._weight_session(target.kind) as held:
+            target.session_open = held
+            stats = merge_stats(source.push_weights(target, version))
         t1 = time.perf_counter()
         snapshot: Optional[Path] = None
         if disk:
@@ -429,7 +448,10 @@ class ServerEnginePool:
             raise EngineUnavailable(f"engine {e} ({self.urls[e]}) restarted at an older version than {version} and "
                                     f"no weight source is attached to bring it current")
         try:
-            source.push_weights(self.weight_target([self.urls[e]], delta=False), version, expect_version=version)
+            target = self.weight_target([self.urls[e]], delta=False)
+            with self._weight_session(target.kind, [e]) as held:
+                target.session_open = held
+                source.push_weights(target, version, expect_version=version)
             self.clients[e].update_weight_version(version)
         except Exception as exc:  # noqa: BLE001 - the trainer moved on, or the engine died again
             cause = getattr(exc, "cause", None) or exc  # a rank's error arrives wrapped by Ray

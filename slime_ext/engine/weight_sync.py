@@ -210,6 +210,9 @@ class ServerTarget:
     # one sender per EP rank for its own experts besides the stage's dense sender (sglang.expert_senders); the
     # disk and distributed paths take several senders' parts of one sync, the tensor path one sender per stage
     expert_senders: bool = False
+    # the driver holds the engines' weight-update session around the whole sync (SGLang allows one open session
+    # per server: several senders each opening their own would refuse each other); False: one per call
+    session_open: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("disk", "distributed"):
@@ -229,7 +232,10 @@ class ServerTarget:
 
         # tp_size: a tensor update carries one serialized copy per engine TP rank (each rank reads its own)
         kwargs = {"tp_size": self.tp_size, **self.client_kwargs}
-        return [SGLangEngineClient(u, timeout_s=self.timeout_s, max_retries=0, **kwargs) for u in self.urls]
+        clients = [SGLangEngineClient(u, timeout_s=self.timeout_s, max_retries=0, **kwargs) for u in self.urls]
+        for client in clients:
+            client._in_weight_session = self.session_open  # the driver's session covers this sender's calls
+        return clients
 
     def open(self, key: str) -> "Sender":
         if self.kind == "disk":
