@@ -82,6 +82,8 @@ class ServerEnginePool:
                  engine_dtype: str = "float32", base_dir: Optional[str] = None):
         self.actors = list(actors)
         self.urls = list(urls)
+        if cfg_sglang.weight_sync == "auto":  # a section built outside a run's config (tools, tests): resolved
+            cfg_sglang = cfg_sglang.model_copy(update={"weight_sync": cfg_sglang.auto_weight_sync(colocate=True)})
         self.cfg = cfg_sglang
         self.weights_dir = Path(weights_dir)
         self.client_kwargs = dict(client_kwargs or {})

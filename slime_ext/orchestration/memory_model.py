@@ -287,7 +287,7 @@ def colocated_problems(trainer: TrainerMemory, engine: Optional[EngineMemory], g
                 f"{engine.static_gib:.2f} GiB per GPU; set cluster.colocate_sleep=true (the engines release weights "
                 f"and KV cache while the trainer trains, the trainer offloads during rollouts) or cluster.colocate=false"]
     need = max(trainer.total_gib, engine.static_gib) + sync_buffer_gib
-    if need > gpu_gib:
+    if need > gpu_gib and trainer.fits is not False and engine.fits is not False:  # else already reported alone
         return [f"a colocated GPU needs max(trainer {trainer.total_gib:.2f}, engine {engine.static_gib:.2f}) + sync "
                 f"buffers {sync_buffer_gib:.2f} = {need:.2f} GiB, more than the {gpu_gib:.0f} GiB of "
                 f"cluster.gpu_memory_gib: lower sglang.mem_fraction_static or the trainer's terms"]

@@ -321,3 +321,16 @@ def test_plan_prints_the_schedule(tmp_path):
     text = format_plan(off)
     assert "schedule: one-step off-policy: rollout t+1 runs while step t trains" in text
     assert "staleness <= 1" in text and "partial rollouts; older tokens: mask" in text
+
+
+def test_a_colocated_gpu_is_counted_with_both_sleeps_and_refused_without(tmp_path):
+    """30B reference layout: trainer 30.09 GiB, engine static pool 0.7 x 80 = 56 GiB per GPU. With both sleeps the GPU
+    needs max(30.09, 56) + two 512 MiB buckets = 57 GiB (fits 80); without, both would stay resident (86 GiB)."""
+    asleep = build_plan(reference_config(tmp_path))
+    assert asleep.memory_problems == []
+    awake = build_plan(reference_config(tmp_path, "cluster.colocate_sleep=false"))
+    (problem,) = awake.memory_problems
+    assert "cluster.colocate_sleep is false" in problem and "trainer 30.09 GiB + engine static pool 56.00 GiB" in problem
+    # a 44 GiB GPU with a 0.99 static pool: each side fits alone (30.09, 43.56 GiB) but not with the sync buffers
+    tight = build_plan(reference_config(tmp_path, "cluster.gpu_memory_gib=44", "sglang.mem_fraction_static=0.99"))
+    assert any("a colocated GPU needs max(trainer" in p for p in tight.memory_problems), tight.memory_problems
