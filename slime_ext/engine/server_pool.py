@@ -79,7 +79,7 @@ def _get(handle: Any, method: str, *args: Any) -> Any:
 class ServerEnginePool:
     def __init__(self, actors: Sequence[Any], urls: Sequence[str], cfg_sglang: Any, weights_dir: str, *,
                  client_kwargs: Optional[dict[str, Any]] = None, router_url: Optional[str] = None,
-                 engine_dtype: str = "float32", base_dir: Optional[str] = None):
+                 engine_dtype: str = "float32", base_dir: Optional[str] = None, rank_engines: bool = False):
         self.actors = list(actors)
         self.urls = list(urls)
         if cfg_sglang.weight_sync == "auto":  # a section built outside a run's config (tools, tests): resolved
@@ -95,6 +95,8 @@ class ServerEnginePool:
         # one sync (the ranks' pushes) and each control call in it must finish within this (weight_sync_timeout_s)
         self.sync_timeout_s = sync_deadline_s(cfg_sglang.weight_sync_timeout_s, self.base_dir)
         self._standin: Optional[bool] = None  # every engine the project's server (see _same_layout)
+        # colocated engines: each trainer rank sends to the engine rank on its own device (ServerTarget.rank_engines)
+        self.rank_engines = bool(rank_engines)
         self.weight_source: Any = None
         self.generation = "0"
         self.syncs = 0
@@ -125,7 +127,7 @@ class ServerEnginePool:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "engine_dtype", "base_dir",
-                "weight_source", "generation", "syncs", "sync_timeout_s", "_standin")
+                "weight_source", "generation", "syncs", "sync_timeout_s", "_standin", "rank_engines")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -317,7 +319,7 @@ class ServerEnginePool:
                             delta=self.cfg.weight_sync_delta if delta is None else delta, tp_size=self.cfg.tp_size,
                             directory=str(directory) if directory else None, generation=self.generation,
                             timeout_s=self.sync_timeout_s, sender_checksums=self._same_layout(),
-                            expert_senders=self.cfg.expert_senders)
+                            expert_senders=self.cfg.expert_senders, rank_engines=self.rank_engines)
 
     def _same_layout(self) -> bool:
         """True when every engine is the project's server (HF-named, unsharded weights): its checksums can be

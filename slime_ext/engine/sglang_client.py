@@ -546,11 +546,18 @@ class SGLangEngineClient:
         loads them with its own model's `load_weights` (no custom loader)."""
         from sglang.srt.utils.common import MultiprocessingSerializer
 
-        payload: dict[str, Any] = {
-            "serialized_named_tensors": [MultiprocessingSerializer.serialize(bucket, output_str=True)
-                                         for _ in range(self.tp_size)],
-            "load_format": "flattened_bucket", "flush_cache": flush_cache, "weight_version": weight_version,
-        }
+        serialized = MultiprocessingSerializer.serialize(bucket, output_str=True)
+        self.update_weights_from_serialized([serialized] * self.tp_size, flush_cache=flush_cache,
+                                            weight_version=weight_version)
+
+    def update_weights_from_serialized(self, per_rank: list[str], *, load_format: str = "flattened_bucket",
+                                       flush_cache: bool = True, weight_version: Optional[str] = None) -> None:
+        """`/update_weights_from_tensor` with one already serialized entry per engine TP rank (entry i is read by
+        TP rank i: with colocated engines, handles to the trainer rank on that rank's own device)."""
+        if len(per_rank) != self.tp_size:
+            raise ValueError(f"{len(per_rank)} serialized entries for an engine of TP {self.tp_size}: one per TP rank")
+        payload: dict[str, Any] = {"serialized_named_tensors": list(per_rank), "load_format": load_format,
+                                   "flush_cache": flush_cache, "weight_version": weight_version}
         with self.weight_update_session():
             self._control("/update_weights_from_tensor", payload, "UpdateWeightsFromTensorReqInput")
 

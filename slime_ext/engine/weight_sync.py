@@ -213,6 +213,10 @@ class ServerTarget:
     # the driver holds the engines' weight-update session around the whole sync (SGLang allows one open session
     # per server: several senders each opening their own would refuse each other); False: one per call
     session_open: bool = False
+    # colocated refit as slime does it (tensor, dense): every trainer rank sends its own copy of each bucket, and
+    # each engine TP rank reads the copy of the trainer rank on its own device; used when the trainer's ranks
+    # are exactly the engines' ranks (one pipeline stage, world = engines x TP), one sender per stage otherwise
+    rank_engines: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("disk", "distributed"):
@@ -236,6 +240,20 @@ class ServerTarget:
         for client in clients:
             client._in_weight_session = self.session_open  # the driver's session covers this sender's calls
         return clients
+
+    def engine_ranks(self) -> int:
+        return len(self.urls) * self.tp_size
+
+    def per_engine_rank(self, world: int, stages: int) -> bool:
+        """Whether every trainer rank sends, each to the engine rank on its own device (`rank_engines`)."""
+        return (self.rank_engines and self.kind == "tensor" and not self.delta and stages == 1
+                and world == self.engine_ranks())
+
+    def open_rank(self, rank: int) -> "Sender":
+        """Trainer rank `rank`'s sender to the engine whose TP rank `rank % tp_size` shares its device (the ranks
+        of engine e are e x TP ... e x TP + TP - 1, as the colocated placement packs them)."""
+        engine, own = divmod(rank, self.tp_size)
+        return Sender(self, f"rank{rank}", _EngineRankWire(self.clients()[engine], own, self.tp_size))
 
     def open(self, key: str) -> "Sender":
         if self.kind == "disk":
@@ -448,6 +466,50 @@ class _TensorWire:
         on_all_engines(self.clients, "update_weights_from_tensor (flattened_bucket)",
                        lambda i, c: c.update_weights_from_flattened_bucket(serialized))
         del flat, serialized
+
+    def close(self) -> dict:
+        return {}
+
+
+class _EngineRankWire:
+    """One trainer rank's part of a colocated refit: it serialises its own copy of the bucket (a CUDA IPC handle
+    to its own device; shared memory on CPU), the engine's ranks exchange theirs (`all_gather_object` over the
+    trainer's ranks, in lockstep per bucket), and the engine's first rank posts them, entry i for engine TP rank
+    i. Every rank then learns whether each engine took its bucket before freeing it (the handle must outlive
+    the engine's read)."""
+
+    payloads = False
+    checksums: Optional[dict[str, str]] = None
+
+    def __init__(self, client: Any, own: int, tp_size: int):
+        self.client, self.own, self.tp_size = client, own, tp_size
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        if not torch.cuda.is_available():
+            torch.multiprocessing.set_sharing_strategy("file_system")
+
+    def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
+        import torch.distributed as dist
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        flat, entries = flat_bucket(bucket, dtype, self.device, self.checksums)
+        serialized = MultiprocessingSerializer.serialize(sglang_flattened_bucket(flat, entries), output_str=True)
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, serialized)
+        rank = dist.get_rank()
+        error = ""
+        if self.own == 0:  # the engine's first rank posts its ranks' entries
+            try:
+                self.client.update_weights_from_serialized(every[rank:rank + self.tp_size])
+            except Exception as exc:  # noqa: BLE001 - told to every rank below, raised on each
+                error = f"engine at {self.client.base_url} (trainer rank {rank}): {type(exc).__name__}: {exc}"
+        outcomes = [None] * dist.get_world_size()
+        dist.all_gather_object(outcomes, error)
+        del flat, serialized, every
+        failed = [e for e in outcomes if e]
+        if failed:
+            raise WeightSyncError("update_weights_from_tensor (colocated, every rank's own copy) failed: "
+                                  + "; ".join(failed))
 
     def close(self) -> dict:
         return {}

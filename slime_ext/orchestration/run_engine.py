@@ -141,7 +141,7 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
                 client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})
             pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs,
                                     engine_dtype=engine_dtype(cfg.rollout.precision) or "float32",
-                                    base_dir=str(model_dir))
+                                    base_dir=str(model_dir), rank_engines=cfg.cluster.colocate)
             if s.router and s.num_engines > 1:
                 pool.start_router(log_path=str(log_dir / "router.log"))
             return pool

@@ -42,9 +42,15 @@ def push_from_rank(trainer: MegatronTrainer, target: Any, bucket_bytes: int) -> 
     held = held_weights(target, sender_key(experts))  # the same on every rank: one target, one config
     # the branch is collective: every rank must hold its copy (a first delta sync has none: dense)
     known = held is not None and all_ranks_agree(held.matches(local))
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    per_engine = hasattr(target, "per_engine_rank") and target.per_engine_rank(world, trainer.sizes.pp)
     with PeakRSS() as peak:
-        sending = is_bucket_sender(experts)
-        sender = target.open(sender_key(experts)) if sending else None
+        if per_engine:  # colocated refit: every rank sends its own copy, read by the engine rank on its device
+            sending = True
+            sender = target.open_rank(torch.distributed.get_rank() if world > 1 else 0)
+        else:
+            sending = is_bucket_sender(experts)
+            sender = target.open(sender_key(experts)) if sending else None
         # NCCL broadcasts and CUDA IPC handles read the buckets where the weights live; files and Ray objects
         # are written from the host
         to_host = target.kind in ("disk", "embedded")

@@ -186,3 +186,62 @@ def test_a_rank_set_up_again_for_rl_matches_a_rank_set_up_once():
         assert result["released"] and result["version_reset"] and result["moved"]
         assert result["start_equal"] and result["end_equal"], result
         assert result["loss"][0] == result["loss"][1]
+
+
+def _per_engine_worker(rank, config, hf_sd, sizes, bucket_bytes):
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+    from sglang.srt.utils.common import MultiprocessingSerializer
+
+    from megatron_glue.parallel import init_model_parallel
+    from megatron_glue.sharding import shard_megatron_state
+    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+    from megatron_glue.weight_names import hf_to_megatron
+    from slime_ext.engine.sglang_client import SGLangEngineClient
+    from slime_ext.engine.weight_sync import ServerTarget
+    from slime_ext.orchestration.train_group import push_from_rank
+
+    init_model_parallel(sizes, seed=11)
+    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-3), sizes)
+    trainer.load_local_state_dict(dict(shard_megatron_state(
+        hf_to_megatron(hf_sd, config), config,
+        tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
+        ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
+        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)))
+    posted = []
+
+    class Capture(SGLangEngineClient):
+        def update_weights_from_serialized(self, per_rank, **kw):
+            names = []
+            for entry in per_rank:
+                data = MultiprocessingSerializer.deserialize(entry)  # read now, while the sender holds it
+                names.append(sorted(m.name for m in data["metadata"]))
+            posted.append((self.base_url, names))
+
+    class Target(ServerTarget):
+        def clients(self):
+            return [Capture(u, tp_size=self.tp_size, validate=False) for u in self.urls]
+
+    target = Target("tensor", ["http://127.0.0.1:1", "http://127.0.0.1:2"], engine_dtype="bfloat16",
+                    rank_engines=True)
+    stats = push_from_rank(trainer, target, bucket_bytes)
+    dist.barrier()
+    return {"rank": rank, "posted": posted, "bytes_sent": stats["bytes_sent"] if stats else None}
+
+
+def test_colocated_refit_every_rank_sends_its_own_copy_to_the_engine_on_its_device():
+    """Two data-parallel ranks colocated with two engines of TP 1: rank r's buckets go to engine r only, each the
+    whole model once (no single sender for every engine)."""
+    from megatron_glue.model_provider import ParallelSizes
+
+    config = tiny_moe_config()
+    hf_sd = _hf_weights(config)
+    results = sorted(run_ranks(_per_engine_worker, 2, config, hf_sd, ParallelSizes(), 8 << 10),
+                     key=lambda r: r["rank"])
+    elements = sum(t.numel() for t in hf_sd.values())
+    for r in results:
+        urls = {url for url, _ in r["posted"]}
+        assert urls == {f"http://127.0.0.1:{r['rank'] + 1}"}, (r["rank"], urls)
+        names = [n for _, entries in r["posted"] for (entry,) in [entries] for n in entry]
+        assert sorted(names) == sorted(hf_sd) and len(r["posted"]) > 2  # every tensor once, in several buckets
+        assert r["bytes_sent"] == 2 * elements  # its own copy of the model in bf16
