@@ -28,6 +28,9 @@ def test_grpo_on_two_engine_servers_rolls_out_each_step_with_that_steps_weights(
         assert r["rollout/weight_version_min"] == r["rollout/weight_version_max"] == r["step"]
         assert r["rollout/engines_used"] == 2
         assert r["time/sync_push"] > 0 and "reward/mean" in r
+        # colocated tensor refit: each of the two data-parallel ranks sends to the engine on its own device;
+        # disk: the stage's one sender writes the shards
+        assert r["sync/senders"] == (2 if sync == "tensor" else 1)
     assert sorted(p.name for p in (run_dir / "engine_logs").iterdir()) == ["engine_0.log", "engine_1.log"]
 
 
