@@ -294,15 +294,18 @@ class Job:
         if finished:  # re-running would repeat the evaluation and overwrite summary.json
             log.warning("%s", finished)
             return 0
-        rss_at_start = _driver_rss()
+        from slime_ext.engine.weight_sync import PeakRSS
+
         try:
             for name in self.cfg.run.stages:
                 start = time.perf_counter()
-                result = stages[name]()
+                with PeakRSS(interval_s=0.05) as peak:  # the driver holds no model: what each stage adds to it
+                    result = stages[name]()
                 result["seconds"] = round(time.perf_counter() - start, 2)
-                # the driver holds no model: its peak over the run so far, above where the run started
-                self.summary["driver_memory"] = {"rss_at_start_bytes": rss_at_start, "peak_rss_bytes": _driver_peak(),
-                                                 "growth_bytes": max(0, _driver_peak() - rss_at_start)}
+                result["driver_rss_growth_bytes"] = peak.growth()
+                memory = self.summary.setdefault("driver_memory", {"peak_rss_bytes": 0, "stage_growth_bytes": {}})
+                memory["stage_growth_bytes"][name] = peak.growth()
+                memory["peak_rss_bytes"] = max(memory["peak_rss_bytes"], peak.peak)
                 self.summary["stages"][name] = result
                 log.info("stage %-16s done in %.1fs: %s", name, result["seconds"], _short(result))
                 write_json(self.run_dir / "summary.json", self.summary)
@@ -313,19 +316,6 @@ class Job:
         write_json(self.run_dir / "summary.json", self.summary)
         log.info("run directory: %s", self.run_dir)
         return 0
-
-
-def _driver_rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _driver_peak() -> int:
-    """This process's peak resident memory since it started (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _corrupt_final_answer(solution: str, label: str) -> str:

@@ -18,24 +18,30 @@ def _kept_ranks():
         yield
 
 
-def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes, expert_senders=False):
+def _loaded_trainer(config, hf_sd, sizes):
+    """This rank's trainer in `sizes`, holding its shard of the HF weights `hf_sd` (in a rank process)."""
     from megatron.core import parallel_state as mpu
 
     from megatron_glue.parallel import init_model_parallel
     from megatron_glue.sharding import shard_megatron_state
     from megatron_glue.trainer import MegatronTrainer, TrainerSettings
     from megatron_glue.weight_names import hf_to_megatron
-    from slime_ext.engine.weight_sync import ServerTarget
-    from slime_ext.orchestration.train_group import push_from_rank
 
     init_model_parallel(sizes, seed=11)
     trainer = MegatronTrainer(config, TrainerSettings(lr=1e-3), sizes)
-    shard = shard_megatron_state(
+    trainer.load_local_state_dict(dict(shard_megatron_state(
         hf_to_megatron(hf_sd, config), config,
         tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
         ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
-        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)
-    trainer.load_local_state_dict(dict(shard))
+        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)))
+    return trainer
+
+
+def _push_worker(rank, config, hf_sd, sizes, directory, bucket_bytes, expert_senders=False):
+    from slime_ext.engine.weight_sync import ServerTarget
+    from slime_ext.orchestration.train_group import push_from_rank
+
+    trainer = _loaded_trainer(config, hf_sd, sizes)
     target = ServerTarget("disk", [], engine_dtype="bfloat16", directory=directory, expert_senders=expert_senders)
     return push_from_rank(trainer, target, bucket_bytes)
 
@@ -80,25 +86,13 @@ def test_each_stage_sender_writes_its_own_shards_and_together_they_are_the_model
 def _delta_push_worker(rank, config, hf_sd, sizes, bucket_bytes):
     """Two delta pushes into a bf16 engine living in the sender's process: the first dense, then every
     rank moves element 0 of each of its local tensors and the second sends only what changed."""
-    from megatron.core import parallel_state as mpu
-
-    from megatron_glue.parallel import init_model_parallel
-    from megatron_glue.sharding import shard_megatron_state
-    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
     from megatron_glue.weight_export import export_hf_state_dict
-    from megatron_glue.weight_names import hf_to_megatron
     from sglang_patches import weight_payload
     from slime_ext.engine.weight_sync import EmbeddedTarget, forget_sender_state
     from slime_ext.orchestration.train_group import push_from_rank
 
     forget_sender_state()  # the rank processes are kept between tests
-    init_model_parallel(sizes, seed=11)
-    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-3), sizes)
-    trainer.load_local_state_dict(dict(shard_megatron_state(
-        hf_to_megatron(hf_sd, config), config,
-        tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
-        ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
-        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)))
+    trainer = _loaded_trainer(config, hf_sd, sizes)
 
     class Engine:
         def __init__(self):
@@ -190,24 +184,13 @@ def test_a_rank_set_up_again_for_rl_matches_a_rank_set_up_once():
 
 def _per_engine_worker(rank, config, hf_sd, sizes, bucket_bytes):
     import torch.distributed as dist
-    from megatron.core import parallel_state as mpu
     from sglang.srt.utils.common import MultiprocessingSerializer
 
-    from megatron_glue.parallel import init_model_parallel
-    from megatron_glue.sharding import shard_megatron_state
-    from megatron_glue.trainer import MegatronTrainer, TrainerSettings
-    from megatron_glue.weight_names import hf_to_megatron
     from slime_ext.engine.sglang_client import SGLangEngineClient
     from slime_ext.engine.weight_sync import ServerTarget
     from slime_ext.orchestration.train_group import push_from_rank
 
-    init_model_parallel(sizes, seed=11)
-    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-3), sizes)
-    trainer.load_local_state_dict(dict(shard_megatron_state(
-        hf_to_megatron(hf_sd, config), config,
-        tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=sizes.tp,
-        ep_rank=mpu.get_expert_model_parallel_rank(), ep_size=sizes.ep,
-        pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=sizes.pp, etp_size=sizes.expert_tp)))
+    trainer = _loaded_trainer(config, hf_sd, sizes)
     posted = []
 
     class Capture(SGLangEngineClient):
