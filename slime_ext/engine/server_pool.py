@@ -324,7 +324,7 @@ class ServerEnginePool:
     def _same_layout(self) -> bool:
         """True when every engine is the project's server (HF-named, unsharded weights): its checksums can be
         held to the senders'. SGLang's own engines fuse and shard, and hash on the GPU: engines only."""
-        if getattr(self, "_standin", None) is None:
+        if self._standin is None:
             self._standin = all(_get(a, "host_kind") == "standin" if hasattr(a, "host_kind") else False
                                 for a in self.actors)
         return bool(self._standin)

@@ -429,6 +429,16 @@ def flat_bucket(bucket: NamedTensors, dtype: Optional[torch.dtype], device: torc
     return flat, entries
 
 
+def ipc_device() -> torch.device:
+    """Where a bucket handed to another process by handle lives: this rank's GPU (CUDA IPC), else the host,
+    shared by file name: the default (file descriptor) strategy needs the receiver to be a multiprocessing child
+    of this process, which an engine server is not."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    return torch.device("cpu")
+
+
 def sglang_flattened_bucket(flat: torch.Tensor, entries: list) -> dict[str, Any]:
     """`flat_bucket`'s output as SGLang's own `FlattenedTensorBucket` hands it to `update_weights_from_tensor`
     with `load_format="flattened_bucket"` (its weight updater rebuilds the tensors from exactly these keys)."""
@@ -449,23 +459,16 @@ class _TensorWire:
     def __init__(self, clients: list[Any], delta: bool = False):
         self.clients = clients
         self.payloads = delta
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
-        if not torch.cuda.is_available():
-            # CPU tensors by shared-memory file name: the default (file descriptor) strategy needs the
-            # receiver to be a multiprocessing child of this process, which an engine server is not.
-            torch.multiprocessing.set_sharing_strategy("file_system")
+        self.device = ipc_device()
 
     def send(self, payload: NamedTensors) -> None:
         on_all_engines(self.clients, "update_weights_from_tensor",
                 lambda i, c: c.update_weights_from_tensor(payload, load_format=weight_payload.LOADER))
 
     def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
-        flat, entries = flat_bucket(bucket, dtype, self.device, self.checksums)
-        serialized = sglang_flattened_bucket(flat, entries)
+        flattened = sglang_flattened_bucket(*flat_bucket(bucket, dtype, self.device, self.checksums))
         on_all_engines(self.clients, "update_weights_from_tensor (flattened_bucket)",
-                       lambda i, c: c.update_weights_from_flattened_bucket(serialized))
-        del flat, serialized
+                       lambda i, c: c.update_weights_from_flattened_bucket(flattened))
 
     def close(self) -> dict:
         return {}
@@ -483,10 +486,7 @@ class _EngineRankWire:
 
     def __init__(self, client: Any, own: int, tp_size: int):
         self.client, self.own, self.tp_size = client, own, tp_size
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
-        if not torch.cuda.is_available():
-            torch.multiprocessing.set_sharing_strategy("file_system")
+        self.device = ipc_device()
 
     def send_bucket(self, bucket: NamedTensors, dtype: Optional[torch.dtype]) -> None:
         import torch.distributed as dist

@@ -244,8 +244,8 @@ def wait_for_ranks(futures: list[Any], timeout_s: Optional[float], what: str) ->
     if timeout_s is None:
         return ray.get(futures)
     ready, pending = ray.wait(futures, num_returns=len(futures), timeout=timeout_s)
-    ray.get(ready)  # a rank that failed: its own error, not a deadline
     if pending:
+        ray.get(ready)  # a rank that failed: its own error, not a deadline
         late = sorted(futures.index(f) for f in pending)
         raise WeightSyncError(f"trainer rank(s) {late} of {len(futures)} did not finish {what} within {timeout_s:.0f} s "
                               f"(sglang.weight_sync_timeout_s): a rank hung in a gather or never sent")

@@ -518,7 +518,7 @@ class TrainingJob:
             log.info("resumed RL at step %d from %s", start, ckpt_dir)
         elif hasattr(engine, "verify_refit"):  # engine servers: the first sync checked bit for bit (weights_checker)
             checked = engine.verify_refit(group, INITIAL_VERSION)
-            log.info("first weight sync verified on every engine: snapshot, reset, sync, compare (%.1f s)",
+            log.info("first weight sync verified on every engine: snapshot, reset, sync, compare (push %.1f s)",
                      checked.get("time/sync_push", 0.0))
         truncate_metrics(metrics_path, start)
         self.peak_gib = peak_rss_from_metrics(metrics_path)
