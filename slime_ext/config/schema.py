@@ -66,6 +66,19 @@ class _MethodChecked(CoreConfig):
         return self
 
     @model_validator(mode="after")
+    def _check_partial_rollouts_samplers(self) -> "_MethodChecked":
+        """Partial rollouts continue a request after a weight sync as a new request: an engine-side per-request
+        sampler (Tandem's turn-taking, DUET's gate, SxS's blocks, DA-GRPO's trigger) would restart its state."""
+        samplers = registry.METHODS[self.method].samplers
+        if self.rollout.partial_rollouts and samplers:
+            raise ConfigCheckError(
+                f"rollout.partial_rollouts = true with method {self.method!r}: its requests carry the per-request "
+                f"sampler(s) of {list(samplers)}, whose state a request continued after a weight sync would lose; "
+                "set rollout.partial_rollouts=false (the sync then waits for the rollout in flight)",
+                ("rollout.partial_rollouts", "method"))
+        return self
+
+    @model_validator(mode="after")
     def _check_method_sections(self) -> "_MethodChecked":
         for key in registry.method_sections(self):
             getattr(self, key).check_run(self)

@@ -39,6 +39,19 @@ class ConfigCheckError(ValueError):
         self.keys = tuple(keys)
 
 
+def refuse_deep_staleness(config: Any, method: str, controller: str) -> None:
+    """A method whose controller is updated after every step and shapes the next rollouts' plans runs with
+    rollout.max_staleness 0 or 1 only: with K > 1 the plans of K queued rollouts would all come from a
+    controller K steps old, which the method's control (and its tests) do not account for."""
+    k = config.rollout.max_staleness
+    if k > 1:
+        raise ConfigCheckError(
+            f"rollout.max_staleness = {k} with method {method!r}: its {controller} is updated after every step and "
+            f"plans the rollouts started after it, so with K > 1 every queued rollout would be planned by a "
+            "controller up to K steps old, which the method's control does not account for; set "
+            "rollout.max_staleness to 0 or 1", ("rollout.max_staleness", "method"))
+
+
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, assignments are validated, and no float
     may be NaN or infinite (`.inf` is valid YAML, and a run with an infinite temperature or lr fails
@@ -267,18 +280,26 @@ class RolloutConfig(Section):
     # RL draws from the first N training prompts only (null or more than there are: all; SFT always uses
     # all). A small pool makes prompts recur across epochs, which DUET's per-prompt statistics need.
     prompt_pool: Optional[int] = Field(None, ge=1)
-    # 0: on-policy (rollout t with weights version t, then train t). 1: one-step off-policy: rollout t+1
-    # is generated while step t trains, so step t+1 trains on tokens of version t (staleness <= 1; see
-    # docs/architecture.md). Needs engines that keep running while the trainer trains (not colocated GPUs).
-    off_policy_steps: Literal[0, 1] = 0
-    # off_policy_steps 1 only: a weight sync does not wait for the rollout in flight; its requests are
-    # aborted, the weights updated and the requests continued (prompt + partial response) with the new
-    # weights. Every token records the version that generated it (Sample.token_versions).
+    # How many weight versions a trained token may be behind the trainer (docs/on-policy.md). 0: on-policy
+    # (rollout t with weights version t, then train t). K >= 1: asynchronous: the engines generate the next
+    # rollouts while the trainer trains, and step t trains tokens of versions t - K .. t. Needs engines that
+    # keep running while the trainer trains (not colocated GPUs).
+    max_staleness: int = Field(0, ge=0)
+    # max_staleness >= 1 only. wait: a rollout starts only once the weights it would use are at most K versions
+    # behind the step that will train it (the engines wait instead of generating what would be too stale; no
+    # rollout is ever dropped). drop: the engines keep generating up to K + 1 rollouts ahead of the trainer
+    # whatever the version; a rollout whose oldest trained token is more than K versions behind when its turn
+    # comes is dropped (counted in async/dropped_groups) and the next one is taken.
+    stale_groups: Literal["wait", "drop"] = "wait"
+    # max_staleness >= 1 only. false: a weight sync waits for the rollout in flight, so every response is of one
+    # version (with stale_groups wait exactly version max(0, r - K) for rollout r: a rerun or a resume
+    # reproduces it). true: the sync aborts the requests in flight, updates the weights and continues them
+    # (prompt + partial response) with the new weights; every token records its version (Sample.token_versions).
     partial_rollouts: bool = False
     # partial_rollouts only: what the trainer does with a resumed response's tokens from before the sync
     # (older than the newest version in their sample). mask: loss_mask 0 (the response still counts for
     # reward and advantage); correct: trained, with the engine logprobs of the version that generated them
-    # as the old logprobs (the ratio corrects for the version; see grpo.* importance correction).
+    # as the behaviour logprobs (decoupled PPO, see grpo.mismatch).
     # null: mask with partial rollouts; a value without partial rollouts is an error (it would change nothing).
     stale_tokens: Optional[Literal["mask", "correct"]] = None
     # Multi-turn rollouts (docs/environments.md): the environment that answers each model turn, by its name in
@@ -355,13 +376,29 @@ class RolloutConfig(Section):
     def episode_total_tokens(self) -> int:
         return self.max_total_tokens or self.max_response_len
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_off_policy_steps(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "off_policy_steps" in data:
+            raise ConfigCheckError(
+                f"rollout.off_policy_steps = {data['off_policy_steps']!r} was replaced by rollout.max_staleness (0: "
+                "on-policy, 1: the one-step overlap off_policy_steps 1 gave, K: tokens up to K weight versions "
+                "behind); rename the key", ("off_policy_steps",))
+        return data
+
+    @property
+    def asynchronous(self) -> bool:
+        """Rollouts generated while the trainer trains (`max_staleness` >= 1)."""
+        return self.max_staleness > 0
+
     @model_validator(mode="after")
     def _check_off_policy(self) -> "RolloutConfig":
-        if self.partial_rollouts and self.off_policy_steps != 1:
-            raise ConfigCheckError(
-                "rollout.partial_rollouts is true but rollout.off_policy_steps is 0: partial rollouts continue a "
-                "rollout across the weight sync that only an off-policy loop lets happen; set "
-                "rollout.off_policy_steps=1 (or rollout.partial_rollouts=false)", ("partial_rollouts", "off_policy_steps"))
+        for key, default in (("partial_rollouts", False), ("stale_groups", "wait")):
+            if getattr(self, key) != default and not self.asynchronous:
+                raise ConfigCheckError(
+                    f"rollout.{key} = {getattr(self, key)!r} but rollout.max_staleness is 0: it shapes asynchronous "
+                    "rollouts (generated while the trainer trains), which an on-policy run does not have; set "
+                    f"rollout.max_staleness >= 1 (or remove rollout.{key})", (key, "max_staleness"))
         if self.stale_tokens is not None and not self.partial_rollouts:
             raise ConfigCheckError(
                 f"rollout.stale_tokens = {self.stale_tokens!r} but rollout.partial_rollouts is false: without partial "
@@ -527,7 +564,9 @@ class GRPOConfig(Section):
     loss_agg: Literal["token_mean", "sample_mean"] = "token_mean"
     # The PPO ratio's old policy: the engine's logprobs, or the trainer's recomputed before the first update
     # of a step. null: trainer when a step takes several optimizer steps (train.global_batch_size), a
-    # mismatch correction is on or rollouts are one step off-policy (rollout.off_policy_steps), else engine.
+    # mismatch correction is on or rollouts are asynchronous (rollout.max_staleness >= 1), else engine. The
+    # trainer's recomputed logprobs are then the proximal policy of decoupled PPO: the clip is taken against
+    # them, and the engine's (behaviour) logprobs enter through grpo.mismatch's importance weight.
     old_logprobs: Optional[Literal["engine", "trainer"]] = None
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
 
@@ -731,15 +770,15 @@ class CoreConfig(Section):
 
     @model_validator(mode="after")
     def _check_off_policy_placement(self) -> "CoreConfig":
-        """One-step off-policy generates while the trainer trains; colocated GPU engines sleep (release their
+        """Asynchronous rollouts are generated while the trainer trains; colocated GPU engines sleep (release their
         memory) during training, so nothing could overlap and the engines would be asked to generate asleep."""
-        if self.rollout.off_policy_steps and self.cluster.colocate and self.cluster.gpus_per_node > 0:
+        if self.rollout.asynchronous and self.cluster.colocate and self.cluster.gpus_per_node > 0:
             raise ConfigCheckError(
-                f"rollout.off_policy_steps = {self.rollout.off_policy_steps} with cluster.colocate = true on a GPU "
+                f"rollout.max_staleness = {self.rollout.max_staleness} with cluster.colocate = true on a GPU "
                 f"cluster (cluster.gpus_per_node = {self.cluster.gpus_per_node}): colocated engines sleep while the "
                 "trainer trains, so the next rollout cannot run beside it; set cluster.colocate=false (engines on "
-                "their own GPUs) or rollout.off_policy_steps=0",
-                ("rollout.off_policy_steps", "cluster.colocate", "cluster.gpus_per_node"),
+                "their own GPUs) or rollout.max_staleness=0",
+                ("rollout.max_staleness", "cluster.colocate", "cluster.gpus_per_node"),
             )
         return self
 
@@ -747,12 +786,12 @@ class CoreConfig(Section):
     def _check_periodic_eval(self) -> "CoreConfig":
         """An evaluation between steps needs the engine to itself: off-policy, the next rollout is already
         generating on it when a step ends, so the evaluation would share it and wait for it."""
-        if self.eval.every is not None and self.rollout.off_policy_steps:
+        if self.eval.every is not None and self.rollout.asynchronous:
             raise ConfigCheckError(
-                f"eval.every = {self.eval.every} with rollout.off_policy_steps = {self.rollout.off_policy_steps}: "
+                f"eval.every = {self.eval.every} with rollout.max_staleness = {self.rollout.max_staleness}: "
                 "an evaluation between steps would share the engines with the next rollout already in flight; set "
-                "eval.every=null (evaluate the checkpoints instead) or rollout.off_policy_steps=0",
-                ("eval.every", "rollout.off_policy_steps"),
+                "eval.every=null (evaluate the checkpoints instead) or rollout.max_staleness=0",
+                ("eval.every", "rollout.max_staleness"),
             )
         return self
 

@@ -74,8 +74,8 @@ class Sample:
     # token is never fed to the engine). -1 (NOT_ROUTED) marks tokens the engine did not route (spliced
     # text): the trainer's router chooses for them. None: no routing recorded. See docs/routing-replay.md.
     routed_experts: Any = None
-    # The weight version that generated each response token (off-policy runs: `rollout.off_policy_steps`
-    # 1; a partial rollout resumed after a weight sync holds two versions). None on on-policy runs.
+    # The weight version that generated each response token (asynchronous runs: `rollout.max_staleness`
+    # >= 1; a partial rollout resumed after weight syncs holds several versions). None on on-policy runs.
     token_versions: Optional[list[int]] = None
     # Per-sample.
     reward: Optional[float] = None

@@ -462,7 +462,7 @@ class ServerEnginePool:
             raise EngineUnavailable(
                 f"engine {e} ({self.urls[e]}) restarted and could not be brought to version {version}: "
                 f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}. With "
-                f"rollouts beside training (rollout.off_policy_steps) set sglang.snapshot_every=1 so a restart "
+                f"rollouts beside training (rollout.max_staleness >= 1) set sglang.snapshot_every=1 so a restart "
                 f"restores the current version from a snapshot") from exc
 
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

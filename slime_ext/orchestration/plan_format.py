@@ -40,14 +40,18 @@ def _format_layout(p: Plan) -> list[str]:
 
 
 def _format_schedule(r: RolloutLayout) -> str:
-    """How rollout and training interleave (rollout.off_policy_steps, rollout.partial_rollouts)."""
-    if not r.off_policy_steps:
+    """How rollout and training interleave (rollout.max_staleness, stale_groups, partial_rollouts)."""
+    k = r.max_staleness
+    if not k:
         return ("schedule: on-policy: rollout t (weights version t), then train t, then sync version t+1; "
                 "rollout and training take turns")
     sync = ("a sync aborts the requests in flight and continues them with the new weights (partial rollouts; "
-            f"older tokens: {r.stale_tokens})" if r.partial_rollouts else "the sync waits for rollout t+1 to finish")
-    return (f"schedule: one-step off-policy: rollout t+1 runs while step t trains (weights version t, trained at "
-            f"step t+1: staleness <= 1); {sync}; the engines need their own GPUs (not colocated)")
+            f"older tokens: {r.stale_tokens})" if r.partial_rollouts else "a sync waits for the rollout in flight")
+    ahead = (f"a rollout starts once its weights are at most {k} version(s) behind the step that trains it"
+             if r.stale_groups == "wait" else
+             f"up to {k + 1} rollouts ahead of the trainer, those more than {k} version(s) behind dropped")
+    return (f"schedule: asynchronous (max_staleness {k}): rollouts run while the trainer trains, {ahead}; {sync}; "
+            "the engines need their own GPUs (not colocated)")
 
 
 def _format_rollout(p: Plan) -> list[str]:

@@ -66,7 +66,8 @@ class RolloutLayout:
     router: bool
     models_per_engine: int
     server_command: Optional[list[str]]
-    off_policy_steps: int = 0  # 1: rollout t+1 is generated while step t trains (rollout.off_policy_steps)
+    max_staleness: int = 0  # K >= 1: rollouts generated while the trainer trains, tokens <= K versions behind
+    stale_groups: str = "wait"
     partial_rollouts: bool = False
     stale_tokens: str = "mask"
     weight_sync: str = ""  # the resolved sglang.weight_sync (engine servers only)
@@ -151,7 +152,8 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
         tp_size=tp_size, engine_gpus=engine_gpus(config), colocate=config.cluster.colocate,
         router=bool(sglang and s.router), models_per_engine=2 if method_class(config).needs_partner else 1,
         server_command=engine_command(config, warnings),
-        off_policy_steps=config.rollout.off_policy_steps, partial_rollouts=config.rollout.partial_rollouts,
+        max_staleness=config.rollout.max_staleness,
+        stale_groups=config.rollout.stale_groups, partial_rollouts=config.rollout.partial_rollouts,
         stale_tokens=config.rollout.stale_token_policy,
         weight_sync=s.weight_sync if sglang else "", weight_sync_reason=s.weight_sync_reason(config.cluster.colocate) if sglang else "",
     )

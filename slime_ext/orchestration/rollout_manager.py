@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from slime_ext.algo import LossSpec
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample, SampleStatus
@@ -65,16 +67,16 @@ def check_weight_versions(requests: list[GenerateRequest], results: list[Generat
                            f"{step}, e.g. {stale[:3]} (rid, version); an engine missed a weight sync")
 
 
-def check_token_versions(requests: list[GenerateRequest], versions: list[list[int]], step: int,
-                         off_policy_steps: int) -> None:
-    """Off-policy runs: every token of the rollout trained at `step` must come from a version in
-    [step - off_policy_steps, step] (older: an engine missed a sync; newer: impossible, a bug)."""
-    low = step - off_policy_steps
-    stale = [(q.rid, sorted(set(v))) for q, v in zip(requests, versions) if any(not low <= x <= step for x in v)]
+def check_token_versions(requests: list[GenerateRequest], versions: list[list[int]], rollout: int,
+                         started: int) -> None:
+    """Asynchronous runs: no token of a rollout may be older than the version the engines served when it
+    started (older: an engine missed a weight sync). The bound against the step that trains it is the
+    loop's (slime_ext.orchestration.async_rollouts)."""
+    stale = [(q.rid, sorted(set(v))) for q, v in zip(requests, versions) if any(x < started for x in v)]
     if stale:
-        raise StaleRollout(f"step {step}: {len(stale)} rollout(s) hold tokens of weight versions outside "
-                           f"[{low}, {step}] (rollout.off_policy_steps = {off_policy_steps}), e.g. {stale[:3]} "
-                           "(rid, versions); an engine missed a weight sync")
+        raise StaleRollout(f"rollout {rollout}: {len(stale)} request(s) hold tokens of weight versions older than "
+                           f"{started}, the version the engines served when it started, e.g. {stale[:3]} (rid, "
+                           "versions); an engine missed a weight sync")
 
 
 def continuation_seed(seed: int, generated: int) -> int:
@@ -96,10 +98,12 @@ class _Partial:
     versions: list[int] = dataclasses.field(default_factory=list)
     first: Optional[GenerateResult] = None
     last: Optional[GenerateResult] = None
+    routes: Any = None  # routed experts per position, each row from the call whose weights produced its token
 
     def add(self, res: GenerateResult, version: int) -> None:
         self.first = self.first or res
         self.last = res
+        self.routes = stitch_routes(self.routes, res.routed_experts, len(self.request.input_ids) + len(self.output_ids))
         self.output_ids += res.output_ids
         self.logprobs += res.logprobs or []
         self.annotations += res.annotations or [{} for _ in res.output_ids]
@@ -123,9 +127,22 @@ class _Partial:
             logprobs=list(self.logprobs) if q.return_logprob and last.logprobs is not None else None,
             finish_reason=finish_reason or last.finish_reason, annotations=list(self.annotations),
             cached_tokens=self.first.cached_tokens, prompt_len=len(q.input_ids), error=last.error,
-            weight_version=last.weight_version, served_by=last.served_by,
-            # the last call's input was the prompt and every earlier output: its routing covers the whole sample
-            routed_experts=last.routed_experts)
+            weight_version=last.weight_version, served_by=last.served_by, routed_experts=self.routes)
+
+
+def stitch_routes(kept: Any, new: Any, cut: int) -> Any:
+    """Routing replay across a weight sync: the routes of a continued request (input = the prompt and the
+    `cut - prompt` tokens generated before the sync) cover every position again, but the engine recomputed
+    the earlier ones under the new weights. Row i holds the routes of the forward at position i, which
+    produced token i + 1: rows before `cut - 1` produced tokens of the old version and keep the old call's
+    routes (pairing them with the new call's would train old-version logprobs on new-version routes); rows
+    from `cut - 1` on come from the call that produced their tokens."""
+    if kept is None or new is None:
+        return new if kept is None else kept
+    head = cut - 1
+    if isinstance(new, torch.Tensor):
+        return torch.cat([kept[:head], new[head:]], dim=0)
+    return list(kept[:head]) + list(new[head:])
 
 
 def restart_metrics(engine: Any, step: int) -> dict[str, Any]:
@@ -220,10 +237,10 @@ class RolloutManager:
     def rollout(self, step: int, weight_version: Optional[int] = None) -> tuple[list[list[Sample]], dict[str, float]]:
         """One step's rollouts, scored and with advantages; plus metrics (including timings).
 
-        Off-policy runs (`rollout.off_policy_steps` 1) pass the `weight_version` the engine serves when the
-        rollout starts (step - 1 for a rollout generated while the previous step trains): every token then
-        records its version (`Sample.token_versions`), see `_generate_versioned`."""
-        off = self.config.rollout.off_policy_steps
+        Asynchronous runs (`rollout.max_staleness` >= 1) pass the `weight_version` the engine serves when the
+        rollout starts (`step` is then the rollout's index, which seeds its requests): every token records its
+        version (`Sample.token_versions`), see `_generate_versioned`."""
+        off = self.config.rollout.asynchronous
         t0 = time.perf_counter()
         started = time.time()
         source = self._source()
@@ -244,8 +261,9 @@ class RolloutManager:
             episodes, versions, resumed = self._episodes(requests, [rows[i] for i in where], step, weight_version)
             results = [e.as_result() for e in episodes]
         elif off:
-            results, versions, resumed = self._generate_versioned(requests, step if weight_version is None else weight_version)
-            check_token_versions(requests, versions, step, off)
+            started = step if weight_version is None else weight_version
+            results, versions, resumed = self._generate_versioned(requests, started)
+            check_token_versions(requests, versions, step, started)
         else:
             results = self._generate(requests)
             check_weight_versions(requests, results, step)
@@ -294,7 +312,7 @@ class RolloutManager:
 
         def generate(turn: list[GenerateRequest]) -> list[GenerateResult]:
             nonlocal resumed
-            if r.off_policy_steps:
+            if r.asynchronous:
                 version = step if weight_version is None else weight_version
                 results, versions, n = self._generate_versioned(turn, version)
                 by_rid.update({q.rid: v for q, v in zip(turn, versions)})
@@ -305,11 +323,11 @@ class RolloutManager:
             return results
 
         episodes = run_episodes(generate, requests, rows, self._env, self.tokenizer, EpisodeLimits.of_rollout(r))
-        if not r.off_policy_steps:
+        if not r.asynchronous:
             check_weight_versions([q for q, _ in calls], [res for _, res in calls], step)
             return episodes, None, 0
         versions = [e.token_versions(by_rid) for e in episodes]
-        check_token_versions(requests, versions, step, r.off_policy_steps)
+        check_token_versions(requests, versions, step, step if weight_version is None else weight_version)
         return episodes, versions, resumed
 
     # -- off-policy runs --------------------------------------------------------------------------
@@ -397,11 +415,10 @@ class RolloutManager:
             self._cv.notify_all()
 
     def _off_policy_tokens(self, groups: list[list[Sample]], step: int, resumed: int) -> dict[str, float]:
-        """After the method's finish: versions aligned to the final responses, `rollout.stale_tokens`
-        applied, and the staleness (trainer version `step` minus token version) over trained tokens."""
+        """After the method's finish: versions aligned to the final responses and `rollout.stale_tokens`
+        applied (the staleness against the step that trains them is measured by the loop when it takes them)."""
         r = self.config.rollout
         mask = r.partial_rollouts and r.stale_token_policy == "mask"
-        staleness: list[int] = []
         masked = 0
         for s in (s for g in groups for s in g):
             versions = list(s.token_versions or [])
@@ -415,11 +432,7 @@ class RolloutManager:
                     if v < newest and s.loss_mask[k] > 0:
                         s.loss_mask[k] = 0.0
                         masked += 1
-            if s.status != SampleStatus.FAILED:
-                staleness += [step - v for v, m in zip(versions, s.loss_mask) if m > 0]
-        out = {"rollout/staleness_max": float(max(staleness, default=0)),
-               "rollout/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
-               "rollout/partial_aborted": float(resumed)}
+        out = {"rollout/partial_aborted": float(resumed)}
         if r.partial_rollouts:
             out["rollout/stale_tokens_masked"] = float(masked)
         return out

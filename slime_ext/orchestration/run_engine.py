@@ -62,9 +62,9 @@ class RunEngine:
 
 def colocated_sleep(cfg: Config) -> bool:
     """Whether the engines sleep while the trainer trains (and the trainer while they generate): colocated
-    engine servers with `cluster.colocate_sleep`, and no rollout running beside training (off-policy)."""
+    engine servers with `cluster.colocate_sleep`, and no rollout running beside training (rollout.max_staleness >= 1)."""
     return (cfg.rollout.engine == "sglang" and cfg.cluster.colocate and cfg.cluster.colocate_sleep
-            and not cfg.rollout.off_policy_steps)
+            and not cfg.rollout.asynchronous)
 
 
 def sampler_env(cfg: Config) -> dict[str, str]:

@@ -26,6 +26,6 @@ def trainer_settings(cfg: Any, loss: LossSpec, total_steps: Optional[int] = None
         recompute=t.parallel.recompute, seed=cfg.run.seed, routing_replay=t.routing_replay,
         logprob_chunk_mb=t.logprob_chunk_mb,
         global_batch_size=t.global_batch_size, old_logprobs=g.resolved_old_logprobs(
-            cfg.minibatches_per_step(), off_policy=cfg.rollout.off_policy_steps > 0),
+            cfg.minibatches_per_step(), off_policy=cfg.rollout.asynchronous),
         mismatch_mode=m.mode, mismatch_level=m.level, mismatch_cap=m.cap, mismatch_low=m.low, mismatch_high=m.high,
     ).with_loss(loss)

@@ -5,8 +5,8 @@ One RL step (docs/architecture.md):
   train group:     (reference logprobs if KL) -> optimizer step with that loss spec
   weight sync:     Megatron -> HF names -> engine update (the engine flushes its prefix cache)
   method.update:   controllers (in the rollout manager, which holds the method during RL)
-With `rollout.off_policy_steps: 1` the next step's rollout runs beside training
-(`slime_ext.orchestration.off_policy.OffPolicyRollouts` stands in for the manager and the engine).
+With `rollout.max_staleness: K` >= 1 the next rollouts run beside training
+(`slime_ext.orchestration.async_rollouts.AsyncRollouts` stands in for the manager and the engine).
 A checkpoint (trainer ranks + rollout manager state + step) is written every `run.save_every` steps
 (default: every step, so a killed run loses at most the step in flight); `metrics.jsonl` is truncated
 to the checkpointed step on every start (to empty when no checkpoint exists yet), so the resumed
@@ -44,7 +44,7 @@ from slime_ext.engine.failures import EngineFailure
 from slime_ext.methods.base import Method
 from slime_ext.orchestration.data_source import DataSource
 from slime_ext.orchestration.local_endpoints import build_run_method
-from slime_ext.orchestration.off_policy import OffPolicyRollouts
+from slime_ext.orchestration.async_rollouts import AsyncRollouts, async_rollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.run_engine import colocated_sleep, start_engine
@@ -423,6 +423,7 @@ class TrainingJob:
         partner = self.method.partner_dir(warm_dir) if self.method.needs_partner else None
         group: Optional[TrainGroup] = None
         manager_actor = None
+        manager: Any = None
         run_engine = None
         try:
             # The engines, the trainer's ranks and the rollout manager start side by side (each process start is
@@ -448,8 +449,8 @@ class TrainingJob:
             with self._stopping("the rollout manager's start and the resume", ckpt_dir):
                 if manager is None:  # the actor's handle: waits for its start
                     manager = RemoteRolloutManager(manager_actor)
-                if cfg.rollout.off_policy_steps:  # rollout t+1 beside train t (slime_ext.orchestration.off_policy)
-                    manager = OffPolicyRollouts(manager, engine, cfg.train.steps, cfg.rollout.partial_rollouts)
+                if cfg.rollout.asynchronous:  # rollouts beside training (slime_ext.orchestration.async_rollouts)
+                    manager = async_rollouts(cfg, manager, engine)
                 start = self._resume(group, manager, engine, ckpt_dir)
             self._rl_loop(start, manager, group, engine, ckpt_dir)
             with self._stopping("the final weight export and evaluation", ckpt_dir):
@@ -460,6 +461,8 @@ class TrainingJob:
                 group.shutdown()
             if run_engine is not None:
                 run_engine.shutdown()
+            if isinstance(manager, AsyncRollouts):  # its producer thread stops before the manager's actor goes
+                manager.close()
             if manager_actor is not None:
                 ray.kill(manager_actor)
         return reports
@@ -520,6 +523,8 @@ class TrainingJob:
             checked = engine.verify_refit(group, INITIAL_VERSION)
             log.info("first weight sync verified on every engine: snapshot, reset, sync, compare (push %.1f s)",
                      checked.get("time/sync_push", 0.0))
+        if isinstance(manager, AsyncRollouts):  # rollouts numbered from here unless a queue was restored
+            manager.resume_at(start)
         truncate_metrics(metrics_path, start)
         self.peak_gib = peak_rss_from_metrics(metrics_path)
         return start
@@ -547,7 +552,7 @@ class TrainingJob:
             for step in bar:
                 with self._stopping(f"step {step}", ckpt_dir):
                     # off-policy: the wrapper is the step's engine too (its sync finishes the rollout in flight)
-                    row = self._rl_step(step, manager, group, manager if isinstance(manager, OffPolicyRollouts) else engine)
+                    row = self._rl_step(step, manager, group, manager if isinstance(manager, AsyncRollouts) else engine)
                     run_logger.log(row)  # metrics.jsonl, TensorBoard, W&B
                     manager.evaluate_after_step(row, self.run_dir)  # where the method lives, with its engine
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", len=f"{row['response_len/mean']:.0f}",

@@ -151,8 +151,8 @@ def test_literal_choice_and_cross_field_checks(tmp_path):
         load_config(CONFIGS / "grpo.yaml", ["eval.k=[1,8]"])
     assert load_config(CONFIGS / "grpo.yaml").config.eval.every is None  # warm start and final evaluations only
     assert load_config(CONFIGS / "grpo.yaml", ["eval.every=10"]).config.eval.every == 10
-    with pytest.raises(ConfigError, match=r"eval.every = 10 with rollout.off_policy_steps = 1"):
-        load_config(CONFIGS / "grpo.yaml", ["eval.every=10", "rollout.off_policy_steps=1"])
+    with pytest.raises(ConfigError, match=r"eval.every = 10 with rollout.max_staleness = 1"):
+        load_config(CONFIGS / "grpo.yaml", ["eval.every=10", "rollout.max_staleness=1"])
     with pytest.raises(ConfigError, match="eval.every"):
         load_config(CONFIGS / "grpo.yaml", ["eval.every=0"])
 

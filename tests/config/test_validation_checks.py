@@ -182,26 +182,28 @@ def test_a_mismatch_correction_needs_the_trainers_old_logprobs():
     assert "grpo.mismatch.low" in problem(GRPO, "grpo.mismatch.low=1.5")
 
 
-# -- one-step off-policy ---------------------------------------------------------------------------------------
+# -- asynchronous rollouts (rollout.max_staleness) -------------------------------------------------------------
 def test_off_policy_on_colocated_gpus_names_both_keys_and_the_fix(capsys):
-    assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1", "cluster.gpus_per_node=8"]) == 2
+    assert config_main(["--check", str(GRPO), "rollout.max_staleness=1", "cluster.gpus_per_node=8"]) == 2
     err = capsys.readouterr().err
-    assert ("rollout.off_policy_steps = 1 with cluster.colocate = true on a GPU cluster (cluster.gpus_per_node = 8)"
+    assert ("rollout.max_staleness = 1 with cluster.colocate = true on a GPU cluster (cluster.gpus_per_node = 8)"
             in err) and "set cluster.colocate=false" in err
     # engines on their own GPUs, or a CPU run (its processes never sleep): accepted (DP derived on GPUs: --check
     # also builds the cluster plan, which refuses the CPU config's data_parallel_size 2 on 8 GPUs)
-    assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1", "cluster.gpus_per_node=8",
+    assert config_main(["--check", str(GRPO), "rollout.max_staleness=1", "cluster.gpus_per_node=8",
                         "cluster.colocate=false", "train.parallel.data_parallel_size=1"]) == 0
-    assert config_main(["--check", str(GRPO), "rollout.off_policy_steps=1"]) == 0
+    assert config_main(["--check", str(GRPO), "rollout.max_staleness=1"]) == 0
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["rollout.partial_rollouts=true"], "rollout.partial_rollouts is true but rollout.off_policy_steps is 0"),
-    (["rollout.off_policy_steps=1", "rollout.stale_tokens=correct"],
+    (["rollout.partial_rollouts=true"], "rollout.partial_rollouts = True but rollout.max_staleness is 0"),
+    (["rollout.stale_groups=drop"], "rollout.stale_groups = 'drop' but rollout.max_staleness is 0"),
+    (["rollout.max_staleness=1", "rollout.stale_tokens=correct"],
      "rollout.stale_tokens = 'correct' but rollout.partial_rollouts is false"),
     (["rollout.stale_tokens=mask"], "rollout.stale_tokens = 'mask' but rollout.partial_rollouts is false"),
-    (["rollout.off_policy_steps=2"], "key 'rollout.off_policy_steps' = 2"),
-    (["rollout.off_policy_steps=1", "rollout.partial_rollouts=true", "rollout.stale_tokens=drop"],
+    (["rollout.off_policy_steps=1"], "rollout.off_policy_steps = 1 was replaced by rollout.max_staleness"),
+    (["rollout.max_staleness=-1"], "key 'rollout.max_staleness' = -1"),
+    (["rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.stale_tokens=drop"],
      "key 'rollout.stale_tokens' = 'drop'"),
 ])
 def test_off_policy_keys_that_would_change_nothing_are_rejected(overrides, expected):
@@ -211,9 +213,24 @@ def test_off_policy_keys_that_would_change_nothing_are_rejected(overrides, expec
     assert expected in msg and msg.startswith(f"command line override '{overrides[-1]}'")
 
 
+@pytest.mark.parametrize("config_file, overrides, expected", [
+    ("duet.yaml", ["rollout.max_staleness=2"], "rollout.max_staleness = 2 with method 'duet': its budget allocation"),
+    ("dagrpo.yaml", ["rollout.max_staleness=3"], "rollout.max_staleness = 3 with method 'dagrpo': its dual variable"),
+    ("tandem.yaml", ["rollout.max_staleness=2", "rollout.partial_rollouts=true"],
+     "rollout.partial_rollouts = true with method 'tandem': its requests carry the per-request sampler(s) of "
+     "['sglang_patches.tandem']"),
+    ("sxs_rl.yaml", ["rollout.max_staleness=1", "rollout.partial_rollouts=true"], "with method 'sxs_rl'"),
+])
+def test_methods_that_cannot_run_asynchronously_are_refused_at_check(capsys, config_file, overrides, expected):
+    assert config_main(["--check", str(CONFIGS / config_file), *overrides]) == 2
+    assert expected in capsys.readouterr().err
+    # what they can run: one step stale without partial rollouts (and Tandem / SxS any K)
+    assert config_main(["--check", str(CONFIGS / config_file), "rollout.max_staleness=1"]) == 0
+
+
 def test_partial_rollouts_default_to_masking_stale_tokens():
-    r = load_config(GRPO, ["rollout.off_policy_steps=1", "rollout.partial_rollouts=true"]).config.rollout
+    r = load_config(GRPO, ["rollout.max_staleness=1", "rollout.partial_rollouts=true"]).config.rollout
     assert r.stale_tokens is None and r.stale_token_policy == "mask"
-    r = load_config(GRPO, ["rollout.off_policy_steps=1", "rollout.partial_rollouts=true",
+    r = load_config(GRPO, ["rollout.max_staleness=1", "rollout.partial_rollouts=true",
                            "rollout.stale_tokens=correct"]).config.rollout
     assert r.stale_token_policy == "correct"

@@ -119,12 +119,12 @@ class TwoTurnEnv(Environment):
 
 
 def test_partial_rollouts_continue_an_aborted_turn_and_keep_every_tokens_version(monkeypatch):
-    from tests.orchestration.test_off_policy import HOLD, MAX_NEW, FakeEngine
+    from tests.orchestration.test_async_rollouts import HOLD, MAX_NEW, FakeEngine
 
     monkeypatch.setitem(registry.ENVS, "two_turns", registry.EnvEntry("tests.envs.test_rollout_manager:TwoTurnEnv"))
     cfg = load_config(CONFIGS / "grpo.yaml", [
         "rollout.manager=driver", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
-        f"rollout.max_response_len={3 * MAX_NEW}", "rollout.off_policy_steps=1", "rollout.partial_rollouts=true",
+        f"rollout.max_response_len={3 * MAX_NEW}", "rollout.max_staleness=1", "rollout.partial_rollouts=true",
         "rollout.env=two_turns", f"rollout.max_turn_tokens={MAX_NEW}"]).config
     engine = FakeEngine(hold=True)
     rows = [{"prompt": f"q{i}", "label": "7", "row_id": i} for i in range(4)]
@@ -149,4 +149,4 @@ def test_partial_rollouts_continue_an_aborted_turn_and_keep_every_tokens_version
         assert s.logprobs == [-0.1] * HOLD + [-0.2] * (MAX_NEW - HOLD) + [0.0, 0.0] + [-0.2] * MAX_NEW
         # rollout.stale_tokens mask (the default): the version-0 tokens are not trained, nor the observation
         assert s.loss_mask == [0.0] * HOLD + [1.0] * (MAX_NEW - HOLD) + [0.0, 0.0] + [1.0] * MAX_NEW
-    assert metrics["rollout/partial_aborted"] == 4.0 and metrics["rollout/staleness_max"] == 0.0
+    assert metrics["rollout/partial_aborted"] == 4.0  # the staleness is measured by the loop (async_rollouts)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slime_ext.orchestration.rollout_manager import RolloutManager
-from tests.orchestration.test_off_policy import ROWS, Tokenizer, config
+from tests.orchestration.test_async_rollouts import ROWS, Tokenizer, config
 from tests.orchestration.test_one_method import CountingMethod, PlainEngine, SpecGroup, job_with
 
 

@@ -19,7 +19,7 @@ import pytest
 from slime_ext.orchestration import training_job
 from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, restart_metrics
 from slime_ext.orchestration.run_dir import ENGINE_EVENTS_FILE
-from tests.orchestration.test_off_policy import FakeEngine, FakeGroup, config, job_for, manager_for, metrics, step_of
+from tests.orchestration.test_async_rollouts import FakeEngine, FakeGroup, config, job_for, manager_for, metrics, step_of
 
 
 class RestartingEngine(FakeEngine):
@@ -51,7 +51,7 @@ def fixed_rss(monkeypatch):
 
 @pytest.mark.parametrize("off_policy", [0, 1])
 def test_a_restart_shows_on_the_console_in_the_metrics_and_in_the_run_dir(tmp_path, capsys, off_policy):
-    cfg = config("train.steps=3", f"rollout.off_policy_steps={off_policy}")
+    cfg = config("train.steps=3", f"rollout.max_staleness={off_policy}")
     engine, group = RestartingEngine(fault_step=1), FakeGroup()
     job_for(cfg, tmp_path)._rl_loop(0, manager_for(cfg, engine), group, engine, tmp_path / "checkpoints")
     rows = metrics(tmp_path)

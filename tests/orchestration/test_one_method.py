@@ -24,11 +24,11 @@ from slime_ext.algo import LossSpec
 from slime_ext.data.generation import GenerateResult
 from slime_ext.methods.base import Method, PromptPlan
 from slime_ext.orchestration import training_job
-from slime_ext.orchestration.off_policy import PENDING_KEY, OffPolicyRollouts
+from slime_ext.orchestration.async_rollouts import QUEUE_KEY, AsyncRollouts
 from slime_ext.orchestration.placement import actor_groups
 from slime_ext.orchestration.rollout_manager import RemoteRolloutManager, RolloutManager
 from slime_ext.orchestration.training_job import TrainingJob
-from tests.orchestration.test_off_policy import ROWS, FakeGroup, Tokenizer, config
+from tests.orchestration.test_async_rollouts import ROWS, FakeGroup, Tokenizer, config
 
 STEPS = 3
 
@@ -127,7 +127,7 @@ def job_with(cfg: Any, run_dir: Path, method: Method) -> TrainingJob:
 def test_the_manager_holds_the_one_method_and_its_loss_spec_reaches_the_trainer(tmp_path, request, where, off_policy):
     if where == "actor":
         request.getfixturevalue("local_ray")
-    cfg = config(f"rollout.manager={where}", f"train.steps={STEPS}", f"rollout.off_policy_steps={off_policy}")
+    cfg = config(f"rollout.manager={where}", f"train.steps={STEPS}", f"rollout.max_staleness={off_policy}")
     method = CountingMethod(cfg)
     job = job_with(cfg, tmp_path, method)
     engine = PlainEngine()
@@ -138,7 +138,7 @@ def test_the_manager_holds_the_one_method_and_its_loss_spec_reaches_the_trainer(
     with pytest.raises(RuntimeError, match="holds the method"):
         job.method  # noqa: B018 - the driver has no method while the manager holds it
     if off_policy:
-        manager = OffPolicyRollouts(manager, engine, STEPS)
+        manager = AsyncRollouts(manager, engine, STEPS, max_staleness=1)
     group = SpecGroup()
     job._rl_loop(0, manager, group, engine, tmp_path / "checkpoints")
 
@@ -151,7 +151,8 @@ def test_the_manager_holds_the_one_method_and_its_loss_spec_reaches_the_trainer(
         assert [r["finished"] for r in seen] == [2, 3, 3]
         assert clips == pytest.approx([0.2, 0.2, 0.3])
         saved = pickle.loads((tmp_path / "checkpoints" / "iter_0000002" / "rank_00000.pt").read_bytes())
-        assert saved["manager"][PENDING_KEY]["loss"]["eps_clip_high"] == pytest.approx(0.3)  # rollout 2's, kept
+        (queued,) = saved["manager"][QUEUE_KEY]["rollouts"]
+        assert queued["index"] == 2 and queued["loss"]["eps_clip_high"] == pytest.approx(0.3)  # rollout 2's, kept
     else:  # each step's batch with the spec of the state that made it: after update(t - 1)
         assert [r["finished"] for r in seen] == [1, 2, 3]
         assert clips == pytest.approx([0.2, 0.3, 0.4])
@@ -166,23 +167,27 @@ def test_the_manager_holds_the_one_method_and_its_loss_spec_reaches_the_trainer(
         ray.kill(actor)
 
 
-def test_a_resumed_off_policy_run_trains_the_pending_rollout_with_its_saved_spec(tmp_path):
-    cfg = config("train.steps=4", "rollout.off_policy_steps=1")
+def test_a_resumed_async_run_trains_the_queued_rollout_with_its_saved_spec(tmp_path):
+    cfg = config("train.steps=4", "rollout.max_staleness=1")
     method = CountingMethod(cfg)
     engine = PlainEngine()
-    loop = OffPolicyRollouts(RolloutManager(cfg, ROWS, Tokenizer(), engine, method=method), engine, 4)
+    loop = AsyncRollouts(RolloutManager(cfg, ROWS, Tokenizer(), engine, method=method), engine, 4, max_staleness=1)
     loop.rollout(0)
     loop.sync_weights(None, 1)  # collects rollout 1 (made with no update yet: clip 0.2)
     loop.update({}, 0)
     state = pickle.loads(pickle.dumps(loop.state_dict()))
-    assert state[PENDING_KEY]["loss"]["eps_clip_high"] == pytest.approx(0.2)
+    loop.close()
+    (queued,) = state[QUEUE_KEY]["rollouts"]
+    assert queued["index"] == 1 and queued["loss"]["eps_clip_high"] == pytest.approx(0.2)
 
     fresh = CountingMethod(cfg)
     fresh.updates = 5  # whatever the restored method would say now, the pending batch keeps its own spec
-    resumed = OffPolicyRollouts(RolloutManager(cfg, ROWS, Tokenizer(), engine, method=fresh), engine, 4)
+    resumed = AsyncRollouts(RolloutManager(cfg, ROWS, Tokenizer(), engine, method=fresh), engine, 4, max_staleness=1)
     resumed.load_state_dict(state)
-    resumed.rollout(1)
-    assert resumed.loss_spec().eps_clip_high == pytest.approx(0.2)
+    resumed.resume_at(1)
+    groups, _ = resumed.rollout(1)
+    assert resumed.loss_spec().eps_clip_high == pytest.approx(0.2) and groups[0][0].sample_id.startswith("s1-")
+    resumed.close()
 
 
 def test_every_method_config_builds_a_method_that_survives_the_hand_over(tmp_path):

@@ -315,12 +315,13 @@ def test_dagrpo_launcher_refuses_to_start_without_a_cloud_endpoint(tmp_path):
 def test_plan_prints_the_schedule(tmp_path):
     on = format_plan(build_plan(reference_config(tmp_path)))
     assert "schedule: on-policy: rollout t (weights version t), then train t" in on
-    off = build_plan(reference_config(tmp_path, "cluster.colocate=false", "rollout.off_policy_steps=1",
+    off = build_plan(reference_config(tmp_path, "cluster.colocate=false", "rollout.max_staleness=1",
                                       "rollout.partial_rollouts=true", "cluster.num_nodes=2"))  # 8 engine + 8 trainer GPUs
-    assert (off.rollout.off_policy_steps, off.rollout.partial_rollouts, off.rollout.stale_tokens) == (1, True, "mask")
+    assert (off.rollout.max_staleness, off.rollout.partial_rollouts, off.rollout.stale_tokens) == (1, True, "mask")
     text = format_plan(off)
-    assert "schedule: one-step off-policy: rollout t+1 runs while step t trains" in text
-    assert "staleness <= 1" in text and "partial rollouts; older tokens: mask" in text
+    assert "schedule: asynchronous (max_staleness 1): rollouts run while the trainer trains" in text
+    assert "at most 1 version(s) behind the step that trains it" in text
+    assert "partial rollouts; older tokens: mask" in text
 
 
 def test_a_colocated_gpu_is_counted_with_both_sleeps_and_refused_without(tmp_path):

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
-from slime_ext.config.sections import V2_LEVEL_NAMES, ConfigCheckError, Section, SyntheticLevel
+from slime_ext.config.sections import V2_LEVEL_NAMES, ConfigCheckError, Section, SyntheticLevel, refuse_deep_staleness
 
 
 class DAGRPOPhase(Section):
@@ -68,6 +68,7 @@ class DAGRPOConfig(Section):
         """The phases run back to back (the RL steps must be exactly their steps), a run that may ask
         needs somewhere to send the question (only the local-only baseline never calls the cloud), and a
         multi-turn run asks through the `cloud` tool (the trigger sampler cannot span turns)."""
+        refuse_deep_staleness(config, config.method, "dual variable (the usage budget's price in the advantage)")
         self._check_tool_path(config)
         if self.phases:
             if config.data.synthetic.train_level_weights is not None:

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from slime_ext.config.sections import ConfigCheckError, Section
+from slime_ext.config.sections import ConfigCheckError, Section, refuse_deep_staleness
 
 
 class DuetConfig(Section):
@@ -38,7 +38,9 @@ class DuetConfig(Section):
     def check_run(self, config: Any) -> None:
         """Multi-turn episodes (`rollout.env`) run without the gate (slime_ext/methods/duet/method.py): a key
         that acts only through it would change nothing, and a method whose plans carry another per-request
-        sampler (DUET on Tandem: the tandem sampler authors every token) cannot run episodes at all."""
+        sampler (DUET on Tandem: the tandem sampler authors every token) cannot run episodes at all. Asynchronous
+        runs: at most one step stale (its budget allocation is a per-step controller)."""
+        refuse_deep_staleness(config, config.method, "budget allocation (per-prompt statistics, refit schedule)")
         if config.rollout.env is None:
             return
         from slime_ext.methods.registry import METHODS

@@ -1,12 +1,13 @@
-"""One-step off-policy RL (`rollout.off_policy_steps: 1`) through the real loop (`TrainingJob._rl_loop`,
-`_rl_step`) and the real rollout manager (in the driver), with a fake engine whose tokens are a function of
-the request seed and a fake trainer whose step sleeps (the planted delay). No Ray, no model.
+"""Asynchronous RL (`rollout.max_staleness: K`) through the real loop (`TrainingJob._rl_loop`, `_rl_step`)
+and the real rollout manager (in the driver), with a fake engine whose tokens are a function of the request
+seed and a fake trainer whose step sleeps (the planted delay). No Ray, no model.
 
 What a wrong implementation fails: rollout t+1 must start generating before train step t ends; every
-token trained at step t must be of version t - 1 (t >= 1; exactly 1 behind without partial rollouts);
-partial rollouts must cut each response at the sync (versions v then v + 1, continuation = prompt +
-partial response) and `mask` / `correct` must zero / keep the old tokens; a resume must train the same
-batches on the same prompts as the uninterrupted run.
+token trained at step t must be of version max(0, t - K) without partial rollouts (never more than K
+behind with them); partial rollouts must cut each response at the sync (versions v then v + 1,
+continuation = prompt + partial response) and `mask` / `correct` must zero / keep the old tokens; `drop`
+must drop the rollouts the bound excludes; a resume (K = 2, mid-run) must train the same batches on the
+same prompts and log the same rows as the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from slime_ext.config import load_config
 from slime_ext.data.generation import GenerateResult
 from slime_ext.engine.failures import StaleRollout
 from slime_ext.orchestration import training_job
-from slime_ext.orchestration.off_policy import PENDING_KEY, OffPolicyRollouts
+from slime_ext.orchestration.async_rollouts import QUEUE_KEY, async_rollouts
 from slime_ext.orchestration.rollout_manager import RolloutManager, continuation_seed
 from slime_ext.orchestration.training_job import TrainingJob
 from tests.conftest import CONFIGS
@@ -156,8 +157,8 @@ def job_for(cfg, run_dir: Path) -> TrainingJob:
 
 def manager_for(cfg, engine: FakeEngine) -> Any:
     manager = RolloutManager(cfg, ROWS, Tokenizer(), engine)
-    if cfg.rollout.off_policy_steps:
-        return OffPolicyRollouts(manager, engine, cfg.train.steps, cfg.rollout.partial_rollouts)
+    if cfg.rollout.max_staleness:
+        return async_rollouts(cfg, manager, engine)
     return manager
 
 
@@ -178,38 +179,66 @@ def run(tmp_path: Path, *overrides: str, steps: int = 4, delay: float = 0.0, tic
     return engine, group, metrics(tmp_path)
 
 
+TIMING = ("time/", "perf/", "async/engine_idle_frac", "async/trainer_idle_frac", "memory/", "peak")
+
+
+def untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
 def test_rollout_t_plus_1_overlaps_train_t_and_is_exactly_one_version_stale(tmp_path):
     # train steps take 0.4 s, a rollout 8 ticks of 0.02 s: rollout t+1 fits inside train t
-    engine, group, rows = run(tmp_path, "rollout.off_policy_steps=1", delay=0.4, tick=0.02)
+    engine, group, rows = run(tmp_path, "rollout.max_staleness=1", delay=0.4, tick=0.02)
     assert engine.versions == [1, 2, 3, 4]
     for t in range(3):  # rollout t+1 started generating before train step t ended (and after it began)
         assert group.train_times[t][0] - 0.05 < engine.started[t + 1] < group.train_times[t][1]
     for t, trained in group.trained.items():
         assert len(trained) == 4 and all(len(ids) == MAX_NEW for _, _, ids, *_ in trained)
-        # step 0's rollout is generated before anything trains (version 0); every later one with version t-1
+        # rollouts 0 and 1 are generated with version 0; every later one with version t-1
         assert all(versions == [max(t - 1, 0)] * MAX_NEW for *_, versions, _, _ in trained)
         assert all(lps == [-(max(t - 1, 0) + 1) / 10] * MAX_NEW for *_, lps in trained)
     assert [r["rollout/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     assert [r["rollout/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert [(r["async/tokens_behind_0"], r["async/tokens_behind_1"]) for r in rows] == \
+        [(4.0 * MAX_NEW, 0.0)] + [(0.0, 4.0 * MAX_NEW)] * 3
     assert [r["rollout/partial_aborted"] for r in rows] == [0.0] * 4
-    assert all(r["time/overlap"] > 0.1 for r in rows[:3]) and rows[3]["time/overlap"] == 0.0
-    assert all(r["time/overlap"] <= r["time/train"] + 0.05 for r in rows)
+    assert [r["async/dropped_groups"] for r in rows] == [0.0] * 4
+    # the engines generate during the 0.4 s training (a 0.16 s rollout): idle most of the step, never all of it
+    # while a next rollout runs; the trainer waits only for rollout 0 (nothing could hide it)
+    assert all(0.2 < r["async/engine_idle_frac"] < 0.95 for r in rows[:3]), [r["async/engine_idle_frac"] for r in rows]
+    assert rows[3]["async/engine_idle_frac"] > 0.9  # nothing left to generate beside the last step
+    assert rows[0]["async/trainer_idle_frac"] > 0.1 and all(r["async/trainer_idle_frac"] < 0.1 for r in rows[1:])
     assert not any(k.startswith("_") for r in rows for k in r)
 
 
-def test_off_policy_trains_the_same_prompts_and_responses_as_on_policy(tmp_path):
+def test_async_trains_the_same_prompts_and_responses_as_on_policy(tmp_path):
     """Only the weights behind the tokens differ: the same prompts per step, the same seeds (the fake
     engine's tokens are a function of them), and the on-policy run keeps its metrics and no versions."""
     _, on, on_rows = run(tmp_path / "on")
-    _, off, _ = run(tmp_path / "off", "rollout.off_policy_steps=1")
+    _, off, _ = run(tmp_path / "off", "rollout.max_staleness=2")
     assert {t: [x[:3] for x in b] for t, b in on.trained.items()} == {t: [x[:3] for x in b] for t, b in off.trained.items()}
     assert all(versions is None for b in on.trained.values() for *_, versions, _, _ in b)
-    assert not any(k.startswith(("rollout/staleness", "rollout/partial", "time/overlap")) for r in on_rows for k in r)
+    assert not any(k.startswith(("rollout/staleness", "rollout/partial", "async/")) for r in on_rows for k in r)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_without_partial_rollouts_rollout_r_is_exactly_version_r_minus_k(tmp_path, k):
+    """With stale_groups wait the engines run up to K rollouts ahead and each rollout r is generated by version
+    max(0, r - K) whatever the timing (a slow trainer here: the engines wait at the bound)."""
+    engine, group, rows = run(tmp_path, f"rollout.max_staleness={k}", steps=7, delay=0.15, tick=0.002)
+    for t, trained in group.trained.items():
+        assert all(versions == [max(t - k, 0)] * MAX_NEW for *_, versions, _, _ in trained), (t, trained[0][3])
+    assert [r["rollout/staleness_max"] for r in rows] == [float(min(t, k)) for t in range(7)]
+    assert max(r["rollout/staleness_max"] for r in rows) <= k
+    assert all(r[f"async/tokens_behind_{min(t, k)}"] == 4.0 * MAX_NEW for t, r in enumerate(rows))
+    # at most K + 1 rollouts generated before the first sync (0..K with version 0), and no rollout past the last step
+    assert sorted(engine.started) == list(range(7))
+    assert [r["async/rollout_index"] for r in rows] == [float(t) for t in range(7)]
 
 
 @pytest.mark.parametrize("stale", ["mask", "correct"])
 def test_partial_rollouts_abort_at_the_sync_and_continue_with_the_new_version(tmp_path, stale):
-    engine, group, rows = run(tmp_path, "rollout.off_policy_steps=1", "rollout.partial_rollouts=true",
+    engine, group, rows = run(tmp_path, "rollout.max_staleness=1", "rollout.partial_rollouts=true",
                               f"rollout.stale_tokens={stale}", hold=True)
     assert engine.versions == [1, 2, 3, 4]
     for t in range(1, 4):  # rollout t: HOLD tokens of version t-1, aborted by the sync, the rest of version t
@@ -235,35 +264,79 @@ def test_partial_rollouts_abort_at_the_sync_and_continue_with_the_new_version(tm
         assert [r["rollout/stale_tokens_masked"] for r in rows] == [0.0] * 4
 
 
-def test_resume_trains_the_saved_pending_rollout_and_skips_no_prompt(tmp_path, monkeypatch):
-    monkeypatch.setattr(training_job, "_prune_checkpoints", lambda directory: None)  # keep iter 2 to resume from
-    _, whole, _ = run(tmp_path / "whole", "rollout.off_policy_steps=1", steps=5)
+def test_partial_rollouts_at_k2_never_wait_and_stay_within_the_bound(tmp_path):
+    """The engines generate through every sync (aborted and continued); every prompt is trained once, and no
+    trained token is more than 2 versions behind."""
+    engine, group, rows = run(tmp_path, "rollout.max_staleness=2", "rollout.partial_rollouts=true",
+                              "rollout.stale_tokens=correct", steps=6, delay=0.05, tick=0.01)
+    assert max(r["rollout/staleness_max"] for r in rows) <= 2
+    for t, trained in group.trained.items():
+        assert all(max(t - 2, 0) <= v <= t for *_, versions, _, _ in trained for v in versions)
+    seen = [x[1] for t in range(6) for x in group.trained[t]]
+    assert len(seen) == 24 and len(set(seen)) == 12  # two prompts x two samples a step, each prompt once
+    assert all(r["time/sync_wait"] == 0.0 for r in rows)
+
+
+def test_drop_discards_the_rollouts_the_bound_excludes_and_counts_them(tmp_path):
+    """stale_groups drop, K = 1: the engines run 2 rollouts ahead whatever the version; with a slow trainer,
+    rollout 2 (started while step 0 trained, version 0) would be 2 behind at step 2: dropped, and step 2
+    trains rollout 3 instead. Every trained token stays within the bound."""
+    engine, group, rows = run(tmp_path, "rollout.max_staleness=1", "rollout.stale_groups=drop", steps=5,
+                              delay=0.2, tick=0.002)
+    assert max(r["rollout/staleness_max"] for r in rows) <= 1
+    for t, trained in group.trained.items():
+        assert all(t - 1 <= v <= t for *_, versions, _, _ in trained for v in versions), t
+    assert sum(r["async/dropped_groups"] for r in rows) >= 2  # at least rollout 2's two groups
+    assert rows[2]["async/dropped_groups"] == 2.0 and rows[2]["async/rollout_index"] == 3.0
+    assert rows[-1]["async/dropped_groups_total"] == sum(r["async/dropped_groups"] for r in rows)
+    trained_ids = [x[0] for t in range(5) for x in group.trained[t]]
+    assert not any(sid.startswith("s2-") for sid in trained_ids)  # the dropped rollout never trains
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_resume_at_k2_mid_run_matches_the_uninterrupted_run(tmp_path, monkeypatch, partial):
+    """Killed after step 3's row at K = 2 (checkpoint after step 2 holds rollouts 3 and 4, generated with
+    versions 1 and 2): the resumed steps train the saved rollouts without regenerating them, then the same
+    batches as the uninterrupted run; without partial rollouts every logged key but timings is equal, with
+    them the versions depend on timing but no prompt is skipped or trained twice and the bound holds."""
+    monkeypatch.setattr(training_job, "_prune_checkpoints", lambda directory: None)  # keep iter 3 to resume from
+    extra = ["rollout.max_staleness=2"] + (["rollout.partial_rollouts=true", "rollout.stale_tokens=correct"]
+                                           if partial else [])
+    _, whole, whole_rows = run(tmp_path / "whole", *extra, steps=7, delay=0.05, tick=0.002)
     first = tmp_path / "cut"
-    _, cut, _ = run(first, "rollout.off_policy_steps=1", steps=5)
+    _, cut, _ = run(first, *extra, steps=7, delay=0.05, tick=0.002)
     ckpt = first / "checkpoints"
-    saved = pickle.loads((ckpt / "iter_0000002" / "rank_00000.pt").read_bytes())
-    assert saved["step"] == 2 and saved["manager"][PENDING_KEY]["step"] == 2  # rollout 2, collected during step 1
-    (ckpt / "latest").write_text("iter_0000002\n")  # killed after step 3's row: resume from step 2
-    cfg = config("train.steps=5", "rollout.off_policy_steps=1")
-    engine, group = FakeEngine(), FakeGroup()
+    saved = pickle.loads((ckpt / "iter_0000003" / "rank_00000.pt").read_bytes())
+    queue = saved["manager"][QUEUE_KEY]
+    saved_rollouts = [q["index"] for q in queue["rollouts"]]
+    assert saved["step"] == 3 and queue["taken"] == 3 and queue["next"] == saved_rollouts[-1] + 1
+    if not partial:
+        assert saved_rollouts == [3, 4] and [q["started_version"] for q in queue["rollouts"]] == [1, 2]
+    else:  # the engines went on after sync 3 (a rollout may start up to version 3 + K = 5), finished at the save
+        assert saved_rollouts in ([3, 4], [3, 4, 5])
+    (ckpt / "latest").write_text("iter_0000003\n")  # killed after step 3's row: resume from step 3
+    cfg = config("train.steps=7", *extra)
+    engine, group = FakeEngine(tick=0.002), FakeGroup(delay=0.05)
     job, manager = job_for(cfg, first), manager_for(cfg, engine)
     start = job._resume(group, manager, engine, ckpt)
-    assert start == 2 and [r["step"] for r in metrics(first)] == [0, 1]
+    assert start == 3 and [r["step"] for r in metrics(first)] == [0, 1, 2]
     job._rl_loop(start, manager, group, engine, ckpt)
-    assert engine.versions == [2, 3, 4, 5]  # restored weights as version 2, then each step's sync
-    # step 2 trains the saved rollout (version 1, not regenerated), then the same batches as the whole run
-    assert not any(step_of(q.rid) == 2 for q in engine.requests)
-    assert {t: whole.trained[t] for t in (2, 3, 4)} == group.trained
-    rows_seen = [x[1] for t in range(5) for x in (cut.trained[t] if t < 2 else group.trained[t])]
-    assert rows_seen == [x[1] for t in range(5) for x in whole.trained[t]]
-    assert [r["step"] for r in metrics(first)] == [0, 1, 2, 3, 4]
+    assert engine.versions == [3, 4, 5, 6, 7]  # restored weights as version 3, then each step's sync
+    assert not any(step_of(q.rid) in saved_rollouts for q in engine.requests)  # the saved ones, not regenerated
+    rows_seen = [x[1] for t in range(7) for x in (cut.trained[t] if t < 3 else group.trained[t])]
+    assert rows_seen == [x[1] for t in range(7) for x in whole.trained[t]]
+    assert [r["step"] for r in metrics(first)] == list(range(7))
+    assert max(r["rollout/staleness_max"] for r in metrics(first)) <= 2
+    if not partial:
+        assert {t: whole.trained[t] for t in range(3, 7)} == group.trained
+        assert untimed(metrics(first)) == untimed(whole_rows)
 
 
-def test_resume_from_a_checkpoint_without_a_pending_rollout_regenerates_it(tmp_path):
-    """An on-policy run's checkpoint, resumed with off_policy_steps 1: rollout 2 is generated at the resume
+def test_resume_from_a_checkpoint_without_a_queue_regenerates_from_the_data_offset(tmp_path):
+    """An on-policy run's checkpoint, resumed with max_staleness 1: rollout 2 is generated at the resume
     (with the restored weights, version 2) from the saved data offset."""
     _, on, _ = run(tmp_path, steps=2)
-    cfg = config("train.steps=4", "rollout.off_policy_steps=1")
+    cfg = config("train.steps=4", "rollout.max_staleness=1")
     engine, group = FakeEngine(), FakeGroup()
     job, manager = job_for(cfg, tmp_path), manager_for(cfg, engine)
     start = job._resume(group, manager, engine, tmp_path / "checkpoints")
@@ -275,18 +348,27 @@ def test_resume_from_a_checkpoint_without_a_pending_rollout_regenerates_it(tmp_p
     assert len(seen) == 16 and len(set(seen)) == 8  # two prompts x two samples a step, each prompt once
 
 
-def test_tokens_outside_the_version_window_are_a_stale_rollout():
-    cfg = config("train.steps=4", "rollout.off_policy_steps=1")
-    engine = FakeEngine()
-    manager = RolloutManager(cfg, ROWS, Tokenizer(), engine)
-    manager.rollout(3, weight_version=2)  # one behind: fine
-    with pytest.raises(StaleRollout, match=r"step 4: 4 rollout\(s\) hold tokens of weight versions outside \[3, 4\]"):
-        manager.rollout(4, weight_version=2)  # two behind: an engine missed a sync
+def test_tokens_older_than_the_version_a_rollout_started_with_are_a_stale_rollout():
+    """An engine that reports serving an older version than the one the rollout started with missed a sync."""
+    cfg = config("train.steps=4", "rollout.max_staleness=1")
+
+    class Reporting(FakeEngine):
+        def generate(self, requests: list) -> list:
+            import dataclasses
+
+            return [dataclasses.replace(r, weight_version="1") for r in super().generate(requests)]
+
+    manager = RolloutManager(cfg, ROWS, Tokenizer(), Reporting())
+    manager.rollout(3, weight_version=1)  # the version it started with: fine
+    with pytest.raises(StaleRollout, match=r"rollout 4: 4 request\(s\) hold tokens of weight versions older than 2"):
+        manager.rollout(4, weight_version=2)
 
 
-def test_a_continued_request_keeps_its_flags_and_the_last_calls_routing():
-    """Partial rollouts with routing replay: the continuation asks for routed experts again, and the merged
-    result carries the continuation's routing, which covers the prompt and every earlier output token."""
+def test_a_continued_request_keeps_its_flags_and_each_tokens_routes():
+    """Partial rollouts with routing replay (Miles #3277): the continuation asks for routed experts again; the
+    engine re-prefilled the earlier tokens under the new weights, so its rows for them are new-version routes.
+    The merged result keeps the first call's rows for every position that produced an old-version token and
+    the continuation's from the cut on: each token is trained on the routes of the version that produced it."""
     import torch
 
     from sglang_patches.decoding import SamplingParams
@@ -295,13 +377,20 @@ def test_a_continued_request_keeps_its_flags_and_the_last_calls_routing():
 
     q = GenerateRequest("r0", [5, 6, 7], SamplingParams(max_new_tokens=8), seed=3, return_routed_experts=True)
     p = _Partial(q)
-    first = torch.zeros(3 + 2 - 1, 2, 2, dtype=torch.int16)
-    p.add(GenerateResult("r0", [8, 9], [-1.0, -1.0], "abort", [{}, {}], 0, 3, routed_experts=first), 4)
+    old = torch.full((3 + 2 - 1, 2, 2), 4, dtype=torch.int16)  # version 4's routes: prompt and 2 tokens
+    p.add(GenerateResult("r0", [8, 9], [-1.0, -1.0], "abort", [{}, {}], 0, 3, routed_experts=old), 4)
     follow = p.continuation()
     assert follow.return_routed_experts and follow.input_ids == [5, 6, 7, 8, 9]
     assert follow.sampling.max_new_tokens == 6 and follow.rid == "r0" and follow.seed != q.seed
-    second = torch.ones(5 + 3 - 1, 2, 2, dtype=torch.int16)
-    p.add(GenerateResult("r0", [10, 11, 1], [-1.0] * 3, "stop", [{}] * 3, 5, 5, routed_experts=second), 5)
+    new = torch.full((5 + 3 - 1, 2, 2), 5, dtype=torch.int16)  # re-prefill + 3 tokens, all under version 5
+    p.add(GenerateResult("r0", [10, 11, 1], [-1.0] * 3, "stop", [{}] * 3, 5, 5, routed_experts=new), 5)
     merged = p.result()
     assert merged.output_ids == [8, 9, 10, 11, 1] and p.versions == [4, 4, 5, 5, 5]
-    assert merged.routed_experts is second and merged.routed_experts.shape[0] == 3 + 5 - 1
+    routes = merged.routed_experts
+    assert routes.shape[0] == 3 + 5 - 1
+    # row i produced token i + 1: tokens at positions 3, 4 (8, 9) came from version 4 -> rows 0..3 are version
+    # 4's; tokens 10, 11, 1 (positions 5..7) from version 5 -> rows 4..6 are version 5's
+    assert routes[:4].eq(4).all() and routes[4:].eq(5).all()
+    # the trainer's view: the route of each response token's forward is that token's version
+    per_token = [int(routes[3 + k - 1, 0, 0]) for k in range(5)]
+    assert per_token == p.versions
