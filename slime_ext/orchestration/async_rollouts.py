@@ -156,12 +156,13 @@ class AsyncRollouts:
         if self.error is not None:
             raise self.error
 
-    def close(self) -> None:
-        """Stop the producer (after its rollout in flight, which it then drops)."""
+    def close(self, timeout: float = 600.0) -> None:
+        """Stop the producer (after its rollout in flight, which it then drops; a daemon thread still in it after
+        `timeout` seconds is left to end with its actors)."""
         with self._cv:
             self.closed = True
             self._cv.notify_all()
-        self._thread.join(timeout=600)
+        self._thread.join(timeout=timeout)
 
     # -- the manager side -------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[list[list[Sample]], dict]:

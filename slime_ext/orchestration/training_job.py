@@ -462,7 +462,7 @@ class TrainingJob:
             if run_engine is not None:
                 run_engine.shutdown()
             if isinstance(manager, AsyncRollouts):  # its producer thread stops before the manager's actor goes
-                manager.close()
+                manager.close(timeout=10.0)
             if manager_actor is not None:
                 ray.kill(manager_actor)
         return reports

@@ -220,6 +220,17 @@ def standard_figures(records: Records, held_out: Sequence[tuple[str, list[float]
         Figure("kl.png", kl, kl_title, "KL (nats/token)"),
         Figure("entropy.png", ("train/entropy",), "Policy entropy", "nats/token"),
         Figure("throughput.png", ("perf/tokens_per_s",), "Throughput", "tokens/s"),
+    ] + (async_figures() if _present(records, "async/engine_idle_frac") else [])
+
+
+def async_figures() -> list[Figure]:
+    """Asynchronous runs (`rollout.max_staleness` >= 1): how far behind the trained tokens were, and who waited."""
+    return [
+        Figure("staleness.png", ("rollout/staleness_max", "rollout/staleness_mean"),
+               "Staleness of the trained tokens (trainer version minus token version)", "versions behind"),
+        Figure("idle.png", ("async/engine_idle_frac", "async/trainer_idle_frac"),
+               "Idle fractions of each step (engines: no rollout generating; trainer: waiting for its batch)",
+               "share of the step"),
     ]
 
 

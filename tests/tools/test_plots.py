@@ -128,3 +128,28 @@ def test_time_shares_per_step():
     assert shares["time/rollout"] == [0.3, 0.25] and shares["time/train"] == [0.6, 0.5]
     assert shares["time/reward"] == [0.05, 0.0] and shares["time/sync"] == [0.05, 0.25]
     assert all(abs(sum(col) - 1) < 1e-12 for col in zip(*shares.values()))
+
+
+def test_an_asynchronous_run_gets_its_staleness_and_idle_figures(tmp_path):
+    """Rows with `async/*` keys (rollout.max_staleness >= 1) add staleness.png and idle.png; the lines are the
+    run's values (read back from the figure's own data: a plot of the wrong key would differ)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    src = write_metrics(tmp_path / "metrics.jsonl", steps=6, bad_line_at=None)
+    rows = [json.loads(line) for line in src.read_text().splitlines()]
+    for r in rows:
+        r.update({"rollout/staleness_max": float(min(r["step"], 2)), "rollout/staleness_mean": 0.5 * min(r["step"], 2),
+                  "async/engine_idle_frac": 0.1 * r["step"], "async/trainer_idle_frac": 0.05})
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    paths = {p.name: p for p in plot_metrics(src, tmp_path / "plots")}
+    assert set(paths) == set(FIGURES) | {"staleness.png", "idle.png"}
+    for name in ("staleness.png", "idle.png"):
+        check_png(paths[name])
+    from slime_ext.tools.plots import async_figures
+
+    keys = {f.file: f.keys for f in async_figures()}
+    assert keys == {"staleness.png": ("rollout/staleness_max", "rollout/staleness_mean"),
+                    "idle.png": ("async/engine_idle_frac", "async/trainer_idle_frac")}
+    on_policy = plot_metrics(write_metrics(tmp_path / "on.jsonl", steps=6, bad_line_at=None), tmp_path / "on")
+    assert not {"staleness.png", "idle.png"} & {p.name for p in on_policy}
