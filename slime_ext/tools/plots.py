@@ -227,9 +227,9 @@ def async_figures() -> list[Figure]:
     """Asynchronous runs (`rollout.max_staleness` >= 1): how far behind the trained tokens were, and who waited."""
     return [
         Figure("staleness.png", ("rollout/staleness_max", "rollout/staleness_mean"),
-               "Staleness of the trained tokens (trainer version minus token version)", "versions behind"),
+               "Staleness of trained tokens (trainer minus token version)", "versions behind"),
         Figure("idle.png", ("async/engine_idle_frac", "async/trainer_idle_frac"),
-               "Idle fractions of each step (engines: no rollout generating; trainer: waiting for its batch)",
+               "Idle share of each step (engines; trainer waiting for its batch)",
                "share of the step"),
     ]
 
