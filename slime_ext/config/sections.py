@@ -296,6 +296,16 @@ class RolloutConfig(Section):
     # reproduces it). true: the sync aborts the requests in flight, updates the weights and continues them
     # (prompt + partial response) with the new weights; every token records its version (Sample.token_versions).
     partial_rollouts: bool = False
+    # partial_rollouts only: how a weight sync pauses the requests in flight. abort: the rollout manager aborts
+    # them (`/abort_request`, the embedded engine's abort), the engines answer with what they generated, and the
+    # manager continues each after the sync as prompt + partial response (prefix re-prefilled under the new
+    # weights; any engine). retract / in_place: SGLang's /pause_generation: the requests stay in the engine;
+    # retract recomputes their KV under the new weights at /continue_generation, in_place keeps it and goes on
+    # (no re-prefill: cheaper for long prefixes, but the KV of the earlier tokens is of the old weights). Both
+    # need engine servers (rollout.engine: sglang) that report each token's version (SGLang's
+    # meta_info.weight_versions; the project's server does), and retract is refused with train.routing_replay
+    # (its re-prefill recomputes the earlier tokens' routes under the new weights).
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
     # partial_rollouts only: what the trainer does with a resumed response's tokens from before the sync
     # (older than the newest version in their sample). mask: loss_mask 0 (the response still counts for
     # reward and advantage); correct: trained, with the engine logprobs of the version that generated them
@@ -399,6 +409,16 @@ class RolloutConfig(Section):
                     f"rollout.{key} = {getattr(self, key)!r} but rollout.max_staleness is 0: it shapes asynchronous "
                     "rollouts (generated while the trainer trains), which an on-policy run does not have; set "
                     f"rollout.max_staleness >= 1 (or remove rollout.{key})", (key, "max_staleness"))
+        if self.pause_mode != "abort" and not self.partial_rollouts:
+            raise ConfigCheckError(
+                f"rollout.pause_mode = {self.pause_mode!r} but rollout.partial_rollouts is false: a weight sync then "
+                "waits for the rollout in flight and pauses nothing; set rollout.partial_rollouts=true (or remove "
+                "rollout.pause_mode)", ("pause_mode", "partial_rollouts"))
+        if self.pause_mode != "abort" and self.engine != "sglang":
+            raise ConfigCheckError(
+                f"rollout.pause_mode = {self.pause_mode!r} pauses requests inside engine servers (SGLang's "
+                "/pause_generation), but rollout.engine is 'embedded'; set rollout.engine=sglang or "
+                "rollout.pause_mode=abort", ("pause_mode", "engine"))
         if self.stale_tokens is not None and not self.partial_rollouts:
             raise ConfigCheckError(
                 f"rollout.stale_tokens = {self.stale_tokens!r} but rollout.partial_rollouts is false: without partial "
@@ -754,6 +774,19 @@ class CoreConfig(Section):
             raise ConfigCheckError(
                 f"data.synthetic.solution_tool = {tool!r} but rollout.env_settings.tools = {offered} does not offer "
                 "it", ("data.synthetic.solution_tool", "rollout.env_settings.tools"))
+        return self
+
+    @model_validator(mode="after")
+    def _check_retract_with_replay(self) -> "CoreConfig":
+        """A retracted request is re-prefilled under the new weights: the engine's routes for its earlier tokens
+        are then the new version's, which would pair old-version logprobs with new-version routes."""
+        if self.rollout.pause_mode == "retract" and self.train.routing_replay:
+            raise ConfigCheckError(
+                "rollout.pause_mode = 'retract' with train.routing_replay = true: a retracted request is re-prefilled "
+                "under the new weights, so the routes the engine returns for its earlier tokens are the new "
+                "version's while their logprobs are the old one's; use rollout.pause_mode=in_place (keeps the "
+                "routes of the KV it keeps) or abort (the manager keeps each call's routes)",
+                ("rollout.pause_mode", "train.routing_replay"))
         return self
 
     @model_validator(mode="after")

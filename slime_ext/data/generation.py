@@ -4,6 +4,8 @@ annotations. Shared by the engines, the rollout manager and methods that run the
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -44,6 +46,9 @@ class GenerateResult:
     # the engine's weight version when it answered (SGLang's meta_info.weight_version); None: not reported
     weight_version: Optional[str] = None
     served_by: Optional[str] = None  # which engine server answered (an engine pool sets it)
+    # the weight version of every output token, where the engine reports it (SGLang's meta_info.weight_versions
+    # spans: a request that went on across a weight update, paused in place or retracted, holds several)
+    token_versions: Optional[list[str]] = None
     # with return_routed_experts: int16 tensor [prompt_len + len(output_ids) - 1, num_moe_layers, top_k], the
     # engine's top-k expert ids for every token it fed (the prompt and every output token but the last);
     # row t is the routing of the forward at token t. None when not asked. See docs/routing-replay.md.
@@ -83,3 +88,47 @@ def decode_routed_experts_b64(value: Any, tokens: int, top_k: Optional[int], rid
         raise ValueError(f"request {rid!r}: routed_experts holds {arr.size} ids, not {tokens} tokens x layers x "
                          f"top-{top_k}")
     return torch.from_numpy(arr.astype(np.int16)).view(tokens, -1, top_k)
+
+
+def continuation_seed(seed: int, generated: int) -> int:
+    """The seed of a request continued after `generated` tokens (a partial rollout resumed after a weight
+    sync): a pure function of the request's seed and the cut, so a rerun draws the same; not the original
+    seed, whose stream would repeat the draws of the first tokens."""
+    digest = hashlib.blake2b(f"continue:{seed}:{generated}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF
+
+
+def continuation_request(request: GenerateRequest, generated: list[int]) -> Optional[GenerateRequest]:
+    """`request` continued after `generated` tokens (a request cut by a weight sync): prompt + those tokens as
+    the input, the rest of its token budget, the same rid, samplers and flags, a seed derived from its own and
+    the cut; None when the budget is spent."""
+    left = request.sampling.max_new_tokens - len(generated)
+    if left < 1:
+        return None
+    return dataclasses.replace(request, input_ids=list(request.input_ids) + list(generated),
+                               sampling=dataclasses.replace(request.sampling, max_new_tokens=left),
+                               seed=continuation_seed(request.seed, len(generated)))
+
+
+def version_spans(per_token: list[str]) -> list[dict[str, Any]]:
+    """Per-token versions as SGLang's meta_info.weight_versions: [{"version", "start", "end"}] over the output."""
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(per_token):
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": v, "start": i, "end": i + 1})
+    return spans
+
+
+def versions_from_spans(spans: Any, n_tokens: int, rid: str) -> list[str]:
+    """SGLang's meta_info.weight_versions back to one version per output token; spans must tile [0, n_tokens)."""
+    out: list[str] = []
+    for span in spans:
+        start, end, version = int(span["start"]), int(span["end"]), str(span["version"])
+        if start != len(out) or end < start:
+            raise ValueError(f"request {rid!r}: weight_versions spans {spans!r} do not tile the output")
+        out += [version] * (end - start)
+    if len(out) != n_tokens:
+        raise ValueError(f"request {rid!r}: weight_versions spans cover {len(out)} tokens of {n_tokens}")
+    return out

@@ -260,6 +260,7 @@ class EmbeddedEngine:
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.partner_prefix_cache = PrefixCache(prefix_cache_tokens)
         self._aborted: set[str] = set()
+        self._cache_epoch = 0  # bumped by every flush: KV computed before a weight update is never cached after it
         self._lock = threading.Lock()
         self._on_token: Optional[Callable[[str, int], None]] = None
         self.stats = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
@@ -287,6 +288,7 @@ class EmbeddedEngine:
             self._aborted.add(rid)
 
     def flush_cache(self) -> None:
+        self._cache_epoch += 1
         self.prefix_cache.clear()
         self.partner_prefix_cache.clear()
 
@@ -468,6 +470,7 @@ class EmbeddedEngine:
         (`rows` grows in place)."""
         states = [self._state(*m) for m in models]
         record = states[0].recorder is not None
+        epoch = self._cache_epoch  # a call that goes on across a weight update (in-place pause) holds mixed KV
         logits_list = self._start_rows(rows, states)
         active = list(range(len(rows)))
         start = time.perf_counter()
@@ -489,7 +492,8 @@ class EmbeddedEngine:
                 ids = (row.request.input_ids + row.output_ids)[:fed]
                 routing = torch.cat(row.routing)[:fed] if record else None
                 for k, state in enumerate(states):
-                    state.store.insert_from(ids, partial(state.row_kv, b), routing if k == 0 else None)
+                    if self._cache_epoch == epoch:
+                        state.store.insert_from(ids, partial(state.row_kv, b), routing if k == 0 else None)
                 if on_finish is not None:
                     with self._lock:  # its rid may be sent again while this call runs
                         self._aborted.discard(row.request.rid)

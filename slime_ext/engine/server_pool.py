@@ -506,6 +506,13 @@ class ServerEnginePool:
         return {"engine/released_bytes": float(sum(max(0, b - a) for b, a in zip(before, after))),
                 "time/engine_sleep": time.perf_counter() - t0}
 
+    def pause_generation(self, mode: str) -> int:
+        """Every engine pauses its requests (SGLang's /pause_generation, `rollout.pause_mode`) before a weight sync."""
+        return sum(self._on_engines(f"pause_generation ({mode})", lambda c: c.pause_generation(mode)))
+
+    def continue_generation(self) -> None:
+        self._on_engines("continue_generation", lambda c: c.continue_generation())
+
     def wake_weights(self) -> None:
         """Weights first, so the sync has somewhere to go; the KV cache after it (`wake_kv_cache`)."""
         self._on_engines("resume_memory_occupation (weights)", lambda c: c.resume_memory_occupation(["weights"]))

@@ -49,7 +49,7 @@ import torch
 from sglang_patches.request_sampler import FINISH_SAMPLER, replay_with_finish
 from slime_ext.clients.retry import attempts, call_with_retries
 from slime_ext.data.generation import (FINISH_FAILED, GenerateRequest, GenerateResult, check_unique_rids,
-                                       decode_routed_experts_b64)
+                                       decode_routed_experts_b64, versions_from_spans)
 from slime_ext.engine.sglang_http import HTTPStatusError, is_retryable, is_timeout, request_json
 # PayloadError and io_struct_fields are re-exported for tests/engine/test_sglang_client.py (unchanged by the
 # split); new code imports them from slime_ext.engine.sglang_payload
@@ -422,6 +422,8 @@ class SGLangEngineClient:
             if kind == "abort":
                 self.stats["aborted"] += 1
         version = meta.get("weight_version")
+        spans = meta.get("weight_versions")
+        per_token = versions_from_spans(spans, len(output_ids), request.rid) if spans else None
         routed = None
         if request.return_routed_experts:
             routed = decode_routed_experts_b64(meta.get("routed_experts"), len(request.input_ids) + len(output_ids) - 1,
@@ -429,7 +431,7 @@ class SGLangEngineClient:
         return GenerateResult(rid=request.rid, output_ids=output_ids, logprobs=logprobs,
                               finish_reason=finish, annotations=annotations, cached_tokens=cached,
                               prompt_len=prompt_len, weight_version=None if version is None else str(version),
-                              routed_experts=routed)
+                              routed_experts=routed, token_versions=per_token)
 
     def _decoder(self) -> Optional[Callable[[Sequence[int]], str]]:
         if self._decode is None and self.tokenizer_path:
@@ -593,6 +595,15 @@ class SGLangEngineClient:
         out = self._control("/weights_checker", {"action": action, "skip_tensor_list": skip_tensor_list},
                             "CheckWeightsReqInput")
         return out if isinstance(out, dict) else {}
+
+    def pause_generation(self, mode: str = "abort") -> int:
+        """SGLang's /pause_generation (abort, retract or in_place); returns the requests it touched where the
+        server says (the project's server does)."""
+        out = self._control("/pause_generation", {"mode": mode}, "PauseGenerationReqInput")
+        return int(out.get("requests", 0)) if isinstance(out, dict) else 0
+
+    def continue_generation(self) -> None:
+        self._control("/continue_generation", {}, "ContinueGenerationReqInput")
 
     def release_memory_occupation(self, tags: Optional[list[str]] = None) -> None:
         """Free GPU memory (weights / kv_cache); needs the server flag --enable-memory-saver."""

@@ -45,8 +45,11 @@ def _format_schedule(r: RolloutLayout) -> str:
     if not k:
         return ("schedule: on-policy: rollout t (weights version t), then train t, then sync version t+1; "
                 "rollout and training take turns")
-    sync = ("a sync aborts the requests in flight and continues them with the new weights (partial rollouts; "
-            f"older tokens: {r.stale_tokens})" if r.partial_rollouts else "a sync waits for the rollout in flight")
+    how = {"abort": "aborts the requests in flight and continues them", "retract": "retracts the requests in flight "
+           "in the engines (/pause_generation retract) and continues them", "in_place": "pauses the requests in "
+           "flight in place (/pause_generation in_place, KV kept) and continues them"}[r.pause_mode]
+    sync = (f"a sync {how} with the new weights (partial rollouts; older tokens: {r.stale_tokens})"
+            if r.partial_rollouts else "a sync waits for the rollout in flight")
     ahead = (f"a rollout starts once its weights are at most {k} version(s) behind the step that trains it"
              if r.stale_groups == "wait" else
              f"up to {k + 1} rollouts ahead of the trainer, those more than {k} version(s) behind dropped")

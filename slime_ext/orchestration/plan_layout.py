@@ -69,6 +69,7 @@ class RolloutLayout:
     max_staleness: int = 0  # K >= 1: rollouts generated while the trainer trains, tokens <= K versions behind
     stale_groups: str = "wait"
     partial_rollouts: bool = False
+    pause_mode: str = "abort"
     stale_tokens: str = "mask"
     weight_sync: str = ""  # the resolved sglang.weight_sync (engine servers only)
     weight_sync_reason: str = ""
@@ -153,7 +154,7 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
         router=bool(sglang and s.router), models_per_engine=2 if method_class(config).needs_partner else 1,
         server_command=engine_command(config, warnings),
         max_staleness=config.rollout.max_staleness,
-        stale_groups=config.rollout.stale_groups, partial_rollouts=config.rollout.partial_rollouts,
+        stale_groups=config.rollout.stale_groups, pause_mode=config.rollout.pause_mode, partial_rollouts=config.rollout.partial_rollouts,
         stale_tokens=config.rollout.stale_token_policy,
         weight_sync=s.weight_sync if sglang else "", weight_sync_reason=s.weight_sync_reason(config.cluster.colocate) if sglang else "",
     )

@@ -25,7 +25,7 @@ import torch
 from slime_ext.algo import LossSpec
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample, SampleStatus
-from slime_ext.data.generation import GenerateRequest, GenerateResult
+from slime_ext.data.generation import GenerateRequest, GenerateResult, continuation_request, continuation_seed
 from slime_ext.engine.failures import StaleRollout
 from slime_ext.envs.metrics import episode_metrics
 from slime_ext.envs.registry import build_env
@@ -79,14 +79,6 @@ def check_token_versions(requests: list[GenerateRequest], versions: list[list[in
                            "versions); an engine missed a weight sync")
 
 
-def continuation_seed(seed: int, generated: int) -> int:
-    """The seed of a request continued after `generated` tokens (a partial rollout resumed after a weight
-    sync): a pure function of the request's seed and the cut, so a rerun draws the same; not the original
-    seed, whose stream would repeat the draws of the first tokens."""
-    digest = hashlib.blake2b(f"continue:{seed}:{generated}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF
-
-
 @dataclasses.dataclass
 class _Partial:
     """What a request generated so far across weight syncs (off-policy runs)."""
@@ -107,18 +99,16 @@ class _Partial:
         self.output_ids += res.output_ids
         self.logprobs += res.logprobs or []
         self.annotations += res.annotations or [{} for _ in res.output_ids]
-        self.versions += [version] * len(res.output_ids)
+        reported = res.token_versions  # per token, from engines that report them (paused across a sync)
+        if reported is not None and all(v.isdigit() for v in reported):
+            self.versions += [int(v) for v in reported]
+        else:
+            self.versions += [version] * len(res.output_ids)
 
     def continuation(self) -> Optional[GenerateRequest]:
         """Prompt + partial response as the input, the rest of the token budget, the same rid, samplers and
         flags (logprobs, routed experts)."""
-        q = self.request
-        left = q.sampling.max_new_tokens - len(self.output_ids)
-        if left < 1:
-            return None
-        return dataclasses.replace(q, input_ids=list(q.input_ids) + self.output_ids,
-                                   sampling=dataclasses.replace(q.sampling, max_new_tokens=left),
-                                   seed=continuation_seed(q.seed, len(self.output_ids)))
+        return continuation_request(self.request, self.output_ids)
 
     def result(self, finish_reason: Optional[str] = None) -> GenerateResult:
         last, q = self.last, self.request
@@ -386,29 +376,40 @@ class RolloutManager:
             self._sync_aborted.clear()  # aborts that came after their request had finished
         return [final[q.rid] for q in requests], [partial[q.rid].versions for q in requests], len(resumed)
 
+    def _engine_call(self, name: str, *args: Any) -> Any:
+        method = getattr(self.engine, name)
+        call = getattr(method, "remote", None)  # a Ray actor handle, or an engine object
+        if call is not None:
+            import ray
+
+            return ray.get(call(*args))
+        return method(*args)
+
     def pause_generation(self) -> int:
-        """A weight sync is coming (partial rollouts): abort the requests in flight and return once the
-        engine has answered them; no request starts until `resume_generation`. Returns how many were aborted."""
+        """A weight sync is coming (partial rollouts): with `rollout.pause_mode` abort, abort the requests in
+        flight and return once the engine has answered them; with retract / in_place, pause them inside the
+        engine servers (SGLang's /pause_generation). No request starts until `resume_generation`. Returns how
+        many requests the pause touched."""
+        mode = self.config.rollout.pause_mode
+        if mode != "abort":
+            with self._cv:
+                self._paused = True
+            return int(self._engine_call("pause_generation", mode) or 0)
         with self._cv:
             self._paused = True
             rids = sorted(self._in_flight)
             self._sync_aborted.update(rids)
-        abort = self.engine.abort
         for rid in rids:
-            call = getattr(abort, "remote", None)  # a Ray actor handle, or an engine object
-            if call is not None:
-                import ray
-
-                ray.get(call(rid))
-            else:
-                abort(rid)
+            self._engine_call("abort", rid)
         with self._cv:
             while self._generating:
                 self._cv.wait()
         return len(rids)
 
     def resume_generation(self, version: int) -> None:
-        """The engine now serves `version`: continue the aborted requests with it."""
+        """The engine now serves `version`: continue the paused requests with it (in the engines, or here)."""
+        if self.config.rollout.pause_mode != "abort":
+            self._engine_call("continue_generation")
         with self._cv:
             self._version = max(self._version, int(version))
             self._paused = False

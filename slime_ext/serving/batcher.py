@@ -10,7 +10,14 @@ resolved as soon as its request finishes, so short requests do not wait for the 
 
 Weight updates take `exclusive()`: it stops admission, waits for the running `generate` call to end and holds
 the worker until the update is applied, so no call ever sees half-updated weights. Every ticket records the
-weight version its call ran under (`weight_version`, changed only inside `exclusive()`).
+weight version it finished under (`weight_version`, changed only inside `exclusive()`).
+
+SGLang's `/pause_generation` and `/continue_generation` (`pause`, `resume`): while paused no call starts and no
+request joins one. `abort` ends every live request with what it generated; `retract` takes the running requests
+out of the engine (their tokens kept) and continues them at `resume` from prompt + tokens, their KV recomputed
+under the weights of then; `in_place` stops the running call at its next decode step, where it waits with its
+KV cache: an update may then take the engine (`exclusive` does not wait for that call), and the call goes on
+under the new weights at `resume`.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
-from slime_ext.data.generation import GenerateRequest, GenerateResult
+from slime_ext.data.generation import GenerateRequest, GenerateResult, continuation_request
 
 log = logging.getLogger(__name__)
+PAUSE_MODES = ("abort", "retract", "in_place")  # sglang io_struct.PauseGenerationReqInput.mode
 
 
 @dataclass(eq=False)
@@ -37,8 +45,35 @@ class Ticket:
     future: "Future[GenerateResult]" = field(default_factory=Future)
     wire_rid: Optional[str] = None  # the rid the engine sees (suffixed if another ticket shares it)
     aborted: bool = False
-    weight_version: Optional[str] = None  # the weight version of the generate call that ran it
+    weight_version: Optional[str] = None  # the weight version it finished under
     submitted: float = field(default_factory=time.monotonic)
+    retracting: bool = False  # a retract pause took it out of the engine: its abort result is kept, not returned
+    prefix: Optional[GenerateResult] = None  # what it generated before a retract
+    resumed: Optional[GenerateRequest] = None  # its continuation after a retract (what the engine runs)
+    emitted: int = 0  # tokens the engine emitted for it in the running call
+    version_events: list[tuple[str, int]] = field(default_factory=list)  # (old version, tokens made under it)
+
+    def tokens_so_far(self) -> int:
+        return (len(self.prefix.output_ids) if self.prefix is not None else 0) + self.emitted
+
+
+def token_versions(events: list[tuple[str, int]], current: str, n_tokens: int) -> list[str]:
+    """One version per output token from the version changes a request lived through (SGLang's
+    compute_weight_version_spans): tokens before each change's count are of the old version."""
+    out: list[str] = []
+    for version, upto in [*events, (current, n_tokens)]:
+        upto = min(upto, n_tokens)
+        out += [version] * max(0, upto - len(out))
+    return out
+
+
+def merged_result(prefix: GenerateResult, rest: GenerateResult, request: GenerateRequest) -> GenerateResult:
+    """A retracted request's answer: its tokens before the retract and after, as one response (the routes are
+    the continuation's, recomputed over the whole sequence, as SGLang's are after a retract)."""
+    logprobs = None if prefix.logprobs is None or rest.logprobs is None else list(prefix.logprobs) + list(rest.logprobs)
+    return replace(rest, rid=request.rid, output_ids=list(prefix.output_ids) + list(rest.output_ids), logprobs=logprobs,
+                   annotations=list(prefix.annotations or []) + list(rest.annotations or []),
+                   cached_tokens=prefix.cached_tokens, prompt_len=len(request.input_ids))
 
 
 def aborted_result(request: GenerateRequest) -> GenerateResult:
@@ -73,6 +108,9 @@ class Batcher:
         self._running: dict[str, Ticket] = {}  # wire rid -> ticket, in the running generate call
         self._held: "collections.deque[Ticket]" = collections.deque()  # taken from the queue, could not join
         self.admissions = 0  # tickets that joined a running call
+        self._paused: Optional[str] = None  # the pause mode while generation is paused
+        self._parked = False  # the running call waits at a decode step (in-place pause)
+        self._retracted: list[Ticket] = []  # taken out by a retract pause, continued at resume
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="serve-batcher", daemon=True)
         self._thread.start()
@@ -108,16 +146,71 @@ class Batcher:
         if running and hasattr(self.engine, "abort"):
             self.engine.abort(ticket.wire_rid)
 
+    def pause(self, mode: str) -> int:
+        """SGLang's /pause_generation (see the module docstring); returns the live requests it touched."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r}: expected one of {list(PAUSE_MODES)}")
+        if mode == "in_place" and not self.continuous:
+            raise ValueError("pause mode 'in_place' needs continuous batching (an engine that stops between decode "
+                             "steps); use 'retract' or 'abort'")
+        with self._gate:
+            self._paused = mode
+            self._gate.notify_all()
+        if mode == "abort":
+            return self.abort_all()
+        with self._lock:
+            running = list(self._running.values())
+            if mode == "retract":
+                for t in running:
+                    t.retracting = True
+        if mode == "retract" and hasattr(self.engine, "abort"):
+            for t in running:
+                self.engine.abort(t.wire_rid)
+        return len(running)
+
+    def resume(self) -> None:
+        """SGLang's /continue_generation: the parked call goes on, retracted requests are queued again."""
+        with self._gate:
+            self._paused = None
+            retracted, self._retracted = self._retracted, []
+            self._gate.notify_all()
+        for t in retracted:
+            self.queue.put(t)
+
+    @property
+    def paused(self) -> Optional[str]:
+        return self._paused
+
+    def set_weight_version(self, version: str) -> None:
+        """Inside `exclusive()`: the served weights are now `version`. A request that lives through the change
+        (parked in place, or retracted) records how many of its tokens the old version made: a parked one's
+        next token too, which the engine samples from the logits it computed before it parked."""
+        with self._lock:
+            pending = 1 if self._parked else 0
+            for t in self._running.values():
+                t.version_events.append((self.weight_version, t.tokens_so_far() + pending))
+            for t in self._retracted:
+                t.version_events.append((self.weight_version, t.tokens_so_far()))
+            self.weight_version = str(version)
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """The engine to the caller alone: waits for the running generate call to end and keeps new
-        ones from starting until the block ends (blocking: call it off the event loop)."""
+        """The engine to the caller alone: waits for the running generate call to end (or to park at an
+        in-place pause) and keeps new ones from starting until the block ends (blocking: call it off the
+        event loop)."""
         with self._gate:
             self._exclusive_pending += 1
+        locked = False
         try:
-            with self._engine_lock:
-                yield
+            while not locked:
+                locked = self._engine_lock.acquire(timeout=0.05)
+                with self._gate:
+                    if not locked and self._parked:  # the call waits at a step boundary until we are done
+                        break
+            yield
         finally:
+            if locked:
+                self._engine_lock.release()
             with self._gate:
                 self._exclusive_pending -= 1
                 self._gate.notify_all()
@@ -151,8 +244,9 @@ class Batcher:
                 items.append(item)
                 if self.settle_s is not None:  # a burst is still arriving: keep collecting it
                     deadline = min(start + self.settle_s, time.monotonic() + self.window_s)
-            with self._gate:  # an update is waiting or applying: let it go first
-                self._gate.wait_for(lambda: not self._exclusive_pending or self._stop.is_set())
+            with self._gate:  # an update is waiting or applying, or generation is paused: let it go first
+                self._gate.wait_for(lambda: (not self._exclusive_pending and self._paused is None)
+                                    or self._stop.is_set())
             with self._engine_lock:
                 self._run(items)
 
@@ -170,19 +264,23 @@ class Batcher:
                     rid = f"{t.request.rid}#{k}"
                 t.wire_rid = rid
                 t.weight_version = self.weight_version
+                t.emitted = 0
                 self._running[rid] = t
                 live.append(t)
         return live
 
     @staticmethod
     def _wire_request(ticket: Ticket) -> GenerateRequest:
-        req = ticket.request
+        req = ticket.resumed or ticket.request
         return req if ticket.wire_rid == req.rid else replace(req, rid=ticket.wire_rid)
 
     def _admit(self, can_join: Callable[[GenerateRequest], bool]) -> list[GenerateRequest]:
         """Called by the engine between decode steps: the queued tickets that can join the running call (up to
         `max_batch` running); none while a weight update waits. The others are held for the next call."""
-        if self._exclusive_pending or self._stop.is_set():
+        if self._paused == "in_place":
+            self._park()
+            return []
+        if self._exclusive_pending or self._paused is not None or self._stop.is_set():
             return []
         while True:
             try:
@@ -208,6 +306,16 @@ class Batcher:
         self.admissions += len(live)
         return [self._wire_request(t) for t in live]
 
+    def _park(self) -> None:
+        """In-place pause: the running call waits here, between two decode steps, until generation continues
+        and no update is applying (an update may take the engine meanwhile: `exclusive`)."""
+        with self._gate:
+            self._parked = True
+            self._gate.notify_all()
+            self._gate.wait_for(lambda: (self._paused != "in_place" and not self._exclusive_pending)
+                                or self._stop.is_set())
+            self._parked = False
+
     def _admission_due(self) -> bool:
         running = len(self._running)  # finished tickets leave it at once (_finish_wire)
         waited = time.monotonic() - self._held[0].submitted
@@ -220,9 +328,35 @@ class Batcher:
             if ticket is not None:
                 self._finish(ticket, replace(result, rid=ticket.request.rid))
 
+    def _retracted_result(self, ticket: Ticket, result: GenerateResult) -> bool:
+        """A retract pause's abort of `ticket`: keep what it generated and continue it at resume (or now, if
+        generation already continued). False when the ticket finishes as it is (budget spent, not retracted)."""
+        if not ticket.retracting or result.finish_reason != "abort":
+            return False
+        ticket.retracting = False
+        prefix = result if ticket.prefix is None else merged_result(ticket.prefix, result, ticket.request)
+        follow = continuation_request(ticket.request, prefix.output_ids)
+        if follow is None:
+            return False
+        ticket.prefix, ticket.resumed, ticket.emitted = prefix, follow, 0  # its tokens so far are the prefix's
+        with self._gate:
+            if self._paused is not None:
+                self._retracted.append(ticket)
+                return True
+        self.queue.put(ticket)
+        return True
+
     def _finish(self, ticket: Ticket, result: Optional[GenerateResult] = None,
                 error: Optional[BaseException] = None) -> None:
         """Resolve a ticket (caller holds the lock or is the only thread touching it)."""
+        if result is not None:
+            if self._retracted_result(ticket, result):
+                return
+            if ticket.prefix is not None:  # a retracted request's rest: one response with its first part
+                result = merged_result(ticket.prefix, result, ticket.request)
+            ticket.weight_version = self.weight_version
+            result = replace(result, token_versions=token_versions(ticket.version_events, self.weight_version,
+                                                                   len(result.output_ids)))
         tickets = self._pending.get(ticket.request.rid, [])
         if ticket in tickets:
             tickets.remove(ticket)
@@ -243,6 +377,8 @@ class Batcher:
 
         def on_token(rid: str, tok: int) -> None:
             ticket = self._running.get(rid)
+            if ticket is not None:
+                ticket.emitted += 1
             if ticket is not None and ticket.on_token is not None:
                 try:
                     ticket.on_token(tok)

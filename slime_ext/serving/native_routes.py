@@ -1,7 +1,9 @@
 """SGLang's native routes: `/generate` (token ids in, `output_ids` + `meta_info` out, GenerateReqInput
-bodies validated as SGLang does, see `native_schemas`), `/abort_request`, `/flush_cache`, `/health`, so
+bodies validated as SGLang does, see `native_schemas`), `/abort_request`, `/pause_generation`,
+`/continue_generation`, `/flush_cache`, `/health`, so
 `SGLangEngineClient` drives this server exactly like an SGLang server. Same admission and limits as the
-OpenAI routes. `meta_info.weight_version` is the version of the weights that generated the answer."""
+OpenAI routes. `meta_info.weight_version` is the version of the weights that generated the answer, and
+`meta_info.weight_versions` (SGLang's spans) the version of every output token."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_ext.data.generation import GenerateRequest, GenerateResult
-from slime_ext.data.generation import encode_routed_experts_b64
+from slime_ext.data.generation import encode_routed_experts_b64, version_spans
 from slime_ext.serving.errors import APIError, bad_request
 from slime_ext.serving.openai_routes import _sampling, get_state, read_json, read_prompt_json
-from slime_ext.serving.native_schemas import (AbortReq, GenerateItem, GenerateReqInput, SamplingParamsBody,
-                                               check_sampling, generate_items)
+from slime_ext.serving.native_schemas import (AbortReq, ContinueGenerationReqInput, GenerateItem, GenerateReqInput,
+                                               PauseGenerationReqInput, SamplingParamsBody, check_sampling,
+                                               generate_items)
 from slime_ext.serving.schemas import parse
 from slime_ext.serving.streaming import generate_all
 
@@ -144,6 +147,9 @@ def _answer(state: Any, body: GenerateReqInput, req: GenerateRequest, res: Gener
         "prompt_tokens": len(req.input_ids), "weight_version": version, "completion_tokens": len(res.output_ids),
         "cached_tokens": res.cached_tokens,
     }
+    if res.token_versions:  # SGLang's spans of the versions that produced the output (several across a pause)
+        meta["weight_versions"] = version_spans(res.token_versions)
+        meta["weight_version"] = res.token_versions[-1]
     if return_logprob:
         text = (lambda t: state.tokenizer.decode([t])) if body.return_text_in_logprobs else (lambda t: None)
         meta["output_token_logprobs"] = [[lp, tok, text(tok)] for lp, tok in zip(res.logprobs or [], res.output_ids)]
@@ -164,6 +170,27 @@ async def abort_request(request: Request) -> dict[str, Any]:
     if not body.rid:  # SGLang turns a missing rid into "" and aborts nothing
         return {"success": True, "aborted": 0}
     return {"success": True, "aborted": state.batcher.abort(body.rid)}
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request) -> dict[str, Any]:
+    """SGLang's pause (`Batcher.pause`: abort, retract or in_place); answered once the requests it aborted or
+    retracted have been told to stop. SGLang answers {"message", "status"}; the count is extra."""
+    state = get_state(request)
+    body = parse(PauseGenerationReqInput, await read_json(state, request))
+    try:
+        touched = state.batcher.pause(body.mode)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="mode") from None
+    return {"message": "Generation paused successfully.", "status": "ok", "requests": touched}
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    parse(ContinueGenerationReqInput, await read_json(state, request))
+    state.batcher.resume()
+    return {"message": "Generation continued successfully.", "status": "ok"}
 
 
 @router.post("/flush_cache")

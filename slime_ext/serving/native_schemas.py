@@ -333,6 +333,26 @@ class WeightVersionSpan(BaseModel):
     end: int
 
 
+class PauseGenerationReqInput(BaseModel):
+    """sglang.srt.managers.io_struct.PauseGenerationReqInput."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: Optional[str] = None
+    http_worker_ipc: Optional[str] = None
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueGenerationReqInput(BaseModel):
+    """sglang.srt.managers.io_struct.ContinueGenerationReqInput (torch_empty_cache means nothing on CPU)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: Optional[str] = None
+    http_worker_ipc: Optional[str] = None
+    torch_empty_cache: bool = True
+
+
 class AbortReq(BaseModel):
     """sglang.srt.managers.io_struct.AbortReq; rid None means "" (abort nothing), as there."""
 

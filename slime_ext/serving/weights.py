@@ -312,7 +312,7 @@ class WeightUpdater:
                 raise WeightUpdateError(f"Failed to update parameter online: {exc}. The weights may be partially "
                                         f"updated; discard them and load a full set.") from None
             if weight_version is not None:
-                batcher.weight_version = str(weight_version)
+                batcher.set_weight_version(str(weight_version))
             self.updates += 1
 
     @staticmethod
@@ -473,7 +473,7 @@ class WeightUpdater:
         if abort_all:
             batcher.abort_all()
         with batcher.exclusive():
-            batcher.weight_version = str(version)
+            batcher.set_weight_version(str(version))
 
     def check_weights(self, action: str, skip: Optional[list[str]]) -> Optional[dict]:
         """SGLang's `/weights_checker` actions on the served model, with no generate call running."""

@@ -202,6 +202,13 @@ def test_off_policy_on_colocated_gpus_names_both_keys_and_the_fix(capsys):
      "rollout.stale_tokens = 'correct' but rollout.partial_rollouts is false"),
     (["rollout.stale_tokens=mask"], "rollout.stale_tokens = 'mask' but rollout.partial_rollouts is false"),
     (["rollout.off_policy_steps=1"], "rollout.off_policy_steps = 1 was replaced by rollout.max_staleness"),
+    (["rollout.max_staleness=1", "rollout.pause_mode=retract"],
+     "rollout.pause_mode = 'retract' but rollout.partial_rollouts is false"),
+    (["rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.pause_mode=in_place"],
+     "rollout.pause_mode = 'in_place' pauses requests inside engine servers (SGLang's /pause_generation), but "
+     "rollout.engine is 'embedded'"),
+    (["rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.engine=sglang", "train.routing_replay=true",
+      "rollout.pause_mode=retract"], "rollout.pause_mode = 'retract' with train.routing_replay = true"),
     (["rollout.max_staleness=-1"], "key 'rollout.max_staleness' = -1"),
     (["rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.stale_tokens=drop"],
      "key 'rollout.stale_tokens' = 'drop'"),

@@ -394,3 +394,69 @@ def test_a_continued_request_keeps_its_flags_and_each_tokens_routes():
     # the trainer's view: the route of each response token's forward is that token's version
     per_token = [int(routes[3 + k - 1, 0, 0]) for k in range(5)]
     assert per_token == p.versions
+
+
+class EnginePausing(FakeEngine):
+    """SGLang's /pause_generation retract / in_place: the requests stay in the engine across the sync, and the
+    answer reports every token's version (meta_info.weight_versions). A rollout of step >= 1 makes HOLD tokens,
+    then waits until the engine has been paused and continued (a sync came); a pause lands only once the
+    request in flight has its HOLD tokens (so the cut is the same on any machine)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pauses: list[str] = []
+        self.cycles = 0  # pause + continue pairs so far
+        self.holding = False  # a generate call is in flight and has not reached its hold yet
+        self._cv = threading.Condition()
+
+    def pause_generation(self, mode: str) -> int:
+        self.pauses.append(mode)
+        with self._cv:
+            self._cv.wait_for(lambda: not self.holding, timeout=10)
+        return 4
+
+    def continue_generation(self) -> None:
+        with self._cv:
+            self.cycles += 1
+            self._cv.notify_all()
+
+    def generate(self, requests: list) -> list:
+        step = step_of(requests[0].rid)
+        self.started.setdefault(step, time.time())
+        self.requests += requests
+        with self._cv:
+            cycles, self.holding = self.cycles, step >= 1
+        out: dict[str, list] = {q.rid: [] for q in requests}
+        versions: dict[str, list] = {q.rid: [] for q in requests}
+        for k in range(MAX_NEW):
+            if step >= 1 and k == HOLD:
+                with self._cv:  # let the sync's pause land, wait for its continue (bounded: a missing one fails)
+                    self.holding = False
+                    self._cv.notify_all()
+                    self._cv.wait_for(lambda: self.cycles > cycles, timeout=10)
+            for q in requests:
+                out[q.rid].append(10 + (q.seed + 7 * k) % 50)
+                versions[q.rid].append(self.version)
+        return [GenerateResult(q.rid, out[q.rid], [-(v + 1) / 10 for v in versions[q.rid]], "length",
+                               [{} for _ in out[q.rid]], 0, len(q.input_ids),
+                               token_versions=[str(v) for v in versions[q.rid]]) for q in requests]
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_engine_side_pause_keeps_the_requests_and_takes_each_tokens_reported_version(tmp_path, mode):
+    """rollout.pause_mode retract / in_place: the sync pauses the engines (not the manager's aborts), no request
+    is continued by the manager, and each token carries the version the engine reports for it."""
+    cfg = config("train.steps=4", "rollout.max_staleness=1", "rollout.partial_rollouts=true",
+                 "rollout.stale_tokens=correct", "rollout.engine=sglang", f"rollout.pause_mode={mode}",
+                 "run.save_every=100")  # a save drains the rollout in flight, which this fake holds until a sync
+    engine, group = EnginePausing(), FakeGroup(delay=0.3)  # rollout t + 1 reaches its hold while step t trains
+    job_for(cfg, tmp_path)._rl_loop(0, manager_for(cfg, engine), group, engine, tmp_path / "checkpoints")
+    assert engine.pauses == [mode] * 4 and engine.versions == [1, 2, 3, 4]
+    assert all(len(q.input_ids) == PROMPT_LEN for q in engine.requests)  # nothing re-sent by the manager
+    for t in range(1, 4):  # rollout t: HOLD tokens of version t - 1, the rest of version t
+        for _, _, ids, versions, mask, lps in group.trained[t]:
+            assert versions == [t - 1] * HOLD + [t] * (MAX_NEW - HOLD)
+            assert lps == [-t / 10] * HOLD + [-(t + 1) / 10] * (MAX_NEW - HOLD)
+    rows = metrics(tmp_path)
+    assert [r["rollout/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["rollout/partial_aborted"] for r in rows] == [0.0] * 4  # the manager aborted nothing
