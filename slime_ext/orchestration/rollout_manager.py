@@ -420,20 +420,21 @@ class RolloutManager:
         applied (the staleness against the step that trains them is measured by the loop when it takes them)."""
         r = self.config.rollout
         mask = r.partial_rollouts and r.stale_token_policy == "mask"
-        masked = 0
+        masked = spanning = 0
         for s in (s for g in groups for s in g):
             versions = list(s.token_versions or [])
             n = len(s.response_ids)
             if len(versions) != n:  # a method rewrote the response (DA-GRPO's spliced text): newest version
                 versions = (versions + [max(versions, default=step)] * n)[:n]
             s.token_versions = versions
+            spanning += len(set(versions)) > 1
             if mask and versions:
                 newest = max(versions)
                 for k, v in enumerate(versions):
                     if v < newest and s.loss_mask[k] > 0:
                         s.loss_mask[k] = 0.0
                         masked += 1
-        out = {"rollout/partial_aborted": float(resumed)}
+        out = {"rollout/partial_aborted": float(resumed), "rollout/samples_spanning_versions": float(spanning)}
         if r.partial_rollouts:
             out["rollout/stale_tokens_masked"] = float(masked)
         return out

@@ -36,6 +36,27 @@ def test_grpo_on_two_engine_servers_rolls_out_each_step_with_that_steps_weights(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_async_k2_with_engine_side_pauses_on_an_engine_server(tmp_path, mode):
+    """rollout.max_staleness 2 with partial rollouts paused inside the engine server (SGLang's /pause_generation
+    and /continue_generation around every sync, per-token versions from meta_info.weight_versions): the run ends,
+    the manager re-sends nothing, and no trained token is more than 2 versions behind."""
+    from slime_ext.orchestration.driver import main
+
+    args = ["rollout.engine=sglang", "sglang.num_engines=1", "sft.steps=3", "train.steps=5",
+            "run.stages=[data,tokenizer,sft,rl]", "rollout.max_staleness=2", "rollout.partial_rollouts=true",
+            "rollout.stale_tokens=correct", f"rollout.pause_mode={mode}"]
+    assert main(job_args(tmp_path, *args)) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(5))
+    assert max(r["rollout/staleness_max"] for r in rows) <= 2
+    assert all(r["rollout/partial_aborted"] == 0.0 for r in rows)  # the engine kept its requests
+    assert all(r["async/dropped_groups"] == 0.0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_an_engine_server_killed_mid_run_shows_on_the_console_in_the_metrics_and_in_the_run_dir(tmp_path, capsys):
     """SIGKILL to the engine server after step 0's row: step 1's requests fail, the rollout manager (a Ray
     actor, whose log the driver does not show) restarts it and re-sends them, and the driver prints the
