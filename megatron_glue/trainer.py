@@ -232,7 +232,7 @@ class MegatronTrainer:
                 "targets": _shift_left(batch.tokens),
                 "loss_mask": _shift_left(batch.loss_mask),
                 "old_logprobs": _shift_left(batch.old_logprobs),
-                "advantages": _shift_left(batch.per_token(batch.advantages)),
+                "advantages": _shift_left(batch.token_advantage()),
                 "weights": _shift_left(batch.per_token(batch.weights)),
             }
             for name, per_sample in (extra or {}).items():

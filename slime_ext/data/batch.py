@@ -31,8 +31,13 @@ class RolloutBatch:
     prompt_lens: torch.Tensor  # long [B]
     response_lens: torch.Tensor  # long [B]
     advantages: torch.Tensor  # float [B]
+    token_advantages: torch.Tensor  # float [B, T]: the samples' per-token terms added to `advantages` (0 elsewhere)
     weights: torch.Tensor  # float [B]
     attention_mask: torch.Tensor  # bool [B, T]: False on padding
+
+    def token_advantage(self) -> torch.Tensor:
+        """Each token's advantage: its sample's, plus the sample's per-token term where it has one."""
+        return self.per_token(self.advantages) + self.token_advantages
 
     def per_token(self, per_sample: torch.Tensor) -> torch.Tensor:
         """Broadcast a `[B]` per-sample value onto token positions (0 on padding)."""
@@ -83,6 +88,7 @@ def build_batch(
     seq_index = torch.full(shape, -1, dtype=torch.long)
     loss_mask = torch.zeros(shape, dtype=torch.float32)
     old_logprobs = torch.zeros(shape, dtype=torch.float32)
+    token_advantages = torch.zeros(shape, dtype=torch.float32)
 
     for i, (s, (row, start)) in enumerate(zip(samples, starts)):
         p, r = len(s.prompt_ids), len(s.response_ids)
@@ -94,6 +100,8 @@ def build_batch(
         loss_mask[row, resp] = torch.tensor(s.loss_mask, dtype=torch.float32)
         if s.logprobs is not None:
             old_logprobs[row, resp] = torch.tensor(s.logprobs, dtype=torch.float32)
+        if s.token_advantages is not None:
+            token_advantages[row, resp] = torch.tensor(s.token_advantages, dtype=torch.float32)
 
     def per_sample(values: list[Optional[float]]) -> torch.Tensor:
         return torch.tensor([0.0 if v is None else float(v) for v in values], dtype=torch.float32)
@@ -108,6 +116,7 @@ def build_batch(
         prompt_lens=torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
         response_lens=torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long),
         advantages=per_sample([s.advantage for s in samples]),
+        token_advantages=token_advantages,
         weights=per_sample([s.weight for s in samples]),
         attention_mask=seq_index >= 0,
     )

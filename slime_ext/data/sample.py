@@ -7,6 +7,8 @@ thousands can be found.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, Optional
@@ -48,7 +50,7 @@ _AUTHOR_VALUES = frozenset(int(a) for a in Author)
 _CHANNEL_VALUES = frozenset(int(c) for c in Channel)
 
 
-PER_TOKEN_FIELDS = ("loss_mask", "author", "channel", "logprobs", "token_versions")
+PER_TOKEN_FIELDS = ("loss_mask", "author", "channel", "logprobs", "token_versions", "token_advantages")
 
 
 class SampleValidationError(ValueError):
@@ -77,6 +79,9 @@ class Sample:
     # The weight version that generated each response token (asynchronous runs: `rollout.max_staleness`
     # >= 1; a partial rollout resumed after weight syncs holds several versions). None on on-policy runs.
     token_versions: Optional[list[int]] = None
+    # A per-token term the trainer adds to `advantage` on each response token (a method's dense signal, e.g.
+    # on-policy distillation's teacher-minus-student logprob). None: the sample's advantage alone.
+    token_advantages: Optional[list[float]] = None
     # Per-sample.
     reward: Optional[float] = None
     rewards: dict[str, float] = field(default_factory=dict)  # named components (format, correctness, ...)
@@ -127,6 +132,8 @@ class Sample:
             raise SampleValidationError(f"sample {sid!r}: author values must be 0, 1 or 2 ({list(Author)})")
         if self.channel is not None and any(c not in _CHANNEL_VALUES for c in self.channel):
             raise SampleValidationError(f"sample {sid!r}: channel values must be 0 (think) or 1 (speak)")
+        if self.token_advantages is not None and any(not math.isfinite(a) for a in self.token_advantages):
+            raise SampleValidationError(f"sample {sid!r}: token_advantages must be finite numbers")
         if self.token_versions is not None and any(not isinstance(v, int) or v < 0 for v in self.token_versions):
             raise SampleValidationError(f"sample {sid!r}: token_versions must be weight versions (ints >= 0)")
         if self.weight < 0:

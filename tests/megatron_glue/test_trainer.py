@@ -263,3 +263,22 @@ def test_micro_batches_hold_at_most_max_tokens_padded():
     shapes = [tuple(mb["tokens"].shape) for mb in micro]
     # sorted 10 11 12 | 98 99 (3 x 100 > 200) | 100 | 250 (alone, over the cap)
     assert shapes == [(3, 12), (2, 99), (1, 100), (1, 250)]
+
+
+def test_a_samples_per_token_advantages_add_to_its_advantage_on_the_loss_input():
+    """Sample.token_advantages (a method's dense term, e.g. on-policy distillation): the trainer's loss reads
+    advantage + token term at each response token, logit-aligned (position t describes token t + 1), and the
+    sample's advantage alone where the term is absent."""
+    trainer = make_trainer(micro_batch_size=4)
+    dense = Sample("dense", [3, 4], [5, 6, 7], advantage=0.5, token_advantages=[0.25, -1.0, 2.0])
+    plain = Sample("plain", [3, 4, 8], [5, 6], advantage=-0.5)
+    (mb,) = trainer._micro_batches([dense, plain])
+    rows = {sid: i for i, sid in enumerate(mb["batch"].sample_ids)}
+    got = mb["advantages"] * mb["loss_mask"]  # what the loss multiplies (prompt positions carry no loss)
+    # dense: tokens at positions 2, 3, 4 -> logit positions 1, 2, 3
+    assert got[rows["dense"]].tolist() == [0.0, 0.75, -0.5, 2.5, 0.0]
+    assert got[rows["plain"]].tolist() == [0.0, 0.0, -0.5, -0.5, 0.0]
+    with pytest.raises(ValueError, match="token_advantages has 2 entries but response_ids has 3 tokens"):
+        Sample("bad", [3], [5, 6, 7], token_advantages=[0.0, 1.0])
+    with pytest.raises(ValueError, match="token_advantages must be finite"):
+        Sample("nan", [3], [5], token_advantages=[float("nan")])
