@@ -387,6 +387,25 @@ class EmbeddedEngine:
         finally:
             self.flush_cache()
 
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]], starts: list[int], model: str = "partner") -> list[list[float]]:
+        """Prefill-only scoring (SGLang's /generate with max_new_tokens 0, return_logprob, logprob_start_len):
+        the logprob at temperature 1 of every token of `sequences[i]` from position `starts[i]` on, under the
+        partner model (on-policy distillation's teacher) or the policy ("policy")."""
+        net = self.partner if model == "partner" else self.model if model == "policy" else None
+        if net is None:
+            raise ValueError(f"score: model {model!r} is not held by this engine (partner: "
+                             f"{'loaded' if self.partner is not None else 'none'}; 'policy' always)")
+        out = []
+        for ids, start in zip(sequences, starts):
+            if not 1 <= start <= len(ids):
+                raise ValueError(f"score: start {start} outside 1..{len(ids)} for a sequence of {len(ids)} tokens")
+            x = torch.tensor([ids], dtype=torch.long)
+            logprobs = torch.log_softmax(net(input_ids=x).logits[0, :-1].float(), dim=-1)  # row t predicts t + 1
+            picked = logprobs.gather(-1, x[0, 1:, None])[:, 0]
+            out.append(picked[start - 1:].tolist())
+        return out
+
     # -- generation -------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest],

@@ -44,6 +44,9 @@ class RemoteEngine:
     def flush_cache(self) -> None:
         self._get(self.handle.flush_cache.remote())
 
+    def score(self, sequences: list[list[int]], starts: list[int], model: str = "partner") -> list[list[float]]:
+        return self._get(self.handle.score.remote(sequences, starts, model))
+
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._get(self.handle.update_weights_from_tensor.remote(list(named_tensors)))
 

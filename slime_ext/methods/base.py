@@ -87,6 +87,11 @@ class Method:
         return LossSpec(eps_clip_low=g.eps_clip_low, eps_clip_high=g.eps_clip_high, kl_coef=g.kl_coef,
                         kl_estimator=g.kl_estimator, entropy_coef=g.entropy_coef, loss_agg=g.loss_agg)
 
+    def scoring_model(self) -> Optional[str]:
+        """An engine model ("partner") whose logprob of every sampled token the rollout manager attaches to each
+        sample (`metadata["scored_logprobs"]`) before `finish`; None: nothing is scored."""
+        return None
+
     def partner_dir(self, start_dir: Path) -> Optional[Path]:
         """The partner model the engine loads beside the policy (only when `needs_partner`)."""
         return None

@@ -78,6 +78,8 @@ METHODS: dict[str, MethodEntry] = {
                           serving=_SPEAK),
     "dagrpo": MethodEntry("slime_ext.methods.dagrpo.method:DAGRPO", _DAGRPO | _AXES_SECTION, ("sglang_patches.dagrpo",),
                           _AXES, checkpoint_evaluations=_ASK, tools=_CLOUD),
+    "opd": MethodEntry("slime_ext.methods.opd.method:OPD", {"opd": "slime_ext.methods.opd.config:OPDConfig"}
+                       | _AXES_SECTION, evaluations=_AXES),
     "collab_grpo": MethodEntry("slime_ext.methods.dagrpo.method:CollabGRPO", _DAGRPO | _AXES_SECTION,
                                ("sglang_patches.dagrpo",), _AXES, checkpoint_evaluations=_ASK, tools=_CLOUD),
 }

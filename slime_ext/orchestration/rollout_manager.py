@@ -266,6 +266,9 @@ class RolloutManager:
                 apply_episode(groups[i][-1], episodes[k])
             if off:
                 groups[i][-1].token_versions = versions[k]
+        scorer = self.method.scoring_model()
+        if scorer is not None:  # a model scores the sampled tokens (on-policy distillation's teacher)
+            self._attach_scores([s for g in groups for s in g], scorer)
         metrics = self.method.finish(groups, step)
         if off:
             metrics.update(self._off_policy_tokens(groups, step, resumed))
@@ -375,6 +378,17 @@ class RolloutManager:
         with self._cv:
             self._sync_aborted.clear()  # aborts that came after their request had finished
         return [final[q.rid] for q in requests], [partial[q.rid].versions for q in requests], len(resumed)
+
+    def _attach_scores(self, samples: list[Sample], model: str) -> None:
+        """The engine's `model` scores each sample's exact token ids (prompt + response as sampled, prefill
+        only, temperature 1): its logprob of every response token lands in `metadata["scored_logprobs"]`."""
+        scored = [s for s in samples if s.response_ids]
+        logprobs = self._engine_call("score", [s.prompt_ids + s.response_ids for s in scored],
+                                     [len(s.prompt_ids) for s in scored], model) if scored else []
+        for s in samples:
+            s.metadata["scored_logprobs"] = []
+        for s, lp in zip(scored, logprobs):
+            s.metadata["scored_logprobs"] = list(lp)
 
     def _engine_call(self, name: str, *args: Any) -> Any:
         method = getattr(self.engine, name)
