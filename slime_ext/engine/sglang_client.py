@@ -596,6 +596,26 @@ class SGLangEngineClient:
                             "CheckWeightsReqInput")
         return out if isinstance(out, dict) else {}
 
+    def score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """Prefill-only scoring by the served model (on-policy distillation's teacher): one SGLang batch
+        `/generate` with max_new_tokens 0, return_logprob and logprob_start_len = start - 1, whose
+        meta_info.input_token_logprobs (first entry None) give the logprob of every token from `start` on."""
+        if not sequences:
+            return []
+        payload = {"input_ids": [list(s) for s in sequences], "sampling_params": {"max_new_tokens": 0},
+                   "return_logprob": True, "logprob_start_len": [int(s) - 1 for s in starts]}
+        if self.validate:
+            validate_payload(payload, "GenerateReqInput")
+        answers = self._request("POST", "/generate", payload)
+        out = []
+        for seq, start, answer in zip(sequences, starts, answers):
+            triples = answer["meta_info"].get("input_token_logprobs") or []
+            if len(triples) != len(seq) - start + 1 or [int(t[1]) for t in triples] != list(seq[start - 1:]):
+                raise ValueError(f"scoring: {len(triples)} input logprobs for the {len(seq) - start + 1} tokens from "
+                                 f"position {start - 1}, or their token ids differ from the sequence's")
+            out.append([float(t[0]) for t in triples[1:]])
+        return out
+
     def pause_generation(self, mode: str = "abort") -> int:
         """SGLang's /pause_generation (abort, retract or in_place); returns the requests it touched where the
         server says (the project's server does)."""

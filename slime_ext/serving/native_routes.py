@@ -11,6 +11,7 @@ import json
 from typing import Any, Optional
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from slime_ext.data.generation import GenerateRequest, GenerateResult
@@ -119,6 +120,14 @@ def _prepare(state: Any, body: GenerateReqInput, item: GenerateItem) -> tuple[Ge
     if body.return_routed_experts and (max_new == 0 or not hasattr(state.engine, "prefix_cache")):
         raise bad_request("'return_routed_experts' needs an embedded-engine MoE server and max_new_tokens > 0",
                           param="return_routed_experts")
+    if item.logprob_start_len >= 0:
+        if max_new > 0 or not item.return_logprob:
+            raise bad_request(f"'logprob_start_len' is supported by this server for prefill-only scoring: "
+                              f"max_new_tokens 0 with return_logprob true (row asks for {max_new} new tokens)",
+                              param="logprob_start_len")
+        if item.logprob_start_len >= len(ids) or not hasattr(state.engine, "score"):
+            raise bad_request(f"logprob_start_len {item.logprob_start_len} must be a position of the {len(ids)} "
+                              "input tokens, on an embedded-engine server", param="logprob_start_len")
     req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=item.rid,
                         return_routed_experts=body.return_routed_experts)
     return req, max_new
@@ -130,14 +139,36 @@ async def _run(state: Any, request: Request, prepared: list[tuple[GenerateReques
     SGLang's answer of each."""
     tickets = [state.batcher.submit(req) for req, max_new in prepared if max_new > 0]
     outputs = await generate_all(state.batcher, request, tickets=tickets) if tickets else []
+    scoring = [(req.input_ids, item.logprob_start_len) for (req, _), item in zip(prepared, items)
+               if item.logprob_start_len >= 0]
+    scores = iter(await run_in_threadpool(_score, state, scoring) if scoring else [])
     done = {t.request.rid: (res, t.weight_version) for t, res in zip(tickets, outputs)}
     answers = []
     for (req, _), item in zip(prepared, items):
         # a row without tokens to generate: SGLang answers an empty output finished by length
         empty = (GenerateResult(req.rid, [], [], "length", [], 0, len(req.input_ids)), None)
         res, version = done.get(req.rid) or empty
-        answers.append(_answer(state, body, req, res, version or state.weight_version, item.return_logprob))
+        answer = _answer(state, body, req, res, version or state.weight_version, item.return_logprob)
+        if item.logprob_start_len >= 0:
+            answer["meta_info"]["input_token_logprobs"] = _input_logprobs(state, body, req.input_ids,
+                                                                          item.logprob_start_len, next(scores))
+        answers.append(answer)
     return answers
+
+
+def _score(state: Any, rows: list[tuple[list[int], int]]) -> list[list[float]]:
+    """The served model's logprob of every input token after each row's start (prefill only), with the engine
+    to itself (its generate calls are the batcher's)."""
+    with state.batcher.exclusive():
+        return state.engine.score([ids for ids, _ in rows], [start + 1 for _, start in rows], "policy")
+
+
+def _input_logprobs(state: Any, body: GenerateReqInput, ids: list[int], start: int,
+                    logprobs: list[float]) -> list[list[Any]]:
+    """SGLang's meta_info.input_token_logprobs from `start`: [logprob, token id, text] per input token, the first
+    None (its logits, at the position before, are not computed)."""
+    text = (lambda t: state.tokenizer.decode([t])) if body.return_text_in_logprobs else (lambda t: None)
+    return [[lp, tok, text(tok)] for lp, tok in zip([None, *logprobs], ids[start:])]
 
 
 def _answer(state: Any, body: GenerateReqInput, req: GenerateRequest, res: GenerateResult,

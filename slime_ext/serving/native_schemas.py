@@ -149,7 +149,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "stream": (False,), "text": (None,), "input_embeds": (None,), "image_data": (None, []), "video_data": (None, []),
     "audio_data": (None, []), "mm_hashes": (None,), "mm_content_hashes": (None,), "use_audio_in_video": (False,),
     "video_config": (None,), "top_logprobs_num": (None, 0), "token_ids_logprob": (None, []),
-    "logprob_start_len": (None, -1), "return_sampling_mask": (None, False), "sampling_logprobs_mode": (None,),
+    "return_sampling_mask": (None, False), "sampling_logprobs_mode": (None,),
     "return_flat_raw_top_logprobs": (False,), "return_hidden_states": (False,), "routed_experts_start_len": (0,),
     "return_indexer_topk": (False,), "modalities": (None,), "session_id": (None,), "session_params": (None,),
     "lora_path": (None,), "lora_id": (None,), "positional_embed_overrides": (None,), "background": (False,),
@@ -160,8 +160,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "video_max_dynamic_patch": (None,), "images_config": (None,),
 }
 _REASONS = {"text": "it takes token ids ('input_ids')", "stream": "use stream: false",
-            "top_logprobs_num": "only the sampled tokens' logprobs are returned",
-            "logprob_start_len": "prompt logprobs are not returned"}
+            "top_logprobs_num": "only the sampled tokens' logprobs are returned"}
 
 
 @dataclass
@@ -173,6 +172,7 @@ class GenerateItem:
     rid: Optional[str]
     return_logprob: bool
     where: str  # how errors name this row: "" for a single request, "[i]" for row i of a batch
+    logprob_start_len: int = -1  # >= 0: input token logprobs from this position (prefill-only scoring)
 
 
 def _per_row(body: GenerateReqInput, name: str, size: int, default: Any) -> list[Any]:
@@ -209,7 +209,8 @@ def generate_items(body: GenerateReqInput) -> list[GenerateItem]:
             if isinstance(value, list):
                 raise bad_request(f"{name} is a list but input_ids is one prompt (a batch sends a list of prompts)",
                                   param=name)
-        return [GenerateItem(ids, body.sampling_params or {}, body.rid, bool(body.return_logprob), "")]
+        return [GenerateItem(ids, body.sampling_params or {}, body.rid, bool(body.return_logprob), "",
+                             _start_len(body.logprob_start_len, "logprob_start_len"))]
     size = len(ids)
     if isinstance(body.rid, str):
         rids: list[Optional[str]] = [f"{body.rid}_{i}" for i in range(size)]
@@ -225,7 +226,18 @@ def generate_items(body: GenerateReqInput) -> list[GenerateItem]:
             raise bad_request(f"Duplicate request IDs detected within the request: {duplicates}", param="rid")
     sampling = _per_row(body, "sampling_params", size, {})
     logprob = _per_row(body, "return_logprob", size, False)
-    return [GenerateItem(ids[i], sampling[i], rids[i], bool(logprob[i]), f"[{i}]") for i in range(size)]
+    starts = _per_row(body, "logprob_start_len", size, -1)
+    return [GenerateItem(ids[i], sampling[i], rids[i], bool(logprob[i]), f"[{i}]",
+                         _start_len(starts[i], f"logprob_start_len[{i}]")) for i in range(size)]
+
+
+def _start_len(value: Any, where: str) -> int:
+    """SGLang's logprob_start_len of one row: None or -1 (no input logprobs), else a position >= 0."""
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise bad_request(f"{where} must be -1 or a token position >= 0, got {value!r}", param="logprob_start_len")
+    return value
 
 
 class SamplingParamsBody(BaseModel):

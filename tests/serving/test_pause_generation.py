@@ -136,3 +136,30 @@ def test_the_routes_and_the_client_speak_sglangs_pause_and_version_spans(tmp_pat
                 "output_token_logprobs": [[-1.0, 3, None], [-1.0, 4, None], [-1.0, 5, None]],
                 "weight_versions": [{"version": "7", "start": 0, "end": 1}, {"version": "8", "start": 1, "end": 3}]}})
         assert result.token_versions == ["7", "8", "8"] and result.weight_version == "8"
+
+
+def test_prefill_only_scoring_answers_as_sglang_and_equals_the_engines_own(tmp_path_factory):
+    """SGLang's scoring request (max_new_tokens 0, return_logprob, logprob_start_len; on-policy distillation's
+    teacher): input_token_logprobs from the start, the first None, equal to the engine's own scoring; the client's
+    batch payload passes SGLang's io_struct; generation with logprob_start_len is refused naming the field."""
+    from slime_ext.engine.embedded import EmbeddedEngine
+    from slime_ext.engine.sglang_client import SGLangEngineClient
+    from tests.serving.test_serve_weights import _checkpoint, call, in_process
+
+    model_dir = _checkpoint(tmp_path_factory.mktemp("score"), seed=0)
+    seqs, starts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]], [3, 1]
+    reference = EmbeddedEngine.from_pretrained(str(model_dir)).score(seqs, starts, "policy")
+    with in_process(model_dir) as (srv, state):
+        code, body = call(srv.url, "/generate", {"input_ids": seqs[0], "sampling_params": {"max_new_tokens": 0},
+                                                 "return_logprob": True, "logprob_start_len": 2})
+        assert code == 200 and body["output_ids"] == []
+        triples = body["meta_info"]["input_token_logprobs"]
+        assert [t[1] for t in triples] == [7, 8, 9, 10] and triples[0][0] is None
+        assert [t[0] for t in triples[1:]] == pytest.approx(reference[0], abs=1e-6)
+        got = SGLangEngineClient(srv.url, validate=True).score(seqs, starts)
+        assert [len(g) for g in got] == [3, 2]
+        for g, r in zip(got, reference):
+            assert g == pytest.approx(r, abs=1e-6)
+        code, body = call(srv.url, "/generate", {"input_ids": seqs[0], "sampling_params": {"max_new_tokens": 2},
+                                                 "return_logprob": True, "logprob_start_len": 2})
+        assert code == 400 and body["error"]["param"] == "logprob_start_len"

@@ -46,6 +46,7 @@ AGREE: list[tuple[str, dict, str]] = [
     ("/generate", gen({"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "sampling_seed": 3},
                       rid="r1", return_logprob=True), OK),
     ("/generate", gen({"temperature": 0, "top_k": -1, "max_new_tokens": 0}), OK),
+    ("/generate", gen({"max_new_tokens": 0}, return_logprob=True, logprob_start_len=1), OK),  # prefill scoring
     ("/generate", gen({"temperature": None, "top_p": None, "top_k": None, "max_new_tokens": None}), OK),
     ("/generate", gen({"sampling_seed": -BIG}), OK),
     ("/generate", gen({"sampling_seed": BIG - 1}), OK),
@@ -174,7 +175,8 @@ DIFFER: list[tuple[str, dict, str, str, str]] = [
     ("/generate", gen({"regex": "[0-9]+"}), BAD, OK, UNSUPPORTED + " (grammars)"),
     ("/generate", gen({"logit_bias": {"5": 1.0}}), BAD, OK, UNSUPPORTED),
     ("/generate", gen(top_logprobs_num=2), BAD, OK, "only the sampled tokens' logprobs are returned"),
-    ("/generate", gen(logprob_start_len=0), BAD, OK, "prompt logprobs are not returned"),
+    ("/generate", gen(logprob_start_len=0), BAD, OK, "input logprobs only for prefill-only scoring "
+                                                     "(max_new_tokens 0, tests/serving/test_pause_generation.py)"),
     ("/generate", gen(return_hidden_states=True), BAD, OK, UNSUPPORTED),
     ("/generate", gen(lora_path="adapter"), BAD, OK, UNSUPPORTED + " (no LoRA)"),
     ("/generate", gen(image_data="img.png"), BAD, OK, UNSUPPORTED + " (text-only models)"),
@@ -339,6 +341,9 @@ def sglang_verdict(io_struct: Any, route: str, body: dict, vocab: int) -> str:
 # -- this server's side -----------------------------------------------------------------------------
 class _Engine(StubEngine):
     max_context_length = CONTEXT
+
+    def score(self, sequences: list, starts: list, model: str = "policy") -> list:  # prefill scoring's shape only
+        return [[0.0] * (len(seq) - start) for seq, start in zip(sequences, starts)]
 
 
 @pytest.fixture(scope="module")
