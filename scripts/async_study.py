@@ -28,7 +28,9 @@ sys.path.insert(0, str(REPO))
 from slime_ext.studies import read_metrics  # noqa: E402
 from slime_ext.tools.study import command_line, difference_table, run_one, save_figure  # noqa: E402
 
-ARMS = {"K=0": [], "K=2": ["rollout.max_staleness=2"]}
+ARMS = {"K=0": [], "K=2": ["rollout.max_staleness=2"],
+        # the decoupled loss's correction on: behaviour -> proximal weights masked outside [0.5, 2] per token (IcePop)
+        "K=2 + IcePop": ["rollout.max_staleness=2", "grpo.mismatch.mode=mask"]}
 
 
 def row_of(run: Path) -> dict[str, float]:
@@ -53,7 +55,7 @@ def plot(out: Path, runs: dict[str, list[Path]]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for (arm, paths), color in zip(runs.items(), ("tab:blue", "tab:orange")):
+    for (arm, paths), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green")):
         for i, run in enumerate(paths):
             rows = read_metrics(run)
             steps = [r["step"] for r in rows]
@@ -73,14 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "async_study")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "async_study")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["K=0", "K=2"])
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = command_line("async_study.py", argv)
-    runs: dict[str, list[Path]] = {a: [] for a in ARMS}
+    arms = {a: ARMS[a] for a in args.arms}
+    runs: dict[str, list[Path]] = {a: [] for a in arms}
     for seed in args.seeds:
-        for arm, extra in ARMS.items():
-            warm_eval = [] if (arm == "K=0" and seed == args.seeds[0]) else ["eval.warm_start=false"]
-            slug = arm.replace("=", "")
+        for arm, extra in arms.items():
+            warm_eval = [] if (arm == "K=0" and seed == 1) else ["eval.warm_start=false"]
+            slug = arm.replace("=", "").replace(" + ", "_").replace(" ", "_")
             runs[arm].append(run_one("grpo.yaml", seed, args.runs / f"{slug}-seed{seed}",
                                      [*args.overrides, *extra, *warm_eval]))
     rows = {arm: [row_of(p) for p in paths] for arm, paths in runs.items()}
