@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = (f"command: `{command}`  \nseeds: {args.seeds} (mean ± standard error over seeds; mean@4 and greedy in "
-            f"points, held-out, {rows['K=0'][0]['n_prompts']} prompts x 4 samples)  \n"
+            f"points, held-out, {next(iter(rows.values()))[0]['n_prompts']} prompts x 4 samples)  \n"
             f"date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}, machine: {os.uname().nodename}, "
             f"{os.cpu_count()} CPUs")
     (args.out / "table.md").write_text(f"# Asynchronous RL (K = 2) against on-policy (K = 0), the default GRPO job\n\n"
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "command.txt").write_text(command + "\n")
     print(table)
     evals = {a: {seed: p / "eval_final.json" for seed, p in zip(args.seeds, ps)} for a, ps in runs.items()}
-    print(difference_table(args.out, evals, "K=0", k=4))
+    if "K=0" in evals and len(evals) > 1:
+        print(difference_table(args.out, evals, "K=0", k=4))
     plot(args.out, runs)
     print(f"[study] wrote {args.out}")
     return 0
