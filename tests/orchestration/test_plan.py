@@ -322,6 +322,10 @@ def test_plan_prints_the_schedule(tmp_path):
     assert "schedule: asynchronous (max_staleness 1): rollouts run while the trainer trains" in text
     assert "at most 1 version(s) behind the step that trains it" in text
     assert "partial rollouts; older tokens: mask" in text
+    assert "warning: rollout.max_staleness=1 trains stale tokens without the decoupled loss's correction" in text
+    corrected = build_plan(reference_config(tmp_path, "cluster.colocate=false", "rollout.max_staleness=1",
+                                            "grpo.mismatch.mode=mask", "cluster.num_nodes=2"))
+    assert "without the decoupled loss's correction" not in format_plan(corrected)
 
 
 def test_a_colocated_gpu_is_counted_with_both_sleeps_and_refused_without(tmp_path):
