@@ -238,8 +238,9 @@ def test_without_partial_rollouts_rollout_r_is_exactly_version_r_minus_k(tmp_pat
 
 @pytest.mark.parametrize("stale", ["mask", "correct"])
 def test_partial_rollouts_abort_at_the_sync_and_continue_with_the_new_version(tmp_path, stale):
+    # no save between steps: a save finishes the rollout in flight, which this fake holds until a sync aborts it
     engine, group, rows = run(tmp_path, "rollout.max_staleness=1", "rollout.partial_rollouts=true",
-                              f"rollout.stale_tokens={stale}", hold=True)
+                              f"rollout.stale_tokens={stale}", "run.save_every=100", hold=True)
     assert engine.versions == [1, 2, 3, 4]
     for t in range(1, 4):  # rollout t: HOLD tokens of version t-1, aborted by the sync, the rest of version t
         for _, _, ids, versions, mask, lps in group.trained[t]:
