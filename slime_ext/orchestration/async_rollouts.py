@@ -78,9 +78,10 @@ def trained_versions(groups: list[list[Sample]]) -> list[int]:
             for v, m in zip(s.token_versions or [], s.loss_mask) if m > 0]
 
 
-def staleness_metrics(groups: list[list[Sample]], step: int, bound: int) -> dict[str, float]:
-    """Tokens by versions behind the trainer at `step` (`async/tokens_behind_<d>`, d = 0..K), their max and mean."""
-    behind = [step - v for v in trained_versions(groups)]
+def staleness_metrics(versions: list[int], step: int, bound: int) -> dict[str, float]:
+    """Trained tokens (`versions`, see `trained_versions`) by versions behind the trainer at `step`
+    (`async/tokens_behind_<d>`, d = 0..K), their max and mean."""
+    behind = [step - v for v in versions]
     out = {f"async/tokens_behind_{d}": float(sum(b == d for b in behind)) for d in range(bound + 1)}
     out.update({"rollout/staleness_max": float(max(behind, default=0)),
                 "rollout/staleness_mean": sum(behind) / len(behind) if behind else 0.0})
@@ -124,7 +125,11 @@ class AsyncRollouts:
             return False
         if self.drop:  # at most K + 1 rollouts queued or in flight ahead of the trainer
             return r < self.taken + self.bound + 1
-        return r < self.steps and r <= self.version + self.bound
+        return r <= self._last_admitted()
+
+    def _last_admitted(self) -> int:
+        """stale_groups wait: the last rollout the bound lets start at the current version (none past the run)."""
+        return min(self.version + self.bound, self.steps - 1)
 
     def _produce(self) -> None:
         while True:
@@ -197,7 +202,7 @@ class AsyncRollouts:
         self.loss = item.loss
         # the loop's private keys stay here, the restart events go on to the driver's report
         row = {k: v for k, v in item.row.items() if not k.startswith("_") or k == ENGINE_EVENTS_KEY}
-        row.update(staleness_metrics(item.groups, step, self.bound))
+        row.update(staleness_metrics(versions, step, self.bound))
         row.update({"async/rollout_index": float(item.index), "async/started_version": float(item.started_version),
                     "async/dropped_groups": float(dropped), "async/dropped_groups_total": float(self.dropped_total),
                     "async/queued": float(len(self.queue)), "time/rollout_wait": self.trainer_wait})
@@ -249,9 +254,9 @@ class AsyncRollouts:
                     self.queue[q.index] = q
             elif pending is not None:  # the one-step loop's checkpoint: its collected rollout of step `step`
                 step = int(pending["step"])
-                loss = LossSpec(**pending["loss"]) if "loss" in pending else self.manager.loss_spec()
-                groups = [[Sample.from_dict(dict(d)) for d in g] for g in pending["groups"]]
-                self.queue[step] = QueuedRollout(step, groups, dict(pending["row"]), loss, step - 1)
+                loss = pending.get("loss") or dataclasses.asdict(self.manager.loss_spec())
+                self.queue[step] = QueuedRollout.from_dict({**pending, "index": step, "loss": loss,
+                                                            "started_version": step - 1})
                 self.taken, self.next_index = step, step + 1
             self.restored = saved is not None or pending is not None
 
@@ -286,7 +291,7 @@ class AsyncRollouts:
                 if self.drop:
                     self._drained()
                 else:  # every rollout the bound lets start at this version, collected: versions stay exact
-                    last = min(self.version + self.bound, self.steps - 1)
+                    last = self._last_admitted()
                     self._wait(lambda: self.in_flight is None and self.next_index > last)
             waited = time.time() - t_sync
             sync = self.engine.sync_weights(source, version)

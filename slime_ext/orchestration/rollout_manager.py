@@ -25,7 +25,7 @@ import torch
 from slime_ext.algo import LossSpec
 from slime_ext.config.schema import Config
 from slime_ext.data import Sample, SampleStatus
-from slime_ext.data.generation import GenerateRequest, GenerateResult, continuation_request, continuation_seed
+from slime_ext.data.generation import GenerateRequest, GenerateResult, continuation_request
 from slime_ext.engine.failures import StaleRollout
 from slime_ext.envs.metrics import episode_metrics
 from slime_ext.envs.registry import build_env
@@ -201,12 +201,7 @@ class RolloutManager:
         return self.phase_sources[name]
 
     def _generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        call = getattr(self.engine.generate, "remote", None)
-        if call is not None:  # a Ray actor handle
-            import ray
-
-            return ray.get(call(requests))
-        return self.engine.generate(requests)
+        return self._engine_call("generate", requests)
 
     def _fitting(self, rows: list[dict], what: str) -> list[dict]:
         """A method's own rows (a phase's data, loaded after the data stage) without the too-long ones."""
@@ -231,8 +226,8 @@ class RolloutManager:
         rollout starts (`step` is then the rollout's index, which seeds its requests): every token records its
         version (`Sample.token_versions`), see `_generate_versioned`."""
         off = self.config.rollout.asynchronous
+        started = step if weight_version is None else weight_version  # the version the engines serve now
         t0 = time.perf_counter()
-        started = time.time()
         source = self._source()
         self.method.data_epoch = source.epoch
         rows = source.next_batch(self.method.prompts_to_draw(self.config.rollout.prompts_per_step))
@@ -248,17 +243,15 @@ class RolloutManager:
                 where.append(i)
         episodes = None
         if self.config.rollout.env is not None:  # multi-turn episodes (slime_ext/envs)
-            episodes, versions, resumed = self._episodes(requests, [rows[i] for i in where], step, weight_version)
+            episodes, versions, resumed = self._episodes(requests, [rows[i] for i in where], step, started)
             results = [e.as_result() for e in episodes]
         elif off:
-            started = step if weight_version is None else weight_version
             results, versions, resumed = self._generate_versioned(requests, started)
             check_token_versions(requests, versions, step, started)
         else:
             results = self._generate(requests)
             check_weight_versions(requests, results, step)
         t1 = time.perf_counter()
-        ended = time.time()
         groups: list[list[Sample]] = [[] for _ in rows]
         for k, (req, res, i) in enumerate(zip(requests, results, where)):
             groups[i].append(self._to_sample(req, res, rows[i], step, i))
@@ -272,7 +265,6 @@ class RolloutManager:
         metrics = self.method.finish(groups, step)
         if off:
             metrics.update(self._off_policy_tokens(groups, step, resumed))
-            metrics.update({"_t_generate_start": started, "_t_generate_end": ended})  # the loop's time/overlap
         t2 = time.perf_counter()
         generated = sum(len(r.output_ids) for r in results) if episodes is None else \
             sum(e.generated_tokens for e in episodes)
@@ -286,7 +278,7 @@ class RolloutManager:
         metrics.update(restart_metrics(self.engine, step))
         return groups, metrics
 
-    def _episodes(self, requests: list[GenerateRequest], rows: list[dict], step: int, weight_version: Optional[int]
+    def _episodes(self, requests: list[GenerateRequest], rows: list[dict], step: int, started: int
                   ) -> tuple[list[EpisodeResult], Optional[list[list[int]]], int]:
         """Multi-turn episodes (`rollout.env`): one engine call per turn for every live episode, token-in,
         token-out (slime_ext/envs/rollout.py); the weight-version checks of the single-turn path over every turn.
@@ -306,8 +298,7 @@ class RolloutManager:
         def generate(turn: list[GenerateRequest]) -> list[GenerateResult]:
             nonlocal resumed
             if r.asynchronous:
-                version = step if weight_version is None else weight_version
-                results, versions, n = self._generate_versioned(turn, version)
+                results, versions, n = self._generate_versioned(turn, started)
                 by_rid.update({q.rid: v for q, v in zip(turn, versions)})
                 resumed += n
             else:
@@ -320,7 +311,7 @@ class RolloutManager:
             check_weight_versions([q for q, _ in calls], [res for _, res in calls], step)
             return episodes, None, 0
         versions = [e.token_versions(by_rid) for e in episodes]
-        check_token_versions(requests, versions, step, step if weight_version is None else weight_version)
+        check_token_versions(requests, versions, step, started)
         return episodes, versions, resumed
 
     # -- off-policy runs --------------------------------------------------------------------------
@@ -405,7 +396,7 @@ class RolloutManager:
         engine servers (SGLang's /pause_generation). No request starts until `resume_generation`. Returns how
         many requests the pause touched."""
         mode = self.config.rollout.pause_mode
-        if mode != "abort":
+        if mode != "abort":  # the engines keep the requests: here only no new one starts
             with self._cv:
                 self._paused = True
             return int(self._engine_call("pause_generation", mode) or 0)
@@ -531,10 +522,6 @@ class RemoteRolloutManager:
             return self._ray.get(self.handle.rollout.remote(step))
         return self._ray.get(self.handle.rollout.remote(step, weight_version))
 
-    def start_rollout(self, step: int, weight_version: int) -> Any:
-        """The rollout as a Ray call in flight; `.result()` waits for it (off-policy runs)."""
-        return _RayResult(self._ray, self.handle.rollout.remote(step, weight_version))
-
     def pause_generation(self) -> int:
         return self._ray.get(self.handle.pause_generation.remote())
 
@@ -558,11 +545,3 @@ class RemoteRolloutManager:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ray.get(self.handle.load_state_dict.remote(state))
-
-
-class _RayResult:
-    def __init__(self, ray: Any, ref: Any):
-        self._ray, self.ref = ray, ref
-
-    def result(self) -> Any:
-        return self._ray.get(self.ref)

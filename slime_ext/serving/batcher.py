@@ -263,7 +263,6 @@ class Batcher:
                     k += 1
                     rid = f"{t.request.rid}#{k}"
                 t.wire_rid = rid
-                t.weight_version = self.weight_version
                 t.emitted = 0
                 self._running[rid] = t
                 live.append(t)

@@ -27,7 +27,8 @@ from slime_ext.data.generation import GenerateResult
 from slime_ext.engine.failures import StaleRollout
 from slime_ext.orchestration import training_job
 from slime_ext.orchestration.async_rollouts import QUEUE_KEY, async_rollouts
-from slime_ext.orchestration.rollout_manager import RolloutManager, continuation_seed
+from slime_ext.data.generation import continuation_seed
+from slime_ext.orchestration.rollout_manager import RolloutManager
 from slime_ext.orchestration.training_job import TrainingJob
 from tests.conftest import CONFIGS
 
