@@ -47,6 +47,7 @@ KERNELS = ("auto", "static", "hf")
 
 
 PREFIX_CACHE_TOKENS = 1 << 20  # the prefix cache's token budget (blocks held, each token once)
+SCORE_BATCH = 64  # sequences per prefill-only scoring forward (a padded batch)
 
 # continuous batching: called with a `can_join(request)` test, returns the requests that join the running batch
 Admit = Callable[[Callable[[GenerateRequest], bool]], list[GenerateRequest]]
@@ -396,14 +397,20 @@ class EmbeddedEngine:
         if net is None:
             raise ValueError(f"score: model {model!r} is not held by this engine (partner: "
                              f"{'loaded' if self.partner is not None else 'none'}; 'policy' always)")
-        out = []
         for ids, start in zip(sequences, starts):
             if not 1 <= start <= len(ids):
                 raise ValueError(f"score: start {start} outside 1..{len(ids)} for a sequence of {len(ids)} tokens")
-            x = torch.tensor([ids], dtype=torch.long)
-            logprobs = torch.log_softmax(net(input_ids=x).logits[0, :-1].float(), dim=-1)  # row t predicts t + 1
-            picked = logprobs.gather(-1, x[0, 1:, None])[:, 0]
-            out.append(picked[start - 1:].tolist())
+        out: list[list[float]] = [[] for _ in sequences]
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # similar lengths share a batch
+        for first in range(0, len(order), SCORE_BATCH):
+            chunk = order[first:first + SCORE_BATCH]
+            width = max(len(sequences[i]) for i in chunk)
+            # right padding: causal attention and per-token routing leave every real position's logits as alone
+            x = torch.tensor([sequences[i] + [0] * (width - len(sequences[i])) for i in chunk], dtype=torch.long)
+            logprobs = torch.log_softmax(net(input_ids=x).logits[:, :-1].float(), dim=-1)  # row t predicts t + 1
+            picked = logprobs.gather(-1, x[:, 1:, None])[..., 0]
+            for row, i in enumerate(chunk):
+                out[i] = picked[row, starts[i] - 1:len(sequences[i]) - 1].tolist()
         return out
 
     # -- generation -------------------------------------------------------------------------------

@@ -260,8 +260,10 @@ class RolloutManager:
             if off:
                 groups[i][-1].token_versions = versions[k]
         scorer = self.method.scoring_model()
+        t_score = time.perf_counter()
         if scorer is not None:  # a model scores the sampled tokens (on-policy distillation's teacher)
             self._attach_scores([s for g in groups for s in g], scorer)
+        t_score = time.perf_counter() - t_score
         metrics = self.method.finish(groups, step)
         if off:
             metrics.update(self._off_policy_tokens(groups, step, resumed))
@@ -270,6 +272,8 @@ class RolloutManager:
             sum(e.generated_tokens for e in episodes)
         if episodes is not None:
             metrics.update(episode_metrics(episodes))
+        if scorer is not None:
+            metrics["time/score"] = t_score  # part of time/reward
         metrics.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "rollout/generated_tokens": generated,
                         "perf/rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
                         "rollout/failed": sum(r.finish_reason == "failed" for r in results) / len(results),
