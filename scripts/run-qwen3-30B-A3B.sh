@@ -15,7 +15,8 @@
 # written from HF_CKPT/config.json; default configs/models/qwen3-30b-a3b.yaml, with --cpu `checkpoint`),
 # RUN_DIR (where the composed config and plan.txt go; default runs/launch/qwen3-30b-a3b-<time>), VENV
 # (default .venv), SKIP_SETUP=1 (do not run scripts/setup.sh), WAIT_FOR_NODES_S (head: how long to wait
-# for all GPUs to join, default 900).
+# for all GPUs to join, default 900), SCORING_GPUS (GPUs a method's scoring servers take for themselves, e.g.
+# on-policy distillation's teacher: left out of the trainer's DP and the engine count; default 0).
 #
 # --cpu: one machine without GPUs (a test of the launch path): configs/cluster/local-cpu.yaml instead of
 # the H100 fragment (gloo trainer ranks sized by the train.parallel overrides), NNODES=1, no `ray start`
@@ -52,6 +53,8 @@ for arg in "$@"; do
 done
 
 NODE_RANK="${NODE_RANK:-0}"
+SCORING_GPUS="${SCORING_GPUS:-0}"
+[[ "$SCORING_GPUS" =~ ^[0-9]+$ ]] || die "SCORING_GPUS must be a non-negative integer, got '$SCORING_GPUS'"
 NNODES="${NNODES:-1}"
 RAY_PORT="${RAY_PORT:-6379}"
 VENV="${VENV:-$ROOT/.venv}"
@@ -122,9 +125,10 @@ model_fragment() {
 # sizes the trainer world the same way; the plan checks it against the layout. CPU runs: the trainer
 # world is TP x PP x DP gloo processes (train.parallel overrides), one local machine, no router.
 compose_config() {
-  local out="$1" gpus=$(( NNODES * GPUS_PER_NODE )) router=false dp_line="" model
+  local out="$1" gpus=$(( NNODES * GPUS_PER_NODE - SCORING_GPUS )) router=false dp_line="" model engines
   model="$(model_fragment "$(dirname "$out")")"
-  (( NNODES > 1 )) && router=true
+  engines=$(( GPUS_PER_NODE > 0 ? gpus / GPUS_PER_NODE : NNODES ))
+  (( engines > 1 )) && router=true
   if (( GPUS_PER_NODE > 0 && TP * PP > 0 && gpus % (TP * PP) == 0 )); then
     dp_line="    data_parallel_size: $(( gpus / (TP * PP) ))"
   fi
@@ -143,7 +147,7 @@ compose_config() {
     echo "sglang:"
     echo "  model_path: $(yaml_str "$HF_CKPT")"
     if (( GPUS_PER_NODE > 0 )); then
-      echo "  num_engines: $NNODES  # one TP-8 engine per node"
+      echo "  num_engines: $engines  # one TP-8 engine per node the scoring servers leave"
       echo "  router: $router"
     fi
     if [[ -n "$dp_line" ]]; then

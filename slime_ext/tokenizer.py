@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # transformers is heavy; import it only when a function needs it
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -117,6 +117,18 @@ def train_tokenizer(
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         hf.save_pretrained(str(out_dir))
     return hf
+
+
+def checkpoint_with_vocabulary(path: str, tokenizer: Any, key: str) -> Path:
+    """The HF checkpoint `key` names, refused unless its tokenizer's vocabulary is `tokenizer`'s exactly: a partner
+    or a teacher reads the policy's token ids as they are (no re-tokenising)."""
+    from sglang_patches.tandem import check_same_vocabulary
+
+    checkpoint = Path(path)
+    if not (checkpoint / "config.json").exists():
+        raise FileNotFoundError(f"{key}={path}: no HF checkpoint there (config.json missing)")
+    check_same_vocabulary(tokenizer.get_vocab(), load_tokenizer(str(checkpoint)).get_vocab())
+    return checkpoint
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> "PreTrainedTokenizerBase":

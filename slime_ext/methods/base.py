@@ -9,6 +9,9 @@ Per run (the loop, the engine and the trainer know no method by name; they ask t
     loss_spec()                -> the trainer's clip epsilons, KL coefficient / estimator, aggregation
                                   (at setup, and each step with the rollout: it travels with the batch)
     needs_partner (class)      -> the engine holds a second, partner model (Tandem's junior)
+    holds_partner(config)      -> ... for this config (on-policy distillation: only the embedded engine does)
+    scoring_servers(config)    -> engine servers of their own that score the sampled tokens (a teacher), which
+                                  the plan places and counts and the job starts; scoring_model() on the engine
     partner_dir / kl_reference_dir -> which checkpoints those are
     warm_start_rows / warm_start_key -> what the SFT warm start trains on and what its cache key includes
     eval_options / evaluate_after_step / final_evaluations -> what a method adds to evaluation
@@ -30,6 +33,25 @@ from typing import Any, Callable, Optional
 from sglang_patches.decoding import SamplingParams
 from slime_ext.algo import LossSpec
 from slime_ext.data import Sample
+
+
+@dataclass(frozen=True)
+class ScoringServers:
+    """Engine servers a method needs beside the rollout engines, serving a fixed checkpoint that only scores
+    (prefill-only logprobs of the sampled tokens; no weight sync): `num_engines` servers of `tp_size` GPUs,
+    on GPUs of their own (`placement: own`) or on the rollout engines' (`colocated`). `shape_config`: a model
+    YAML fragment with the checkpoint's architecture, for a plan made where the checkpoint is absent."""
+
+    checkpoint: str
+    num_engines: int
+    tp_size: int
+    placement: str  # own | colocated
+    mem_fraction_static: float
+    shape_config: Optional[str] = None
+    key: str = ""  # the config key that names the checkpoint, for messages
+    size_keys: str = ""  # the keys that set num_engines x tp_size, for messages
+    placement_key: str = ""
+    mem_key: str = ""
 
 
 @dataclass
@@ -90,6 +112,16 @@ class Method:
     def scoring_model(self) -> Optional[str]:
         """An engine model ("partner") whose logprob of every sampled token the rollout manager attaches to each
         sample (`metadata["scored_logprobs"]`) before `finish`; None: nothing is scored."""
+        return None
+
+    @classmethod
+    def holds_partner(cls, config: Any) -> bool:
+        """Whether the rollout engines hold the partner model for this config (plan and job ask the class)."""
+        return cls.needs_partner
+
+    @classmethod
+    def scoring_servers(cls, config: Any) -> Optional[ScoringServers]:
+        """Engine servers of their own that score the sampled tokens (None: the engine scores, if anything)."""
         return None
 
     def partner_dir(self, start_dir: Path) -> Optional[Path]:

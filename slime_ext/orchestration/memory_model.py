@@ -264,14 +264,22 @@ def over_memory_problems(trainer: TrainerMemory, engine: Optional[EngineMemory],
                         f"node, more than cluster.host_memory_gib = {host_gib:.0f} (more nodes, a larger "
                         f"train.parallel.expert_model_parallel_size x data-parallel size, or no "
                         f"train.parallel.optimizer_cpu_offload)")
-    if engine is not None and not engine.fits:
-        problems.append(f"engine weights {engine.weights_gib:.2f} GiB exceed the static pool "
-                        f"{engine.static_gib:.2f} GiB (sglang.mem_fraction_static x cluster.gpu_memory_gib): raise "
-                        f"{ENGINE_FIXES}")
-    elif engine is not None and engine.kv_tokens < min_kv_tokens:
-        problems.append(f"the engine's KV cache holds {engine.kv_tokens} tokens, less than one sequence "
-                        f"({min_kv_tokens}): raise {ENGINE_FIXES}")
+    if engine is not None:
+        problems += engine_pool_problems(engine, min_kv_tokens, "engine", "sglang.mem_fraction_static", ENGINE_FIXES)
     return problems
+
+
+def engine_pool_problems(engine: EngineMemory, min_kv_tokens: int, what: str, fraction_key: str,
+                         fixes: str) -> list[str]:
+    """An SGLang server's static pool that cannot hold its weights, or whose KV cache cannot hold one sequence
+    (`what`: whose server, `fraction_key`: its mem_fraction_static key, `fixes`: the keys that help)."""
+    if not engine.fits:
+        return [f"{what} weights {engine.weights_gib:.2f} GiB exceed the static pool {engine.static_gib:.2f} GiB "
+                f"({fraction_key} x cluster.gpu_memory_gib): raise {fixes}"]
+    if engine.kv_tokens < min_kv_tokens:
+        return [f"the {what}'s KV cache holds {engine.kv_tokens} tokens, less than one sequence ({min_kv_tokens}): "
+                f"raise {fixes}"]
+    return []
 
 
 def colocated_problems(trainer: TrainerMemory, engine: Optional[EngineMemory], gpu_gib: float, *, colocate: bool,

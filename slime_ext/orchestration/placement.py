@@ -39,6 +39,21 @@ def engine_gpus(config: Any) -> int:
     return config.sglang.num_engines * config.sglang.tp_size
 
 
+def scoring_servers(config: Any) -> Optional[Any]:
+    """The method's scoring engine servers (`Method.scoring_servers`: on-policy distillation's teacher), or None."""
+    from slime_ext.methods.registry import method_class
+
+    return method_class(config).scoring_servers(config)
+
+
+def scoring_own_gpus(config: Any) -> int:
+    """GPUs the scoring servers take for themselves (placement `own` on a GPU run), beside trainer and engines."""
+    servers = scoring_servers(config)
+    if servers is None or servers.placement != "own" or config.cluster.gpus_per_node == 0:
+        return 0
+    return servers.num_engines * servers.tp_size
+
+
 def trainer_world(config: Any, problems: Optional[list[str]] = None) -> int:
     """GPU runs: all GPUs when colocated, else what the engines leave; CPU runs: TP * PP * DP processes.
     Problems (engines that do not fit) are appended to `problems` when given, else raised."""
@@ -47,18 +62,24 @@ def trainer_world(config: Any, problems: Optional[list[str]] = None) -> int:
     c, par = config.cluster, config.train.parallel
     if c.gpus_per_node == 0:
         return par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.data_parallel_size
-    total = c.num_nodes * c.gpus_per_node
+    scoring = scoring_own_gpus(config)
+    total = c.num_nodes * c.gpus_per_node - scoring  # a scorer's own GPUs are nobody else's
     engines = engine_gpus(config)
-    world = total
-    if c.colocate:
+    world = max(total, 1)
+    if scoring and total < 1:
+        problems.append(f"the scoring servers take {scoring} GPUs of their own ({scoring_servers(config).size_keys}), "
+                        f"all {total + scoring} of cluster.num_nodes x cluster.gpus_per_node: none is left")
+    elif c.colocate:
         if engines > total:
             problems.append(f"sglang.num_engines x sglang.tp_size = {engines} GPUs exceed the {total} GPUs of "
-                            "cluster.num_nodes x cluster.gpus_per_node")
+                            "cluster.num_nodes x cluster.gpus_per_node" + (f" left by the scoring servers' own {scoring}"
+                                                                           if scoring else ""))
     else:
         world = max(total - engines, 1)
         if total - engines < 1:
             problems.append(f"cluster.colocate is false and the engines (sglang.num_engines x sglang.tp_size = "
-                            f"{engines}) take all {total} GPUs: nothing is left for the trainer")
+                            f"{engines}) take all {total} GPUs" + (f" the scoring servers' own {scoring} leave"
+                                                                  if scoring else "") + ": nothing is left for the trainer")
     if own and problems:
         raise ValueError("; ".join(problems))
     return world
@@ -77,7 +98,7 @@ def build_placement(config: Any) -> Placement:
     custom = dict(config.cluster.trainer_resources)
     if gpus_per_node == 0:
         return Placement({"CPU": CPU_SHARE, **custom}, world, world, "PACK")
-    n = world if config.cluster.colocate else world + engine_gpus(config)
+    n = (world if config.cluster.colocate else world + engine_gpus(config)) + scoring_own_gpus(config)
     return Placement({"GPU": 1, "CPU": 1, **custom}, n, gpus_per_node, "PACK")
 
 
@@ -97,13 +118,34 @@ def actor_groups(config: Any) -> dict[str, ActorGroup]:
         engine_res = {"CPU": CPU_SHARE, **config.cluster.engine_resources}
         engine = ActorGroup(f"{config.rollout.engine}_engine", num_engines, engine_res, [],
                             _on_nodes(config.cluster.engine_resources).removeprefix(", ") or "head node")
-        return {"manager": manager, "engine": engine, "train": train}
+        groups = {"manager": manager, "engine": engine, "train": train}
+        servers = scoring_servers(config)
+        if servers is not None:
+            groups["scoring"] = ActorGroup("scoring_engine", servers.num_engines, dict(engine_res), [],
+                                           f"one server per scoring engine ({servers.key}), beside the engines")
+        return groups
+    servers = scoring_servers(config)
+    shared = colocate or (servers is not None and servers.placement == "colocated")  # engines share their GPUs
     offset = 0 if colocate else world
     engine_bundles = [list(range(offset + i * tp, offset + (i + 1) * tp)) for i in range(num_engines)]
-    engine_res = {"GPU": COLOCATED_ENGINE_GPU if colocate else 1.0, "CPU": 1}
+    engine_res = {"GPU": COLOCATED_ENGINE_GPU if shared else 1.0, "CPU": 1}
     engines = ActorGroup("sglang_engine", num_engines, engine_res, engine_bundles,
                          f"one server per engine, tp_size={tp} on its bundles' GPUs")
-    return {"manager": manager, "engine": engines, "train": train}
+    groups = {"manager": manager, "engine": engines, "train": train}
+    if servers is not None:
+        groups["scoring"] = _scoring_group(servers, offset if servers.placement == "colocated"
+                                           else world + (0 if colocate else engine_gpus(config)))
+    return groups
+
+
+def _scoring_group(servers: Any, first_bundle: int) -> ActorGroup:
+    """The scoring servers on a GPU run: on GPUs of their own after the trainer's and the engines' bundles, or
+    on the rollout engines' first GPUs (a fractional request beside the engine's)."""
+    tp, own = servers.tp_size, servers.placement == "own"
+    bundles = [list(range(first_bundle + i * tp, first_bundle + (i + 1) * tp)) for i in range(servers.num_engines)]
+    where = "on GPUs of their own" if own else "on the rollout engines' GPUs"
+    return ActorGroup("scoring_engine", servers.num_engines, {"GPU": 1.0 if own else COLOCATED_ENGINE_GPU, "CPU": 1},
+                      bundles, f"one server per scoring engine ({servers.key}), tp_size={tp} {where}")
 
 
 def _on_nodes(resources: dict[str, float]) -> str:

@@ -29,6 +29,7 @@ from slime_ext.orchestration.memory_model import (colocated_problems, embedded_e
 from slime_ext.orchestration.placement import actor_groups, build_placement
 from slime_ext.orchestration.plan_format import format_plan
 from slime_ext.orchestration.plan_layout import PlanError, build_layout, build_rollout, layout_warnings
+from slime_ext.orchestration.plan_scoring import build_scoring, colocated_scoring_problems
 from slime_ext.orchestration.plan_shape import load_model_shape
 from slime_ext.orchestration.plan_types import Plan
 
@@ -56,12 +57,14 @@ def build_plan(config: Config, gpu_memory_gib: Optional[float] = None) -> Plan:
     problems += colocated_problems(tmem, emem, gpu_memory_gib, colocate=config.cluster.colocate,
                                    sleep=config.cluster.colocate_sleep, gpus_per_node=config.cluster.gpus_per_node,
                                    sync_buffer_gib=2 * config.sglang.weight_bucket_mb / 1024)
+    scoring = build_scoring(config, rollout, gpu_memory_gib, warnings, problems)
+    problems += colocated_scoring_problems(scoring, tmem, emem, config, gpu_memory_gib)
     embedded = (embedded_engine_memory(shape, config, rollout.models_per_engine)
                 if config.cluster.gpus_per_node == 0 else None)
     return Plan(method=method_name(config), run_name=config.run.name, model=shape, layout=layout, rollout=rollout,
                 placement=build_placement(config), actors=list(actor_groups(config).values()),
                 trainer_memory=tmem, engine_memory=emem, gpu_memory_gib=gpu_memory_gib, warnings=warnings,
-                memory_problems=problems, embedded_engine_memory=embedded)
+                memory_problems=problems, embedded_engine_memory=embedded, scoring=scoring)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

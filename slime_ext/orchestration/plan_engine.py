@@ -28,7 +28,7 @@ def engine_command(config: Config, warnings: list[str]) -> Optional[list[str]]:
 
     dtype = engine_dtype(config.rollout.precision)
     if config.cluster.gpus_per_node == 0:  # CPU run: the project's SGLang-protocol server, as the loop starts it
-        partner = "<partner checkpoint>" if method_class(config).needs_partner else None
+        partner = "<partner checkpoint>" if method_class(config).holds_partner(config) else None
         port = config.sglang.base_port or ENGINE_PORT
         return server_command(config.sglang, model_path, port, threads=config.rollout.threads,
                               partner_dir=partner, use_sglang=False, dtype=dtype)[0]

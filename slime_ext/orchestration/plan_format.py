@@ -69,6 +69,23 @@ def _format_rollout(p: Plan) -> list[str]:
     lines.append(f"  weight sync: {r.weight_sync} ({r.weight_sync_reason})")
     if r.server_command:
         lines.append("  engine 0: " + " ".join(r.server_command))
+    return lines + _format_scoring(p)
+
+
+def _format_scoring(p: Plan) -> list[str]:
+    s = p.scoring
+    if s is None:
+        return []
+    where = f"{s.gpus} GPUs of their own" if s.placement == "own" else "on the rollout engines' GPUs"
+    if not p.layout.gpus_per_node:
+        where = "CPU processes"
+    size = f"{_fmt_params(s.params_total)} params" if s.params_total else "size unknown"
+    lines = [f"scoring: {s.num_engines} server(s) x TP {s.tp_size} for {s.key} ({s.checkpoint}; {size}, shape from "
+             f"{s.shape_source}), {where}, prefill-only, never synced"]
+    m = s.memory
+    if m is not None:
+        lines.append(f"  memory per teacher GPU: weights {m.weights_gib:.2f} GiB, static pool {m.static_gib:.2f} GiB, "
+                     f"KV cache {m.kv_cache_gib:.2f} GiB = {m.kv_tokens} tokens -> {_fit(m.fits)}")
     return lines
 
 

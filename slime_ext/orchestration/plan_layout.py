@@ -151,7 +151,7 @@ def build_rollout(config: Config, warnings: list[str]) -> RolloutLayout:
     return RolloutLayout(
         engine=config.rollout.engine, num_engines=num_engines,
         tp_size=tp_size, engine_gpus=engine_gpus(config), colocate=config.cluster.colocate,
-        router=bool(sglang and s.router), models_per_engine=2 if method_class(config).needs_partner else 1,
+        router=bool(sglang and s.router), models_per_engine=2 if method_class(config).holds_partner(config) else 1,
         server_command=engine_command(config, warnings),
         max_staleness=config.rollout.max_staleness,
         stale_groups=config.rollout.stale_groups, pause_mode=config.rollout.pause_mode, partial_rollouts=config.rollout.partial_rollouts,

@@ -12,6 +12,7 @@ from typing import Any, Optional
 from slime_ext.orchestration.memory_model import EmbeddedEngineMemory, EngineMemory, TrainerMemory
 from slime_ext.orchestration.placement import ActorGroup, Placement
 from slime_ext.orchestration.plan_layout import RolloutLayout, TrainerLayout
+from slime_ext.orchestration.plan_scoring import ScoringLayout
 from slime_ext.orchestration.plan_shape import ModelShape
 
 
@@ -32,6 +33,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     memory_problems: list[str] = field(default_factory=list)  # why the layout does not fit (refused by main)
     embedded_engine_memory: Optional[EmbeddedEngineMemory] = None  # CPU runs: the engine process's peak
+    scoring: Optional[ScoringLayout] = None  # the method's scoring servers (a distillation teacher), if any
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -166,12 +166,14 @@ class RolloutManager:
     """Rollouts, scored by the method it holds (see the module docstring for who holds the method when)."""
 
     def __init__(self, config: Config, train_rows: list[dict], tokenizer: Any, engine: Any,
-                 method: Optional[Method] = None):
+                 method: Optional[Method] = None, scorer: Optional[Any] = None):
         """`method`: the run's method object (`TrainingJob` hands it over); without one (tests, benchmarks)
-        the manager builds its own from the config."""
+        the manager builds its own from the config. `scorer`: the method's scoring servers (`ScoringPool`),
+        which then score the sampled tokens in place of the engine's scoring model."""
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
+        self.scorer = scorer
         self.method: Optional[Method] = method if method is not None else build_run_method(config, tokenizer)
         self.data = DataSource(train_rows[: config.rollout.prompt_pool], config.run.seed, config.data.shuffle)
         self.template = get_template(config.data.template)
@@ -375,11 +377,16 @@ class RolloutManager:
         return [final[q.rid] for q in requests], [partial[q.rid].versions for q in requests], len(resumed)
 
     def _attach_scores(self, samples: list[Sample], model: str) -> None:
-        """The engine's `model` scores each sample's exact token ids (prompt + response as sampled, prefill
-        only, temperature 1): its logprob of every response token lands in `metadata["scored_logprobs"]`."""
+        """The engine's `model` (or the scoring servers) scores each sample's exact token ids (prompt + response as
+        sampled, prefill only, temperature 1): its logprob of every response token lands in `metadata["scored_logprobs"]`."""
         scored = [s for s in samples if s.response_ids]
-        logprobs = self._engine_call("score", [s.prompt_ids + s.response_ids for s in scored],
-                                     [len(s.prompt_ids) for s in scored], model) if scored else []
+        sequences, starts = [s.prompt_ids + s.response_ids for s in scored], [len(s.prompt_ids) for s in scored]
+        if not scored:
+            logprobs = []
+        elif self.scorer is not None:  # servers of their own (the engine-server path's teacher)
+            logprobs = self.scorer.score(sequences, starts)
+        else:
+            logprobs = self._engine_call("score", sequences, starts, model)
         for s in samples:
             s.metadata["scored_logprobs"] = []
         for s, lp in zip(scored, logprobs):

@@ -152,4 +152,41 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
     return RunEngine(finish, shutdown)
 
 
-__all__ = ["start_engine", "RunEngine", "VersionedRemoteEngine"]
+def start_scoring_servers(cfg: Config, group: ActorGroup, servers: Any, run_dir: Path) -> RunEngine:
+    """The method's scoring servers (`Method.scoring_servers`: a teacher), started and not waited for; `engine` is
+    their `ScoringPool`. Each serves `servers.checkpoint` with its own TP size and static memory share, never
+    sleeps and never receives weights."""
+    from slime_ext.engine.engine_server import EngineServerActor
+    from slime_ext.engine.scoring_pool import ScoringPool
+
+    s = cfg.sglang.model_copy(update={"tp_size": servers.tp_size, "num_engines": servers.num_engines,
+                                      "mem_fraction_static": servers.mem_fraction_static,
+                                      # ports of their own: the rollout engines take base_port + 0 .. n - 1
+                                      "base_port": cfg.sglang.base_port + cfg.sglang.num_engines
+                                      if cfg.sglang.base_port else cfg.sglang.base_port})
+    log_dir = run_dir / "scoring_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
+        i, s, servers.checkpoint, threads=cfg.rollout.threads, log_dir=str(log_dir),
+        dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel)
+        for i in range(servers.num_engines)]
+    log.info("starting %d scoring server(s) for %s (%s); logs in %s", servers.num_engines, servers.key,
+             servers.checkpoint, log_dir)
+    started = [a.start.remote() for a in actors]
+
+    def shutdown() -> None:
+        for a in actors:
+            ray.kill(a)
+
+    def finish() -> ScoringPool:
+        try:
+            return ScoringPool(ray.get(started), timeout_s=cfg.sglang.request_timeout_s)
+        except BaseException:
+            shutdown()
+            raise
+
+    return RunEngine(finish, shutdown)
+
+
+__all__ = ["start_engine", "start_scoring_servers", "RunEngine", "VersionedRemoteEngine"]

@@ -47,7 +47,7 @@ from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.async_rollouts import AsyncRollouts, async_rollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, RemoteRolloutManager, RolloutManager
-from slime_ext.orchestration.run_engine import colocated_sleep, start_engine
+from slime_ext.orchestration.run_engine import colocated_sleep, start_engine, start_scoring_servers
 from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, append_engine_events, engine_event_line,
                                              peak_rss_from_metrics, resume_command, truncate_metrics)
@@ -56,6 +56,7 @@ from slime_ext.methods.registry import data_transform
 from slime_ext.tasks.dataset import LoadReport
 from slime_ext.tasks.prepare import transform_key
 from slime_ext.tasks.lengths import LengthLimits, PromptTooLong, drop_too_long, prompt_token_ids
+from slime_ext.tokenizer import checkpoint_with_vocabulary
 from slime_ext.tasks.response_tokens import sft_response
 from slime_ext.orchestration.train_group import TrainGroup
 from slime_ext.orchestration.warm_start_marker import MARKER, write_marker
@@ -420,17 +421,22 @@ class TrainingJob:
         cfg = self.cfg
         init_ray(cfg)
         ckpt_dir = self.run_dir / "checkpoints"
-        partner = self.method.partner_dir(warm_dir) if self.method.needs_partner else None
+        partner = self.method.partner_dir(warm_dir) if type(self.method).holds_partner(cfg) else None
         group: Optional[TrainGroup] = None
         manager_actor = None
         manager: Any = None
         run_engine = None
+        scoring = None
         try:
             # The engines, the trainer's ranks and the rollout manager start side by side (each process start is
             # mostly imports, an engine server's also its model load): nothing below waits for one before the
             # next is started, except the manager, which is handed the ready engine.
             with self._stopping("the engines' start", ckpt_dir):
                 run_engine = start_engine(cfg, self.actors["engine"], warm_dir, partner, self.run_dir, self.tokenizer)
+                servers = type(self.method).scoring_servers(cfg)
+                if servers is not None:  # e.g. a distillation teacher on engine servers of its own
+                    checkpoint_with_vocabulary(servers.checkpoint, self.tokenizer, servers.key)
+                    scoring = start_scoring_servers(cfg, self.actors["scoring"], servers, self.run_dir)
             with self._stopping("the trainer's setup", ckpt_dir):
                 group = self.rl_train_group()
             with self._stopping("the engines' start", ckpt_dir):
@@ -440,7 +446,8 @@ class TrainingJob:
             # what the trainer's setup asks of the method, taken before the method moves to the manager
             loss_spec, kl_reference = self.method.loss_spec(), self.method.kl_reference_dir(warm_dir)
             with self._stopping("the rollout manager's start", ckpt_dir):
-                manager, manager_actor = self._start_rollout_manager(engine)  # the method moves to the manager
+                manager, manager_actor = self._start_rollout_manager(  # the method moves to the manager
+                    engine, scoring.engine if scoring is not None else None)
             with self._stopping("the trainer's setup", ckpt_dir):
                 group.wait_started()
                 self._setup_trainer(group, warm_dir, loss_spec, kl_reference)
@@ -461,6 +468,8 @@ class TrainingJob:
                 group.shutdown()
             if run_engine is not None:
                 run_engine.shutdown()
+            if scoring is not None:
+                scoring.shutdown()
             if isinstance(manager, AsyncRollouts):  # its producer thread stops before the manager's actor goes
                 manager.close(timeout=10.0)
             if manager_actor is not None:
@@ -485,7 +494,8 @@ class TrainingJob:
                 group.call("snapshot_reference")
         group.set_weights_version(INITIAL_VERSION)  # the warm start the engines were started with
 
-    def _start_rollout_manager(self, engine: Any) -> tuple[Optional[RolloutManager], Any]:
+    def _start_rollout_manager(self, engine: Any, scorer: Optional[Any] = None
+                               ) -> tuple[Optional[RolloutManager], Any]:
         """The rollout manager in this process (and None), or (None and) its actor, started and not waited for:
         `RemoteRolloutManager(actor)` waits. The method moves to it: `self.method` is None until the manager's
         `release_method` hands it back."""
@@ -493,7 +503,7 @@ class TrainingJob:
         self._evaluation_hooks()  # kept for the evaluations before and between steps
         method, self._method = self.method, None
         if cfg.rollout.manager != "actor":
-            return RolloutManager(cfg, self.train_rows, self.tokenizer, engine, method=method), None
+            return RolloutManager(cfg, self.train_rows, self.tokenizer, engine, method=method, scorer=scorer), None
         # partial rollouts: pause/resume around a weight sync reach the manager while its rollout runs
         concurrency = {"max_concurrency": 2} if cfg.rollout.partial_rollouts else {}
         # on the driver's node (the plan's head node): the method's `solver:` endpoints are this process's
@@ -503,7 +513,7 @@ class TrainingJob:
         actor = ray.remote(RolloutManager).options(
             **ray_options(self.actors["manager"]), **concurrency, scheduling_strategy=here,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
-        ).remote(cfg, self.train_rows, self.tokenizer, engine, method)
+        ).remote(cfg, self.train_rows, self.tokenizer, engine, method, scorer)
         return None, actor
 
     def _resume(self, group: Any, manager: Any, engine: Any, ckpt_dir: Path) -> int:

@@ -130,8 +130,9 @@ def test_the_engine_scores_at_temperature_1_what_it_samples(model_dir):
 
 def test_config_check_and_teacher_paths(tmp_path, capsys):
     assert config_main(["--check", str(OPD)]) == 0
-    assert config_main(["--check", str(OPD), "rollout.engine=sglang"]) == 2
-    assert "the teacher is scored by the embedded engine" in capsys.readouterr().err
+    assert config_main(["--check", str(OPD), "rollout.engine=sglang"]) == 0  # a teacher server of its own
+    assert config_main(["--check", str(OPD), "opd.teacher_tp_size=2"]) == 2  # a server key on the embedded path
+    assert "opd.teacher_tp_size = 2 applies to the teacher's engine servers" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="opd.kl_coef"):
         load_config(OPD, ["opd.kl_coef=0"])
     with pytest.raises(ConfigError, match="opd.teacher is empty: name the teacher's HF checkpoint"):
@@ -140,3 +141,19 @@ def test_config_check_and_teacher_paths(tmp_path, capsys):
     (run / "hf").mkdir(parents=True)
     (run / "hf" / "config.json").write_text("{}")
     assert teacher_dir(str(run)) == str(run / "hf") and teacher_dir(str(run / "hf")) == str(run / "hf")
+
+
+def test_check_refuses_a_teacher_whose_tokenizer_is_not_the_students(model_dir, tmp_path, capsys):
+    """`--check` compares the vocabularies where both tokenizers are on the machine (`tokenizer.path` a folder):
+    a teacher that would read the student's ids as other tokens is refused before anything starts."""
+    from slime_ext.tokenizer import train_tokenizer
+
+    other = tmp_path / "other_tokenizer"
+    train_tokenizer(["a different corpus of words", "with other merges and other words"] * 50, vocab_size=300,
+                    out_dir=other)
+    assert config_main(["--check", str(OPD), f"opd.teacher={model_dir}", f"tokenizer.path={model_dir}"]) == 0
+    capsys.readouterr()
+    assert config_main(["--check", str(OPD), f"opd.teacher={model_dir}", f"tokenizer.path={other}"]) == 2
+    err = capsys.readouterr().err
+    assert f"opd.teacher = {model_dir}: its tokenizer is not the student's ({other})" in err
+    assert "vocabularies differ" in err

@@ -239,7 +239,7 @@ def test_the_engine_has_its_weight_source_before_the_manager_takes_it(tmp_path, 
     monkeypatch.setattr(TrainingJob, "rl_train_group", lambda self: group)
     job.method.partner_dir = lambda warm: None
 
-    def start_manager(self: TrainingJob, handed: Any) -> Any:
+    def start_manager(self: TrainingJob, handed: Any, scorer: Any = None) -> Any:
         seen.append(handed.source)
         raise Stop
 

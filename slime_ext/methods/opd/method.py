@@ -12,8 +12,9 @@ from statistics import mean
 from typing import Any, Optional
 
 from slime_ext.data import Sample
+from slime_ext.methods.base import ScoringServers
 from slime_ext.methods.grpo.method import GRPO
-from slime_ext.methods.tandem.method import checked_junior
+from slime_ext.tokenizer import checkpoint_with_vocabulary
 
 SCORED_KEY = "scored_logprobs"  # Sample.metadata key the rollout manager fills with the scoring model's logprobs
 
@@ -32,13 +33,29 @@ def distillation_advantages(teacher: list[float], student: list[float], loss_mas
 
 class OPD(GRPO):
     name = "opd"
-    needs_partner = True  # the engine holds the teacher beside the student
+    needs_partner = True  # the embedded engine holds the teacher beside the student
+
+    @classmethod
+    def holds_partner(cls, config: Any) -> bool:
+        return config.rollout.engine == "embedded"  # engine servers: the teacher has servers of its own
+
+    @classmethod
+    def scoring_servers(cls, config: Any) -> Optional[ScoringServers]:
+        """On the engine-server path the teacher is served by `opd.teacher_engines` servers of its own."""
+        if config.rollout.engine != "sglang":
+            return None
+        o = config.opd
+        return ScoringServers(teacher_dir(o.teacher), o.teacher_engines, o.teacher_tp_size, o.teacher_placement,
+                              o.teacher_mem_fraction_static, o.teacher_model_config, key="opd.teacher",
+                              size_keys="opd.teacher_engines x opd.teacher_tp_size", placement_key="opd.teacher_placement",
+                              mem_key="opd.teacher_mem_fraction_static")
 
     def partner_dir(self, start_dir: Path) -> Optional[Path]:
-        return checked_junior(teacher_dir(self.config.opd.teacher), self.tokenizer, "opd.teacher")
+        return checkpoint_with_vocabulary(teacher_dir(self.config.opd.teacher), self.tokenizer, "opd.teacher")
 
     def scoring_model(self) -> Optional[str]:
-        """The engine model whose logprobs of the sampled tokens the manager attaches (`SCORED_KEY`)."""
+        """The engine model whose logprobs of the sampled tokens the manager attaches (`SCORED_KEY`); with scoring
+        servers (the engine-server path) the manager sends the same request to those instead."""
         return "partner"
 
     def finish(self, groups: list[list[Sample]], step: int) -> dict[str, float]:

@@ -16,11 +16,12 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Optional
 
-from sglang_patches.tandem import author_runs, boundary_ids_from_vocab, check_same_vocabulary
+from sglang_patches.tandem import author_runs, boundary_ids_from_vocab
 from slime_ext.algo import LossSpec
 from slime_ext.data import Author, Sample, author_weights
 from slime_ext.methods.base import PromptPlan
 from slime_ext.methods.grpo.method import GRPO
+from slime_ext.tokenizer import checkpoint_with_vocabulary
 
 
 def tandem_sampler_spec(config: Any, tokenizer: Any) -> dict[str, Any]:
@@ -48,13 +49,7 @@ def junior_dir(config: Any, tokenizer: Any, start_dir: Path) -> Path:
 
 def checked_junior(path: str, tokenizer: Any, key: str) -> Path:
     """The junior checkpoint `key` names: an HF checkpoint whose vocabulary is the senior's, exactly."""
-    junior = Path(path)
-    if not (junior / "config.json").exists():
-        raise FileNotFoundError(f"{key}={path}: no HF checkpoint there (config.json missing)")
-    from slime_ext.tokenizer import load_tokenizer
-
-    check_same_vocabulary(tokenizer.get_vocab(), load_tokenizer(str(junior)).get_vocab())
-    return junior
+    return checkpoint_with_vocabulary(path, tokenizer, key)
 
 
 def fold_author_weights(samples: list[Sample], junior_weight: float) -> None:
