@@ -128,6 +128,26 @@ def test_the_engine_scores_at_temperature_1_what_it_samples(model_dir):
         engine.score([prompt + res.output_ids], [len(prompt)], "partner")
 
 
+def test_padded_batches_score_each_sequence_as_alone(model_dir, monkeypatch):
+    """Scoring sorts sequences by length into right-padded batches (causal attention and per-token routing leave
+    real positions alone): each sequence's logprobs equal scoring it by itself, in the order given, across
+    batches of 2 and with starts anywhere in the sequence."""
+    from slime_ext.engine import embedded
+
+    engine = embedded_engine(model_dir)
+    torch.manual_seed(1)
+    sequences = [torch.randint(3, 300, (n,)).tolist() for n in (9, 4, 15, 7, 12)]
+    starts = [3, 1, 10, 6, 2]
+    alone = [engine.score([seq], [start], "policy")[0] for seq, start in zip(sequences, starts)]
+    monkeypatch.setattr(embedded, "SCORE_BATCH", 2)
+    together = engine.score(sequences, starts, "policy")
+    assert [len(x) for x in together] == [len(s) - st for s, st in zip(sequences, starts)]
+    for a, b in zip(alone, together):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+    with pytest.raises(ValueError, match="start 0 outside 1..4"):
+        engine.score([sequences[1]], [0], "policy")
+
+
 def test_config_check_and_teacher_paths(tmp_path, capsys):
     assert config_main(["--check", str(OPD)]) == 0
     assert config_main(["--check", str(OPD), "rollout.engine=sglang"]) == 0  # a teacher server of its own
