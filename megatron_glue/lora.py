@@ -1,0 +1,109 @@
+"""LoRA adapters on megatron-core's tensor-parallel linear layers: y = W x + (alpha / r) B A x, W frozen.
+
+How the adapter splits under tensor parallelism follows its base layer (a column-parallel layer splits its
+output, a row-parallel layer its input):
+
+* column-parallel (q/k/v, fc1): A [r, in] whole on every TP rank, B [out / TP, r] split like W's rows. Without
+  sequence parallelism the rank-r activation h = A x is the same on every rank, and its gradient is the sum of
+  every rank's B-slice contribution: h passes `copy_to_tensor_model_parallel_region` (identity forward,
+  all-reduce backward), so A's gradient and the input's are whole on every rank. With sequence parallelism x
+  holds this rank's sequence chunk: h is computed on the chunk and all-gathered (reduce-scattered back), A's
+  gradient is then a partial sum over chunks, and A is marked `sequence_parallel` so that megatron-core's
+  `finalize_model_grads` all-reduces it across TP as it does the norms.
+* row-parallel (attention output, fc2): A [r, in / TP] split like W's columns, B [out, r] whole. The partial
+  products A_i x_i are summed across TP (all-reduce; reduce-scatter over the sequence with sequence
+  parallelism, B then marked `sequence_parallel`) before B, as the base layer sums its partial outputs.
+
+A is initialised from a generator seeded by `seed` over the whole matrix and each rank keeps its slice, so every
+TP layout starts from the same adapter (TP 2 computes what TP 1 does); B starts at zero, so a new adapter leaves
+the model's output unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from megatron.core import parallel_state as mpu
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
+                                                    gather_from_sequence_parallel_region,
+                                                    reduce_from_tensor_model_parallel_region,
+                                                    reduce_scatter_to_sequence_parallel_region)
+
+
+def _init_a(rank: int, in_features: int, seed: int) -> torch.Tensor:
+    """The whole A [rank, in] (PEFT's kaiming-uniform with a = sqrt(5): bound 1 / sqrt(in)), from its own
+    generator so every TP layout draws the same matrix."""
+    gen = torch.Generator().manual_seed(seed)
+    bound = 1.0 / math.sqrt(in_features)
+    return (torch.rand(rank, in_features, generator=gen) * 2 - 1) * bound
+
+
+class LoRALinear(torch.nn.Module):
+    """A frozen column- or row-parallel linear layer plus a trainable low-rank update; the forward keeps the base
+    layer's (output, bias) contract."""
+
+    def __init__(self, base: torch.nn.Module, rank: int, alpha: float, dropout: float = 0.0, seed: int = 0):
+        super().__init__()
+        if isinstance(base, ColumnParallelLinear):
+            self.kind = "column"
+        elif isinstance(base, RowParallelLinear):
+            self.kind = "row"
+        else:
+            raise TypeError(f"LoRA wraps megatron-core ColumnParallelLinear / RowParallelLinear, not "
+                            f"{type(base).__name__}")
+        if rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.rank, self.scaling = rank, alpha / rank
+        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
+        self.sequence_parallel = bool(getattr(base, "sequence_parallel", False))
+        tp, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
+        w = base.weight
+        dtype, device = w.dtype, w.device
+        if self.kind == "column":
+            in_features, out_local = base.input_size, base.output_size_per_partition
+            a = _init_a(rank, in_features, seed)
+            self.lora_a = torch.nn.Parameter(a.to(device, dtype))
+            self.lora_b = torch.nn.Parameter(torch.zeros(out_local, rank, device=device, dtype=dtype))
+            if self.sequence_parallel:
+                self.lora_a.sequence_parallel = True
+        else:
+            in_local = base.input_size_per_partition
+            a = _init_a(rank, in_local * tp, seed)[:, tp_rank * in_local:(tp_rank + 1) * in_local]
+            self.lora_a = torch.nn.Parameter(a.contiguous().to(device, dtype))
+            self.lora_b = torch.nn.Parameter(torch.zeros(base.output_size, rank, device=device, dtype=dtype))
+            if self.sequence_parallel:
+                self.lora_b.sequence_parallel = True
+        # which dimension of the full (TP 1) matrix this rank holds a slice of: None = whole
+        self.lora_a.tensor_model_parallel = self.kind == "row"
+        self.lora_b.tensor_model_parallel = self.kind == "column"
+        self.lora_a.partition_dim, self.lora_b.partition_dim = 1, 0
+
+    def lora_delta(self, x: torch.Tensor) -> torch.Tensor:
+        """The adapter's share of the output, shaped as the base layer's output on this rank."""
+        x = self.dropout(x)
+        if self.kind == "column":
+            h = torch.nn.functional.linear(x, self.lora_a)
+            h = gather_from_sequence_parallel_region(h) if self.sequence_parallel else \
+                copy_to_tensor_model_parallel_region(h)
+            return torch.nn.functional.linear(h, self.lora_b) * self.scaling
+        h = torch.nn.functional.linear(x, self.lora_a)
+        h = reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel else \
+            reduce_from_tensor_model_parallel_region(h)
+        return torch.nn.functional.linear(h, self.lora_b) * self.scaling
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        out, bias = self.base(x, *args, **kwargs)
+        return out + self.lora_delta(x).to(out.dtype), bias
+
+    def merged_weight_shard(self) -> torch.Tensor:
+        """W + (alpha / r) B A on this rank's shard (what the merged checkpoint and the engines hold)."""
+        return self.base.weight + (self.lora_b @ self.lora_a).to(self.base.weight.dtype) * self.scaling
+
+
+__all__ = ["LoRALinear"]
