@@ -22,6 +22,7 @@ the model's output unchanged.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -106,4 +107,76 @@ class LoRALinear(torch.nn.Module):
         return self.base.weight + (self.lora_b @ self.lora_a).to(self.base.weight.dtype) * self.scaling
 
 
-__all__ = ["LoRALinear"]
+TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # attention in / out, dense MLP in / out
+
+
+@dataclass(frozen=True)
+class LoRASpec:
+    """`train.lora` as the trainer takes it: rank 0 is off."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = TARGET_MODULES
+
+
+def apply_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> dict[str, LoRALinear]:
+    """Wrap every column / row-parallel linear whose name ends in one of `spec.target_modules` (the routed
+    experts excepted) in an adapter, freezing every other parameter of `model`; returns prefix -> adapter (the
+    prefix as in `model.state_dict()`). Each adapter's A is drawn from `seed` and its position in the model."""
+    if spec.rank < 1:
+        return {}
+    targets = [(name, module) for name, module in model.named_modules()
+               if name.rsplit(".", 1)[-1] in spec.target_modules and ".experts." not in f".{name}."]
+    unsupported = sorted({type(m).__name__ for _, m in targets
+                          if not isinstance(m, (ColumnParallelLinear, RowParallelLinear))})
+    if unsupported:
+        raise ValueError(f"train.lora: {unsupported} are not megatron-core's ColumnParallelLinear / RowParallelLinear "
+                         "(the Transformer Engine layer spec fuses norms into them): LoRA needs the local layer spec")
+    if not targets:
+        raise ValueError(f"train.lora.target_modules = {list(spec.target_modules)}: no such linear layer in the "
+                         "model (the routed experts are not adapted)")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adapters: dict[str, LoRALinear] = {}
+    for i, (name, module) in enumerate(targets):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        adapter = LoRALinear(module, spec.rank, spec.alpha, spec.dropout, seed=seed * 100_003 + i)
+        setattr(parent, child, adapter)
+        adapters[name] = adapter
+    return adapters
+
+
+def canonical_state(raw: dict[str, torch.Tensor], adapters: dict[str, LoRALinear]) -> dict[str, torch.Tensor]:
+    """The model's state under the names and values of a model without adapters: each adapted layer's weight is
+    W + (alpha / r) B A (what the engines, the HF export and the sync hold), its bias and extra state keep their
+    names, the adapter's own tensors are left out."""
+    if not adapters:
+        return raw
+    out: dict[str, torch.Tensor] = {}
+    for key, value in raw.items():
+        prefix, _, leaf = key.rpartition(".")
+        if prefix in adapters and leaf in ("lora_a", "lora_b"):
+            continue
+        owner = prefix[: -len(".base")] if prefix.endswith(".base") else None
+        if owner in adapters:
+            out[f"{owner}.{leaf}"] = adapters[owner].merged_weight_shard().detach() if leaf == "weight" else value
+        else:
+            out[key] = value
+    return out
+
+
+def raw_names(state: dict[str, torch.Tensor], adapters: dict[str, LoRALinear]) -> dict[str, torch.Tensor]:
+    """Canonical names (a model without adapters) -> the adapted model's: an adapted layer's tensors live under
+    `<layer>.base.` (its weights load into the frozen base; the adapters keep what they hold)."""
+    if not adapters:
+        return state
+    out = {}
+    for key, value in state.items():
+        prefix, _, leaf = key.rpartition(".")
+        out[f"{prefix}.base.{leaf}" if prefix in adapters else key] = value
+    return out
+
+
+__all__ = ["LoRALinear", "LoRASpec", "TARGET_MODULES", "apply_lora", "canonical_state", "raw_names"]

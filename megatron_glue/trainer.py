@@ -29,6 +29,7 @@ from megatron.core.transformer.moe import moe_utils
 
 from megatron_glue import cpu_compat, routing_replay
 from megatron_glue.logprobs import DEFAULT_CHUNK_MB, DeferredLMHead
+from megatron_glue.lora import LoRASpec, apply_lora, canonical_state, raw_names
 from megatron_glue.model_provider import ParallelSizes, build_gpt_model, transformer_config_from_hf
 from megatron_glue.parallel import collective_device
 from slime_ext.algo import LossSpec, grpo_per_token_loss, loss_coefficients
@@ -63,6 +64,7 @@ class TrainerSettings:
     seed: int = 0
     routing_replay: bool = False  # R3: replay the engine's routed experts (samples' routed_experts) in MoE layers
     logprob_chunk_mb: float = DEFAULT_CHUNK_MB  # fp32 logits per chunk of the LM head's log-probs (logprobs.py)
+    lora: LoRASpec = field(default_factory=LoRASpec)  # rank 0: every weight trains; else adapters only (lora.py)
     # the policy loss at setup: the method's specification (clip, KL, entropy, aggregation), held as it is
     # given; it decides whether a KL reference is kept. An RL batch brings its own (`train_step(loss=...)`).
     loss: LossSpec = field(default_factory=LossSpec)
@@ -137,6 +139,8 @@ class MegatronTrainer:
             pre_process=mpu.is_pipeline_first_stage(),
             post_process=mpu.is_pipeline_last_stage(),
         )
+        # LoRA: the adapters are the only trainable parameters, so DDP and the optimizer hold nothing for the rest
+        self.adapters = apply_lora(model, settings.lora, seed=settings.seed)
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
         # log-probs are taken from the head's input a chunk of tokens at a time (no [tokens, vocab] logits)
@@ -188,13 +192,24 @@ class MegatronTrainer:
         return mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0 and self.dp_rank == 0
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's Megatron parameter shard (local layer / expert numbering)."""
-        return {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+        """This rank's Megatron parameter shard (local layer / expert numbering), as a model without adapters
+        holds it: with LoRA each adapted weight is merged (what the HF export and the engines take)."""
+        return canonical_state(self.raw_state_dict(), self.adapters)
 
     def load_local_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy a shard into the parameters (in place: DDP keeps params as views of its buffers)."""
+        """Copy a shard of `local_state_dict`'s names into the parameters (in place: DDP keeps params as views of
+        its buffers); with LoRA the weights load into the frozen base and the adapters keep what they hold."""
+        self.load_raw_state_dict(raw_names(state, self.adapters), adapters_optional=True)
+
+    def raw_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter under its own name (with LoRA: the frozen base and the adapters apart), for the
+        checkpoint and the KL reference, which must restore the same parametrisation."""
+        return {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+
+    def load_raw_state_dict(self, state: dict[str, torch.Tensor], adapters_optional: bool = False) -> None:
         missing, unexpected = self.model.module.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        missing = [k for k in missing if not k.endswith("_extra_state")
+                   and not (adapters_optional and k.rpartition(".")[2] in ("lora_a", "lora_b"))]
         if missing or unexpected:
             raise KeyError(f"state dict does not fit this rank's model: missing {missing}, unexpected {unexpected}")
         self.optimizer.reload_model_params()
@@ -202,7 +217,7 @@ class MegatronTrainer:
     # -- reference model (KL) ---------------------------------------------------------------------
     def snapshot_reference(self) -> None:
         """Freeze the current weights as the KL reference (kept on CPU, swapped in for ref logprobs)."""
-        self._reference = {k: v.detach().to("cpu", copy=True) for k, v in self.local_state_dict().items()}
+        self._reference = {k: v.detach().to("cpu", copy=True) for k, v in self.raw_state_dict().items()}
 
     @property
     def has_reference(self) -> bool:
@@ -305,8 +320,8 @@ class MegatronTrainer:
             raise RuntimeError("reference logprobs requested but no reference snapshot was taken")
         saved = None
         if reference:
-            saved = {k: v.detach().clone() for k, v in self.local_state_dict().items()}
-            self.load_local_state_dict(self._reference)
+            saved = {k: v.detach().clone() for k, v in self.raw_state_dict().items()}
+            self.load_raw_state_dict(self._reference)
         self.model.eval()
         try:
             mine = self._my_samples(samples)
@@ -314,7 +329,7 @@ class MegatronTrainer:
         finally:
             self.model.train()
             if saved is not None:
-                self.load_local_state_dict(saved)
+                self.load_raw_state_dict(saved)
         result: dict[str, dict[str, torch.Tensor]] = {"logprobs": {}}
         if with_entropy:
             result["entropy"] = {}

@@ -90,7 +90,7 @@ def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, extra: Opti
     subs = _sub_optimizers(trainer.optimizer)
     payload = {
         "step": trainer.step,
-        "model": trainer.local_state_dict(),
+        "model": trainer.raw_state_dict(),  # with LoRA: base and adapters apart, as the optimizer state refers to
         "optimizer": trainer.optimizer.state_dict(),
         "param_state": [
             opt.get_parameter_state_dp_reshardable() if hasattr(opt, "get_parameter_state_dp_reshardable") else None
@@ -131,7 +131,7 @@ def load_checkpoint(trainer: MegatronTrainer, directory: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: this rank's checkpoint file is missing (was the parallel layout changed?)")
     payload = torch.load(path, map_location="cpu", weights_only=False)
-    trainer.load_local_state_dict(payload["model"])
+    trainer.load_raw_state_dict(payload["model"])
     trainer.optimizer.load_state_dict(payload["optimizer"])
     _unshare_adam_steps(trainer.optimizer)
     for opt, state in zip(_sub_optimizers(trainer.optimizer), payload["param_state"]):

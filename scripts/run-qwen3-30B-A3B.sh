@@ -10,7 +10,8 @@
 #   cpu:     HF_CKPT=/ckpt/tiny bash scripts/run-qwen3-30B-A3B.sh --cpu [key=value ...]   (or CPU_RUN=1)
 #
 # Env: NODE_RANK (0 = head, default 0), NNODES (default 1), MASTER_ADDR (head address, workers only),
-# RAY_PORT (default 6379), HF_CKPT (HF checkpoint dir: weights, config.json, tokenizer), METHOD_CONFIG
+# RAY_PORT (default 6379), GPUS_PER_NODE (default 8; fewer for a smaller layout, with the parallel sizes
+# and sglang.tp_size overridden to fit, e.g. LoRA RL on 2 GPUs: docs/lora.md), HF_CKPT (HF checkpoint dir: weights, config.json, tokenizer), METHOD_CONFIG
 # (default configs/grpo.yaml), MODEL_CONFIG (the model fragment: a YAML file, or `checkpoint` for one
 # written from HF_CKPT/config.json; default configs/models/qwen3-30b-a3b.yaml, with --cpu `checkpoint`),
 # RUN_DIR (where the composed config and plan.txt go; default runs/launch/qwen3-30b-a3b-<time>), VENV
@@ -29,7 +30,7 @@
 # sft stage (run.stages=[data,tokenizer,rl,eval]) or set sft.steps=0.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-GPUS_PER_NODE=8  # configs/cluster/h100x8-qwen3-30b-a3b.yaml
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"  # configs/cluster/h100x8-qwen3-30b-a3b.yaml's; fewer: smaller layouts (LoRA)
 CLUSTER_CONFIG="$ROOT/configs/cluster/h100x8-qwen3-30b-a3b.yaml"
 
 log() { printf '[run-qwen3-30B-A3B] %s\n' "$*" >&2; }
@@ -61,6 +62,7 @@ VENV="${VENV:-$ROOT/.venv}"
 export VENV
 PY="$VENV/bin/python"
 [[ "$NNODES" =~ ^[1-9][0-9]*$ ]] || die "NNODES must be a positive integer, got '$NNODES'"
+[[ "$GPUS_PER_NODE" =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '$GPUS_PER_NODE'"
 [[ "$NODE_RANK" =~ ^[0-9]+$ ]] && (( NODE_RANK < NNODES )) || die "NODE_RANK must lie in [0, NNODES=$NNODES), got '$NODE_RANK'"
 if [[ "$CPU_RUN" == 1 ]]; then
   (( NNODES == 1 )) || die "--cpu runs on one machine: NNODES must be 1, got $NNODES"
@@ -140,6 +142,7 @@ compose_config() {
     echo "  - $(yaml_str "$CLUSTER_CONFIG")"
     echo "cluster:"
     echo "  num_nodes: $NNODES"
+    if (( GPUS_PER_NODE > 0 )); then echo "  gpus_per_node: $GPUS_PER_NODE"; fi
     echo "model:"
     echo "  hf_path: $(yaml_str "$HF_CKPT")"
     echo "tokenizer:"

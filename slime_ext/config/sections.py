@@ -516,6 +516,18 @@ class ParallelConfig(Section):
     max_tokens_per_gpu: int = Field(8192, ge=1)
 
 
+class LoRAConfig(Section):
+    """LoRA RL (megatron_glue/lora.py): the RL stage trains rank-`rank` adapters on the named linear layers and
+    nothing else (the SFT warm start trains every weight). 0: off."""
+
+    rank: int = Field(0, ge=0)
+    alpha: float = Field(16.0, gt=0)  # the update is scaled by alpha / rank
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapter's input
+    # attention input (q/k/v) and output, dense MLP input and output; the routed experts are not adapted
+    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], min_length=1)
+
+
 class TrainConfig(Section):
     lr: float = Field(3e-5, gt=0)
     min_lr: float = Field(0.0, ge=0)
@@ -546,6 +558,7 @@ class TrainConfig(Section):
     # logits (megatron_glue/logprobs.py): MiB of fp32 logits per chunk; tokens per chunk = this / (4 x vocab / TP).
     # Peak memory beyond activations is ~4 chunks; the default suits any vocabulary.
     logprob_chunk_mb: float = Field(512.0, gt=0)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
 
 class SFTConfig(Section):

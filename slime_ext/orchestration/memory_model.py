@@ -165,10 +165,25 @@ def activation_bytes(shape: ModelShape, layout: TrainerLayout, tokens: int, chun
     return out
 
 
+def lora_params_per_rank(shape: ModelShape, layout: TrainerLayout, rank: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters on one GPU of the heaviest stage (`train.lora`): per layer and target, A [r, in] and
+    B [out, r], the TP-split side divided by TP (column layers split B, row layers A). The dense MLP's fc1 is the
+    fused gate and up projection (2 x ffn wide); MoE layers have no dense MLP and their experts no adapters."""
+    if rank < 1:
+        return 0
+    h, tp = shape.hidden, layout.tp
+    q, kv, ffn = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, shape.dense_ffn
+    dense = shape.num_experts == 0
+    per_layer = {"linear_qkv": h + (q + 2 * kv) / tp, "linear_proj": q / tp + h,
+                 "linear_fc1": (h + 2 * ffn / tp) if dense else 0, "linear_fc2": (ffn / tp + h) if dense else 0}
+    return math.ceil(shape.num_layers // layout.pp * rank * sum(per_layer[t] for t in targets))
+
+
 def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chunk_mb: float,
-                   tokens: Optional[int] = None) -> TrainerMemory:
+                   tokens: Optional[int] = None, lora_params: int = 0) -> TrainerMemory:
     """Per-rank trainer memory for micro-batches of `tokens` (default `max_tokens_per_gpu`); fits is None on CPU
-    runs (host RAM, no GPU limit)."""
+    runs (host RAM, no GPU limit). `lora_params` (adapters on this rank, `lora_params_per_rank`): LoRA RL,
+    where only the adapters have gradients and optimizer state."""
     tokens = tokens or layout.max_tokens_per_gpu
     tp_split, replicated, experts = local_param_counts(shape.split, layout)
     local = tp_split + replicated + experts
@@ -176,8 +191,13 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chu
     opt_per_param = (4 if bf16 else 0) + 8
     dense_div = layout.dp if layout.distributed_optimizer else 1
     expert_div = layout.expert_dp if layout.distributed_optimizer else 1
-    optimizer = opt_per_param * ((tp_split + replicated) / dense_div + experts / expert_div)
-    comps = {"weights": (2 if bf16 else 4) * local, "grads_fp32": 4 * local,
+    if lora_params:  # the frozen base holds weights only; adapters are dense (DP-sharded) parameters
+        optimizer = opt_per_param * lora_params / dense_div
+        trained = lora_params
+    else:
+        optimizer = opt_per_param * ((tp_split + replicated) / dense_div + experts / expert_div)
+        trained = local
+    comps = {"weights": (2 if bf16 else 4) * (local + lora_params), "grads_fp32": 4 * trained,
              "optimizer": 0.0 if layout.optimizer_cpu_offload else optimizer}
     comps.update(activation_bytes(shape, layout, tokens, chunk_mb, experts))
     gib = {k: v / GIB for k, v in comps.items()}

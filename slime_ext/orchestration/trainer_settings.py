@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from megatron_glue.lora import LoRASpec
 from megatron_glue.trainer import TrainerSettings
 from slime_ext.algo import LossSpec
 
@@ -11,7 +12,8 @@ from slime_ext.algo import LossSpec
 def trainer_settings(cfg: Any, loss: LossSpec, total_steps: Optional[int] = None,
                      lr: Optional[float] = None) -> TrainerSettings:
     """Without `total_steps` (the RL run) the schedule counts optimizer steps: `train.steps` and
-    `train.lr_warmup_steps` are rollout steps, each `cfg.minibatches_per_step()` optimizer steps."""
+    `train.lr_warmup_steps` are rollout steps, each `cfg.minibatches_per_step()` optimizer steps. `train.lora`
+    applies to the RL run only: the SFT warm start (`total_steps` given) trains every weight."""
     t, g = cfg.train, cfg.grpo
     m = g.mismatch
     per_step = cfg.minibatches_per_step() if total_steps is None else 1
@@ -25,6 +27,8 @@ def trainer_settings(cfg: Any, loss: LossSpec, total_steps: Optional[int] = None
         optimizer_cpu_offload=t.parallel.optimizer_cpu_offload,
         recompute=t.parallel.recompute, seed=cfg.run.seed, routing_replay=t.routing_replay,
         logprob_chunk_mb=t.logprob_chunk_mb,
+        lora=LoRASpec(t.lora.rank, t.lora.alpha, t.lora.dropout, tuple(t.lora.target_modules))
+        if total_steps is None else LoRASpec(),
         global_batch_size=t.global_batch_size, old_logprobs=g.resolved_old_logprobs(
             cfg.minibatches_per_step(), off_policy=cfg.rollout.asynchronous),
         mismatch_mode=m.mode, mismatch_level=m.level, mismatch_cap=m.cap, mismatch_low=m.low, mismatch_high=m.high,

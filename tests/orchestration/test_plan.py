@@ -232,7 +232,8 @@ def _launcher(tmp_path: Path, script: str, *args: str, timeout: int = 300, **env
     exist and none of the caller's launcher variables; `env_vars` are added."""
     env = {**os.environ, "HF_CKPT": MISSING_CKPT, "VENV": str(Path(sys.executable).parents[1]), "SKIP_SETUP": "1",
            "TMPDIR": str(tmp_path)}
-    for leaked in ("DRY_RUN", "CPU_RUN", "METHOD_CONFIG", "MODEL_CONFIG", "CLOUD_URL", "JUNIOR_CKPT", "NNODES", "RUN_DIR"):
+    for leaked in ("DRY_RUN", "CPU_RUN", "METHOD_CONFIG", "MODEL_CONFIG", "CLOUD_URL", "JUNIOR_CKPT", "NNODES", "RUN_DIR",
+                   "GPUS_PER_NODE", "SCORING_GPUS", "TEACHER_CKPT", "TEACHER_ENGINES", "TEACHER_TP", "TEACHER_MODEL_CONFIG"):
         env.pop(leaked, None)
     env.update(env_vars)
     return subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, env=env,

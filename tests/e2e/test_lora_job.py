@@ -1,0 +1,36 @@
+"""`configs/grpo_lora.yaml` end to end on the tiny job: the RL stage trains adapters only, so the final merged
+weights differ from the warm start in the adapted layers (attention in and out) and nowhere else; the engines
+sample with the merged weights every step (the step-0 consistency check compares them with the trainer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from slime_ext.studies import read_metrics
+from tests.conftest import CONFIGS
+from tests.e2e.test_training_job import TINY
+
+
+def _weights(folder: Path) -> dict:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_grpo_lora_job_moves_only_the_adapted_layers(tmp_path):
+    from slime_ext.orchestration.driver import main
+
+    assert main([str(CONFIGS / "grpo_lora.yaml"), f"run.output_dir={tmp_path / 'runs'}",
+                 f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "train.steps=2",
+                 "run.stages=[data,tokenizer,sft,rl]", "train.check_consistency_at_start=true"]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1]
+    (warm,) = (tmp_path / "cache" / "warmstart").glob("*/hf")
+    before, after = _weights(warm), _weights(run_dir / "hf")
+    assert set(before) == set(after)
+    moved = {k for k in before if not (before[k].float() == after[k].float()).all()}
+    attention = ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert moved and all(any(f".{p}." in k for p in attention) for k in moved), sorted(moved)[:5]

@@ -1,0 +1,86 @@
+"""LoRA in the trainer (`train.lora`): only the adapters train and hold optimizer state, the base weights do not
+move, the state the export and the engines read is the merged model under the names of a model without adapters,
+a checkpoint resumes exactly, and a new adapter changes nothing until it trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_glue.lora import LoRASpec
+from megatron_glue.model_provider import ParallelSizes
+from megatron_glue.trainer import MegatronTrainer, TrainerSettings
+from megatron_glue.trainer_checkpoint import load_checkpoint, save_checkpoint
+from tests.megatron_fixtures import single_process_parallel_state, tiny_dense_config
+from tests.megatron_glue.test_trainer import make_samples
+
+SPEC = LoRASpec(rank=4, alpha=8.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parallel_state():
+    single_process_parallel_state(seed=3)
+
+
+def make(lora: LoRASpec = SPEC, **kw) -> MegatronTrainer:
+    torch.manual_seed(0)
+    settings = TrainerSettings(**({"lr": 1e-2, "micro_batch_size": 3, "clip_grad": 0.0, "lora": lora} | kw))
+    return MegatronTrainer(tiny_dense_config(), settings, ParallelSizes())
+
+
+def test_only_the_adapters_train_and_hold_optimizer_state():
+    trainer = make()
+    layers = tiny_dense_config().num_hidden_layers
+    assert len(trainer.adapters) == 4 * layers  # q/k/v, attention out, fc1, fc2 of every layer
+    before = {k: v.clone() for k, v in trainer.raw_state_dict().items()}
+    trainable = [n for n, p in trainer.model.module.named_parameters() if p.requires_grad]
+    assert trainable and all(n.rpartition(".")[2] in ("lora_a", "lora_b") for n in trainable)
+    assert len(trainable) == 2 * len(trainer.adapters)
+    for _ in range(2):
+        trainer.train_step(make_samples(6), kind="sft")
+    after = trainer.raw_state_dict()
+    moved = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert moved and all(k.rpartition(".")[2] in ("lora_a", "lora_b") for k in moved)
+    assert any(k.endswith("lora_b") for k in moved)  # B left zero
+    # the optimizer holds state for the adapters only (Adam's two moments per adapter tensor)
+    optimizer_params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    assert len(optimizer_params) == len(trainable)
+    n_adapter = sum(p.numel() for n, p in trainer.model.module.named_parameters() if p.requires_grad)
+    assert sum(p.numel() for p in optimizer_params) == n_adapter
+
+
+def test_the_exported_state_is_the_merged_model_under_plain_names():
+    plain, adapted = make(LoRASpec()), make()
+    assert set(adapted.local_state_dict()) == set(plain.local_state_dict())
+    assert all(torch.equal(v, plain.local_state_dict()[k]) for k, v in adapted.local_state_dict().items())  # B = 0
+    adapted.train_step(make_samples(6), kind="sft")
+    state = adapted.local_state_dict()
+    for prefix, adapter in adapted.adapters.items():
+        merged = adapter.base.weight + adapter.scaling * adapter.lora_b @ adapter.lora_a
+        assert torch.allclose(state[f"{prefix}.weight"], merged)
+    # the merged model's logprobs are the adapted model's: load the export into a trainer without adapters
+    plain.load_local_state_dict({k: v.clone() for k, v in state.items()})
+    samples = make_samples(4, seed=5)
+    a = adapted.compute_logprobs(samples)["logprobs"]
+    b = plain.compute_logprobs(samples)["logprobs"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    # weights from an HF checkpoint (plain names) load into the frozen base; the adapters keep their values
+    kept = {k: v.clone() for k, v in adapted.raw_state_dict().items() if "lora_" in k}
+    adapted.load_local_state_dict(make(LoRASpec()).local_state_dict())
+    assert all(torch.equal(adapted.raw_state_dict()[k], v) for k, v in kept.items())
+
+
+def test_checkpoint_resume_with_adapters_is_exact(tmp_path):
+    trainer = make()
+    samples = make_samples(6)
+    trainer.train_step(samples, kind="sft")
+    save_checkpoint(trainer, tmp_path)
+    continued = [trainer.train_step(samples, kind="sft")["nll"] for _ in range(2)]
+    resumed = make()
+    load_checkpoint(resumed, tmp_path)
+    assert [resumed.train_step(samples, kind="sft")["nll"] for _ in range(2)] == continued
+
+
+def test_bad_targets_are_refused():
+    with pytest.raises(ValueError, match="no such linear layer"):
+        make(LoRASpec(rank=4, target_modules=("linear_nothing",)))
