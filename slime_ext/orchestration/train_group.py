@@ -220,6 +220,13 @@ class TrainWorker:
             self.weights_version = version
         return stats
 
+    def export_lora_adapter(self, directory: str, base_model: str) -> None:
+        """The adapters in PEFT's layout (collective; global rank 0 writes)."""
+        from megatron_glue.lora_export import write_peft_adapter
+
+        with self._awake():
+            write_peft_adapter(self.trainer, directory, base_model)
+
     def save(self, directory: str, extra: dict) -> str:
         from megatron_glue.trainer_checkpoint import save_checkpoint
 

@@ -582,6 +582,8 @@ class TrainingJob:
         final_hf = self.run_dir / "hf"
         group.export_hf_sharded(final_hf, self.hf_config)  # written by the ranks that hold the weights
         self.tokenizer.save_pretrained(final_hf)
+        if self.cfg.train.lora.rank:  # beside the merged model, the adapter alone (PEFT), base = the warm start
+            group.call("export_lora_adapter", str(final_hf / "lora"), str(warm_dir))
         if not with_eval:
             return {}
         from slime_ext.orchestration.off_driver import run_in_worker

@@ -34,3 +34,14 @@ def test_grpo_lora_job_moves_only_the_adapted_layers(tmp_path):
     moved = {k for k in before if not (before[k].float() == after[k].float()).all()}
     attention = ("q_proj", "k_proj", "v_proj", "o_proj")
     assert moved and all(any(f".{p}." in k for p in attention) for k in moved), sorted(moved)[:5]
+    # beside the merged model, the adapter in PEFT's layout over the warm start: warm + scale B A = merged
+    import json
+
+    config = json.loads((run_dir / "hf" / "lora" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(warm) and config["r"] == 8
+    adapter = load_file(run_dir / "hf" / "lora" / "adapter_model.safetensors")
+    scale = config["lora_alpha"] / config["r"]
+    for key in (k for k in adapter if k.endswith("lora_A.weight")):
+        name = key.removeprefix("base_model.model.").replace("lora_A.weight", "weight")
+        delta = scale * adapter[key.replace("lora_A", "lora_B")] @ adapter[key]
+        assert (before[name].float() + delta - after[name].float()).abs().max() < 1e-5, name

@@ -84,3 +84,35 @@ def test_checkpoint_resume_with_adapters_is_exact(tmp_path):
 def test_bad_targets_are_refused():
     with pytest.raises(ValueError, match="no such linear layer"):
         make(LoRASpec(rank=4, target_modules=("linear_nothing",)))
+
+
+def test_the_peft_adapter_reproduces_the_merged_hf_weights(tmp_path):
+    """adapter_model.safetensors in PEFT's layout: per HF module (q/k/v cut from the fused qkv, gate/up from fc1),
+    base weight + (lora_alpha / r) lora_B @ lora_A equals the merged model's weight."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from megatron_glue.lora_export import write_peft_adapter
+    from megatron_glue.weight_export import export_hf_state_dict
+
+    trainer = make()
+    trainer.train_step(make_samples(6), kind="sft")
+    write_peft_adapter(trainer, tmp_path, base_model="warm")
+    merged = export_hf_state_dict(trainer)
+    with torch.no_grad():
+        for adapter in trainer.adapters.values():
+            adapter.lora_b.zero_()
+    base = export_hf_state_dict(trainer)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+    adapter = load_file(tmp_path / "adapter_model.safetensors")
+    layers = tiny_dense_config().num_hidden_layers
+    assert len(adapter) == 2 * 7 * layers
+    scale = config["lora_alpha"] / config["r"]
+    for key in (k for k in adapter if k.endswith("lora_A.weight")):
+        module = key.removesuffix(".lora_A.weight").removeprefix("base_model.model.")
+        update = adapter[key.replace("lora_A", "lora_B")] @ adapter[key]
+        assert torch.allclose(base[f"{module}.weight"] + scale * update, merged[f"{module}.weight"], atol=1e-6), module
+        assert not torch.equal(base[f"{module}.weight"], merged[f"{module}.weight"])
