@@ -107,6 +107,7 @@ class TrainerMemory:
     host_offload_gib_per_node: float
     fits: Optional[bool]  # None on CPU runs
     tokens_per_micro_batch: int = 0
+    lora_params: int = 0  # LoRA adapters on this GPU: the only parameters with gradients and optimizer state
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chu
     return TrainerMemory(local_params=local, local_expert_params=experts,
                          components_gib={k: round(v, 3) for k, v in gib.items()}, total_gib=round(total, 3),
                          host_offload_gib_per_node=round(host, 2), fits=(total <= gpu_gib) if gpu else None,
-                         tokens_per_micro_batch=tokens)
+                         tokens_per_micro_batch=tokens, lora_params=lora_params)
 
 
 def engine_memory(shape: ModelShape, config: Any, rollout: RolloutLayout, gpu_gib: float) -> Optional[EngineMemory]:

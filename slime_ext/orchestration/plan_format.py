@@ -110,6 +110,9 @@ def _format_memory(p: Plan) -> list[str]:
              f"  local params {_fmt_params(t.local_params)} (experts {_fmt_params(t.local_expert_params)}), "
              f"micro-batches of {t.tokens_per_micro_batch} tokens (train.parallel.max_tokens_per_gpu)",
              "  not estimated: " + ", ".join(NOT_COVERED)]
+    if t.lora_params:
+        lines.append(f"  LoRA: {_fmt_params(t.lora_params)} adapter params per GPU train (gradients and optimizer state "
+                     "for these only; the base is frozen)")
     if t.host_offload_gib_per_node:
         lines.append(f"  optimizer offloaded to host: {t.host_offload_gib_per_node:.1f} GiB per node")
     if p.embedded_engine_memory is not None:

@@ -28,6 +28,9 @@ def test_adapter_parameters_and_their_memory_by_hand(tmp_path):
     assert t.components_gib["weights"] == pytest.approx(base.trainer_memory.components_gib["weights"]
                                                         + 2 * adapters / GIB, abs=2e-3)
     assert t.total_gib < base.trainer_memory.total_gib - 14  # the full model's 15 GiB of fp32 gradients gone
+    from slime_ext.orchestration.plan_format import format_plan
+
+    assert "LoRA: 9.83M adapter params per GPU train" in format_plan(plan)
 
 
 def test_the_dense_mlp_is_adapted_in_a_dense_model(tmp_path):
