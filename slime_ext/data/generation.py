@@ -31,6 +31,9 @@ class GenerateRequest:
     # choice), so a multi-turn episode's later turns find its earlier turns in that engine's prefix cache;
     # None: grouped by input ids. Never sent to a server.
     affinity: Optional[str] = None
+    # the LoRA adapter to serve it with (SGLang's lora_path: a name loaded by /load_lora_adapter_from_tensors);
+    # None: the base model
+    lora_name: Optional[str] = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ from sglang_patches.request_sampler import FINISH_SAMPLER, RequestView, SamplerC
 from sglang_patches.decoding import FINISH_ABORT, StopChecker, choose_tokens
 from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.engine import static_kv
+from slime_ext.engine.lora_merge import MergedLoRA
 from slime_ext.engine.prefix_cache import KV, PrefixCache
 
 # auto: the static-KV forward (slime_ext/engine/static_kv.py) where it models the architecture, else HF;
@@ -256,6 +257,7 @@ class EmbeddedEngine:
         self.kernel = kernel
         self.model = model.eval()
         self.partner = partner.eval() if partner is not None else None
+        self.lora = MergedLoRA()  # the LoRA adapter served (merged), if any
         self.eos_token_id = int(eos_token_id)
         self.decode = decode
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
@@ -363,6 +365,14 @@ class EmbeddedEngine:
             pairs.append((dst, tensor))
         return pairs
 
+    def load_lora_adapter(self, name: str, config: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """SGLang's /load_lora_adapter_from_tensors: the adapter merged into the policy (slime_ext/engine/lora_merge.py);
+        requests then name it. Returns the modules it sets."""
+        return self.lora.load(self, name, config, named_tensors)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.lora.unload(self, name)
+
     @torch.no_grad()
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy canonical HF-named tensors (megatron_glue's export format) into the policy in place.
@@ -435,6 +445,7 @@ class EmbeddedEngine:
         if not requests:
             return []
         check_unique_rids(requests)
+        self.lora.check_requests(requests)
         rows = [self._new_row(r) for r in requests]
         if any(row.chain.needs_partner for row in rows) and self.partner is None:
             raise ValueError("a sampler needs a partner model but the engine has none")
@@ -547,7 +558,7 @@ class EmbeddedEngine:
         mergeable = all(hasattr(st, "merge") for st in states)
 
         def can_join(request: GenerateRequest) -> bool:
-            if not mergeable or (request.return_routed_experts and not record):
+            if not mergeable or (request.return_routed_experts and not record) or request.lora_name != self.lora.name:
                 return False
             needs_partner = SamplerChain.from_specs(request.sampler_specs, request.seed).needs_partner
             return len(states) > 1 or not needs_partner

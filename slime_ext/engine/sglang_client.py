@@ -79,6 +79,9 @@ def batch_payload(payloads: list[dict[str, Any]], wire_rids: list[str]) -> dict[
         raise ValueError("a batch mixes requests with and without return_routed_experts")
     if routed.pop():
         body["return_routed_experts"] = True
+    loras = [p.get("lora_path") for p in payloads]
+    if any(loras):
+        body["lora_path"] = loras
     return body
 
 
@@ -187,6 +190,8 @@ class SGLangEngineClient:
         }
         if request.return_routed_experts:  # needs a server started with --enable-return-routed-experts
             payload["return_routed_experts"] = True
+        if request.lora_name is not None:  # a LoRA adapter the server loaded (/load_lora_adapter_from_tensors)
+            payload["lora_path"] = request.lora_name
         if request.sampler_specs or self.partner_vocab is not None:
             from sglang_patches.sglang_adapter import SamplerLogitProcessor, build_custom_params, check_hostable
 
@@ -540,6 +545,22 @@ class SGLangEngineClient:
         }
         with self.weight_update_session():
             self._control("/update_weights_from_tensor", payload, "UpdateWeightsFromTensorReqInput")
+
+    def load_lora_adapter_from_tensors(self, name: str, config_dict: dict[str, Any],
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """SGLang's /load_lora_adapter_from_tensors: a PEFT adapter (names as in adapter_model.safetensors,
+        `config_dict` its adapter_config.json), one serialized copy per TP rank; requests then name it
+        (`GenerateRequest.lora_name` -> lora_path)."""
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        named = [(str(n), t) for n, t in named_tensors]
+        payload = {"lora_name": name, "config_dict": dict(config_dict),
+                   "serialized_named_tensors": [MultiprocessingSerializer.serialize(named, output_str=True)
+                                                for _ in range(self.tp_size)]}
+        self._control("/load_lora_adapter_from_tensors", payload, "LoadLoRAAdapterFromTensorsReqInput")
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self._control("/unload_lora_adapter", {"lora_name": name}, "UnloadLoRAAdapterReqInput")
 
     def update_weights_from_flattened_bucket(self, bucket: dict[str, Any], *, flush_cache: bool = True,
                                              weight_version: Optional[str] = None) -> None:

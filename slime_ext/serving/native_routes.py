@@ -128,8 +128,13 @@ def _prepare(state: Any, body: GenerateReqInput, item: GenerateItem) -> tuple[Ge
         if item.logprob_start_len >= len(ids) or not hasattr(state.engine, "score"):
             raise bad_request(f"logprob_start_len {item.logprob_start_len} must be a position of the {len(ids)} "
                               "input tokens, on an embedded-engine server", param="logprob_start_len")
+    served = getattr(getattr(state.engine, "lora", None), "name", None)
+    if item.lora_path != served:  # the engine serves one adapter, merged (slime_ext/engine/lora_merge.py)
+        raise bad_request(f"lora_path {item.lora_path!r}: this server serves {served!r} (load an adapter with "
+                          "/load_lora_adapter_from_tensors; one at a time)", param=f"lora_path{w}")
     req = state.request(ids, _sampling(sp, max(max_new, 1)), seed, specs, rid=item.rid,
                         return_routed_experts=body.return_routed_experts)
+    req.lora_name = item.lora_path
     return req, max_new
 
 

@@ -152,7 +152,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "return_sampling_mask": (None, False), "sampling_logprobs_mode": (None,),
     "return_flat_raw_top_logprobs": (False,), "return_hidden_states": (False,), "routed_experts_start_len": (0,),
     "return_indexer_topk": (False,), "modalities": (None,), "session_id": (None,), "session_params": (None,),
-    "lora_path": (None,), "lora_id": (None,), "positional_embed_overrides": (None,), "background": (False,),
+    "lora_id": (None,), "positional_embed_overrides": (None,), "background": (False,),
     "require_reasoning": (False,), "max_thinking_tokens": (None,), "return_bytes": (False,),
     "return_entropy": (False,), "return_prompt_token_ids": (False,), "encoder_urls": (None,),
     "multi_item_delimiter_indices": (None,), "token_indices_to_pool": (None,), "kv_hints": (None, {}),
@@ -173,6 +173,7 @@ class GenerateItem:
     return_logprob: bool
     where: str  # how errors name this row: "" for a single request, "[i]" for row i of a batch
     logprob_start_len: int = -1  # >= 0: input token logprobs from this position (prefill-only scoring)
+    lora_path: Optional[str] = None  # the LoRA adapter (a name /load_lora_adapter_from_tensors loaded); None: base
 
 
 def _per_row(body: GenerateReqInput, name: str, size: int, default: Any) -> list[Any]:
@@ -209,8 +210,10 @@ def generate_items(body: GenerateReqInput) -> list[GenerateItem]:
             if isinstance(value, list):
                 raise bad_request(f"{name} is a list but input_ids is one prompt (a batch sends a list of prompts)",
                                   param=name)
+        if isinstance(body.lora_path, list):
+            raise bad_request("lora_path is a list but input_ids is one prompt", param="lora_path")
         return [GenerateItem(ids, body.sampling_params or {}, body.rid, bool(body.return_logprob), "",
-                             _start_len(body.logprob_start_len, "logprob_start_len"))]
+                             _start_len(body.logprob_start_len, "logprob_start_len"), body.lora_path)]
     size = len(ids)
     if isinstance(body.rid, str):
         rids: list[Optional[str]] = [f"{body.rid}_{i}" for i in range(size)]
@@ -227,8 +230,9 @@ def generate_items(body: GenerateReqInput) -> list[GenerateItem]:
     sampling = _per_row(body, "sampling_params", size, {})
     logprob = _per_row(body, "return_logprob", size, False)
     starts = _per_row(body, "logprob_start_len", size, -1)
+    loras = _per_row(body, "lora_path", size, None)
     return [GenerateItem(ids[i], sampling[i], rids[i], bool(logprob[i]), f"[{i}]",
-                         _start_len(starts[i], f"logprob_start_len[{i}]")) for i in range(size)]
+                         _start_len(starts[i], f"logprob_start_len[{i}]"), loras[i]) for i in range(size)]
 
 
 def _start_len(value: Any, where: str) -> int:

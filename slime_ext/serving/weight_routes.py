@@ -7,6 +7,8 @@ failure. A malformed body is a 400 naming the field, as on every route of this s
 
     POST /update_weights_from_disk        every *.safetensors of model_path (HF names)
     POST /update_weights_from_tensor      MultiprocessingSerializer payloads, inside a session
+    POST /load_lora_adapter_from_tensors  a PEFT adapter (one serialized copy per TP rank), merged into the weights
+    POST /unload_lora_adapter             the base weights back
     POST /begin_weight_update, /end_weight_update
     POST /init_weights_update_group       join the trainer's group (rank 0 hosts the tcp:// store)
     POST /destroy_weights_update_group
@@ -127,6 +129,22 @@ class MemoryOccupationReqInput(BaseReq):
     tags: Optional[list[str]] = None
 
 
+class LoadLoRAAdapterFromTensorsReqInput(BaseReq):
+    lora_name: str
+    config_dict: dict[str, Any]
+    serialized_named_tensors: Annotated[list[bytes], BeforeValidator(_base64)]
+    pinned: bool = False
+    added_tokens_config: Optional[dict[str, int]] = None
+    lora_id: Optional[str] = None
+    load_format: Optional[str] = None
+    expected_checksums: Optional[dict[str, str]] = None
+
+
+class UnloadLoRAAdapterReqInput(BaseReq):
+    lora_name: str
+    lora_id: Optional[str] = None
+
+
 class BeginWeightUpdateReqInput(BaseReq):
     selector: Selector = "all"
 
@@ -162,6 +180,21 @@ async def update_weights_from_tensor(request: Request) -> JSONResponse:
     body = parse(UpdateWeightsFromTensorReqInput, await read_json(state, request))
     return await _run(state.weights.from_tensor, body.serialized_named_tensors, body.load_format,
                       body.weight_version, body.abort_all_requests)
+
+
+@router.post("/load_lora_adapter_from_tensors")
+async def load_lora_adapter_from_tensors(request: Request) -> JSONResponse:
+    state = get_state(request)
+    body = parse(LoadLoRAAdapterFromTensorsReqInput, await read_json(state, request))
+    return await _run(state.weights.load_lora, body.lora_name, body.config_dict, body.serialized_named_tensors,
+                      body.load_format)
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> JSONResponse:
+    state = get_state(request)
+    body = parse(UnloadLoRAAdapterReqInput, await read_json(state, request))
+    return await _run(state.weights.unload_lora, body.lora_name)
 
 
 @router.post("/begin_weight_update")

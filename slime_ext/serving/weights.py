@@ -352,6 +352,40 @@ class WeightUpdater:
             self.apply(named, weight_version, abort_all)
         return "Success"
 
+    def load_lora(self, name: str, config: dict, payloads: Sequence[bytes], load_format: Optional[str]) -> str:
+        """SGLang's /load_lora_adapter_from_tensors: TP rank 0's copy, merged into the weights with no generate
+        call running (slime_ext/engine/lora_merge.py); requests then name the adapter (lora_path)."""
+        engine = self.state.engine
+        if not hasattr(engine, "load_lora_adapter"):
+            raise WeightUpdateError(f"this server's engine ({type(engine).__name__}) does not serve LoRA adapters")
+        if not payloads:
+            raise WeightUpdateError("serialized_named_tensors is empty: send one serialized payload per TP rank")
+        if load_format not in (None, "direct"):
+            raise WeightUpdateError(f"Unknown load_format={load_format} for a LoRA adapter (this server takes null)")
+        named = named_tensors_from(deserialize(payloads[0]), None)
+        try:
+            from slime_ext.engine.lora_merge import peft_modules
+
+            peft_modules(named)  # names, pairs and ranks checked before anything is written
+        except ValueError as exc:
+            raise WeightUpdateError(str(exc)) from None
+        self._exclusive_update(lambda: self._lora_call(engine.load_lora_adapter, name, config, named), None, False)
+        return f"Success: LoRA adapter {name!r} loaded."
+
+    def unload_lora(self, name: str) -> str:
+        engine = self.state.engine
+        if not hasattr(engine, "unload_lora_adapter"):
+            raise WeightUpdateError(f"this server's engine ({type(engine).__name__}) does not serve LoRA adapters")
+        self._exclusive_update(lambda: self._lora_call(engine.unload_lora_adapter, name), None, False)
+        return f"Success: LoRA adapter {name!r} unloaded."
+
+    @staticmethod
+    def _lora_call(fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except (KeyError, ValueError) as exc:
+            raise WeightUpdateError(str(exc).strip("'\"")) from None
+
     def apply_payload(self, payload: NamedTensors, weight_version: Optional[str], abort_all: bool) -> None:
         """A checksummed (possibly sparse) bucket of `sglang_patches.weight_payload`, applied as SGLang's
         custom weight loader would: checked first, then written and verified with no generate running. A
