@@ -118,6 +118,7 @@ class LoRASpec:
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = TARGET_MODULES
+    sync: str = "merged"  # merged: the engines get the merged model; adapter: the adapters alone (lora_sync.py)
 
 
 def apply_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> dict[str, LoRALinear]:

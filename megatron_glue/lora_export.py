@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -59,11 +59,13 @@ def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_peft_adapter(trainer: Any, directory: str | Path, base_model: str = "") -> Path:
-    """Every rank calls it; global rank 0 writes `directory/adapter_model.safetensors` and `adapter_config.json`
-    (the stages' adapters gathered from the first TP and data-parallel rank of each)."""
-    from safetensors.torch import save_file
+HF_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+              "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
 
+
+def gathered_adapter(trainer: Any) -> Optional[dict[str, torch.Tensor]]:
+    """Every stage's adapters under PEFT names on global rank 0 (None elsewhere). Collective: every rank calls it
+    (TP gathers, then one all-gather of the stages' first TP and data-parallel rank's tensors)."""
     state = adapter_state(trainer)
     mine = state if mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_data_parallel_rank() == 0 else {}
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -71,18 +73,30 @@ def write_peft_adapter(trainer: Any, directory: str | Path, base_model: str = ""
         dist.all_gather_object(parts, mine)
     else:
         parts = [mine]
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def peft_config(spec: Any, tensors: dict[str, torch.Tensor], base_model: str = "") -> dict[str, Any]:
+    """PEFT's adapter_config.json for `tensors` (its target_modules are the HF modules they adapt)."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
+            "lora_dropout": spec.dropout, "target_modules": sorted({k.split(".")[-3] for k in tensors}),
+            "bias": "none", "fan_in_fan_out": False, "base_model_name_or_path": base_model, "inference_mode": True}
+
+
+def write_peft_adapter(trainer: Any, directory: str | Path, base_model: str = "") -> Path:
+    """Every rank calls it; global rank 0 writes `directory/adapter_model.safetensors` and `adapter_config.json`."""
+    from safetensors.torch import save_file
+
+    merged = gathered_adapter(trainer)
     root = Path(directory)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        merged = {k: v for part in parts for k, v in part.items()}
+    if merged is not None:
         root.mkdir(parents=True, exist_ok=True)
         save_file(merged, str(root / "adapter_model.safetensors"))
-        spec = trainer.settings.lora
-        targets = sorted({k.split(".")[-3] for k in merged})
-        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-                  "lora_dropout": spec.dropout, "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
-                  "base_model_name_or_path": base_model, "inference_mode": True}
+        config = peft_config(trainer.settings.lora, merged, base_model)
         (root / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return root
 
 
-__all__ = ["adapter_state", "write_peft_adapter", "PEFT_PREFIX"]
+__all__ = ["adapter_state", "gathered_adapter", "peft_config", "write_peft_adapter", "PEFT_PREFIX", "HF_MODULES"]

@@ -79,6 +79,16 @@ class _MethodChecked(CoreConfig):
         return self
 
     @model_validator(mode="after")
+    def _check_lora_sync(self) -> "_MethodChecked":
+        """train.lora.sync = adapter: the rules of `LoRAConfig.check_run`, and no partner model in the engines
+        (the adapter is the policy's; a two-model engine would serve the partner without it)."""
+        self.train.lora.check_run(self)
+        if self.train.lora.sync == "adapter" and registry.method_class(self).holds_partner(self):
+            raise ConfigCheckError(f"train.lora.sync = adapter with method {self.method!r}, whose engines hold a partner "
+                                   "model beside the policy: set train.lora.sync=merged", ("train.lora.sync", "method"))
+        return self
+
+    @model_validator(mode="after")
     def _check_method_sections(self) -> "_MethodChecked":
         for key in registry.method_sections(self):
             getattr(self, key).check_run(self)

@@ -526,6 +526,35 @@ class LoRAConfig(Section):
     # attention input (q/k/v) and output, dense MLP input and output; the routed experts are not adapted
     target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
         default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], min_length=1)
+    # How the engines get the policy after each step: "merged" sends the merged weights (the whole model, any
+    # engine or transport); "adapter" sends the adapters alone (SGLang's /load_lora_adapter_from_tensors, megabytes)
+    # and every request names them (lora_path); the engines keep the base from their start.
+    sync: Literal["merged", "adapter"] = "merged"
+
+    def check_run(self, config: Any) -> None:
+        """Adapter sync: an adapter to send, one tensor transport, and no engine feature it cannot serve."""
+        if self.sync != "adapter":
+            return
+        if self.rank < 1:
+            raise ConfigCheckError("train.lora.sync = adapter needs train.lora.rank >= 1", ("train.lora.sync",))
+        if config.rollout.partial_rollouts:
+            raise ConfigCheckError("train.lora.sync = adapter with rollout.partial_rollouts: a request continued after "
+                                   "a sync would switch adapters mid-response; set train.lora.sync=merged",
+                                   ("train.lora.sync", "rollout.partial_rollouts"))
+        if config.rollout.engine == "sglang" and config.cluster.colocate and config.cluster.colocate_sleep \
+                and not config.rollout.asynchronous:
+            raise ConfigCheckError("train.lora.sync = adapter with colocated engines that sleep: a sleeping engine "
+                                   "gives its weights back and wakes with zeros, and the adapter alone cannot refill "
+                                   "the base; set cluster.colocate_sleep=false (or train.lora.sync=merged)",
+                                   ("train.lora.sync", "cluster.colocate_sleep"))
+        if config.rollout.engine == "sglang" and config.sglang.snapshot_every:
+            raise ConfigCheckError("train.lora.sync = adapter writes no weight snapshots: set sglang.snapshot_every=0",
+                                   ("train.lora.sync", "sglang.snapshot_every"))
+        if config.rollout.engine == "sglang" and (config.sglang.weight_sync != "tensor" or config.sglang.weight_sync_delta):
+            raise ConfigCheckError(
+                f"train.lora.sync = adapter sends the adapters by /load_lora_adapter_from_tensors; sglang.weight_sync = "
+                f"{config.sglang.weight_sync!r} (delta {config.sglang.weight_sync_delta}) would go unused: set "
+                "sglang.weight_sync=tensor and sglang.weight_sync_delta=false", ("train.lora.sync", "sglang.weight_sync"))
 
 
 class TrainConfig(Section):

@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from slime_ext.engine.sglang_launcher import SGLangServer, build_server_command
 
@@ -69,10 +69,12 @@ def engine_dtype(precision: Optional[str]) -> Optional[str]:
 def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int = 1,
                    partner_dir: Optional[str] = None, weight_version: str = INITIAL_VERSION,
                    use_sglang: Optional[bool] = None, dtype: Optional[str] = None,
-                   kernel: str = "auto", memory_saver: bool = False) -> tuple[list[str], dict[str, str]]:
+                   kernel: str = "auto", memory_saver: bool = False,
+                   lora_args: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of one engine server. `dtype` (float32 / bfloat16; None: the server's default,
     the checkpoint's dtype on SGLang and float32 on the CPU server) is passed as `--dtype`; `kernel`
-    (rollout.engine_kernel) as the CPU server's `--kernel` (SGLang has its own kernels: only auto)."""
+    (rollout.engine_kernel) as the CPU server's `--kernel` (SGLang has its own kernels: only auto). `lora_args`:
+    SGLang's LoRA flags (`lora_sync.sglang_lora_args`; the project's server serves an adapter without flags)."""
     host = listen_host(cfg_sglang.host)
     if use_sglang if use_sglang is not None else sglang_host_available():
         if kernel != "auto":
@@ -86,7 +88,7 @@ def server_command(cfg_sglang: Any, model_dir: str, port: int, *, threads: int =
             env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_patches.tandem_model"
         # colocated sleep: SGLang frees memory on /release_memory_occupation only with its memory saver
         argv = build_server_command(cfg_sglang, model_dir, port, host, enable_memory_saver=memory_saver)
-        argv += ["--weight-version", weight_version] + (["--dtype", dtype] if dtype else [])
+        argv += ["--weight-version", weight_version] + (["--dtype", dtype] if dtype else []) + list(lora_args)
         return argv, env
     argv = [sys.executable, "-m", STANDIN, "--model", str(model_dir), "--host", host, "--port", str(port),
             "--threads", str(threads), "--weight-version", weight_version, "--max-batch", "1024",
@@ -117,8 +119,9 @@ class EngineServerActor:
     def __init__(self, index: int, cfg_sglang: Any, model_dir: str, *, threads: int = 1,
                  partner_dir: Optional[str] = None, log_dir: Optional[str] = None,
                  use_sglang: Optional[bool] = None, dtype: Optional[str] = None, kernel: str = "auto",
-                 memory_saver: bool = False):
+                 memory_saver: bool = False, lora_args: Sequence[str] = ()):
         self.index = index
+        self.lora_args = list(lora_args)
         self.memory_saver = memory_saver
         self.dtype = dtype
         self.kernel = kernel
@@ -142,7 +145,7 @@ class EngineServerActor:
         argv, env = server_command(self.cfg, self.model_dir, self.port, threads=self.threads,
                                    partner_dir=self.partner_dir, weight_version=weight_version,
                                    use_sglang=self.use_sglang, dtype=self.dtype, kernel=self.kernel,
-                                   memory_saver=self.memory_saver)
+                                   memory_saver=self.memory_saver, lora_args=self.lora_args)
         self.server = SGLangServer(argv, self.host, self.port, startup_timeout_s=self.cfg.startup_timeout_s,
                                    poll_interval_s=0.2, env=env, log_path=self.log_path,
                                    preexec_fn=_die_with_parent)

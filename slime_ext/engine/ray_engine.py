@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from typing import Any, Iterable, Optional
 
@@ -24,11 +26,19 @@ class EmbeddedEngineActor(EmbeddedEngine):
         torch.set_num_threads(threads)
 
 
+def name_adapter(requests: list, lora_name: Optional[str]) -> list:
+    """The requests naming the run's LoRA adapter (those naming none); unchanged without one."""
+    if lora_name is None:
+        return requests
+    return [r if r.lora_name is not None else dataclasses.replace(r, lora_name=lora_name) for r in requests]
+
+
 class RemoteEngine:
     """Calls a Ray engine actor synchronously, exposing the engine interface."""
 
-    def __init__(self, handle: Any):
+    def __init__(self, handle: Any, lora_name: Optional[str] = None):
         self.handle = handle
+        self.lora_name = lora_name  # the adapter every request names (train.lora.sync: adapter); None: the model
 
     def _get(self, ref: Any) -> Any:
         import ray
@@ -36,7 +46,7 @@ class RemoteEngine:
         return ray.get(ref)
 
     def generate(self, requests: list) -> list:
-        return self._get(self.handle.generate.remote(requests))
+        return self._get(self.handle.generate.remote(name_adapter(requests, self.lora_name)))
 
     def abort(self, rid: str) -> None:
         self._get(self.handle.abort.remote(rid))

@@ -44,6 +44,7 @@ import torch
 
 from slime_ext.data.generation import GenerateRequest, GenerateResult, check_unique_rids
 from slime_ext.engine.failures import EngineUnavailable, WeightSyncError
+from slime_ext.engine.ray_engine import name_adapter
 from slime_ext.engine.sglang_client import SGLangEngineClient
 from slime_ext.engine.engine_server import INITIAL_VERSION
 from slime_ext.engine.weight_sync import (LocalWeightSource, ServerTarget, merge_stats, on_all_engines, sync_metrics,
@@ -79,8 +80,10 @@ def _get(handle: Any, method: str, *args: Any) -> Any:
 class ServerEnginePool:
     def __init__(self, actors: Sequence[Any], urls: Sequence[str], cfg_sglang: Any, weights_dir: str, *,
                  client_kwargs: Optional[dict[str, Any]] = None, router_url: Optional[str] = None,
-                 engine_dtype: str = "float32", base_dir: Optional[str] = None, rank_engines: bool = False):
+                 engine_dtype: str = "float32", base_dir: Optional[str] = None, rank_engines: bool = False,
+                 lora_name: Optional[str] = None):
         self.actors = list(actors)
+        self.lora_name = lora_name  # the adapter every request names (train.lora.sync: adapter)
         self.urls = list(urls)
         if cfg_sglang.weight_sync == "auto":  # a section built outside a run's config (tools, tests): resolved
             cfg_sglang = cfg_sglang.model_copy(update={"weight_sync": cfg_sglang.auto_weight_sync(colocate=True)})
@@ -127,7 +130,7 @@ class ServerEnginePool:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("actors", "urls", "cfg", "weights_dir", "client_kwargs", "router_url", "engine_dtype", "base_dir",
-                "weight_source", "generation", "syncs", "sync_timeout_s", "_standin", "rank_engines")
+                "weight_source", "generation", "syncs", "sync_timeout_s", "_standin", "rank_engines", "lora_name")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -139,6 +142,7 @@ class ServerEnginePool:
         if not requests:
             return []
         check_unique_rids(requests)
+        requests = name_adapter(requests, self.lora_name)
         if self.router is not None:
             results = self.router.generate(requests)
         else:

@@ -33,7 +33,9 @@ def engine_command(config: Config, warnings: list[str]) -> Optional[list[str]]:
         return server_command(config.sglang, model_path, port, threads=config.rollout.threads,
                               partner_dir=partner, use_sglang=False, dtype=dtype)[0]
     saver = config.cluster.colocate and config.cluster.gpus_per_node > 0
-    dtype_flag = ["--dtype", dtype] if dtype else []
+    from slime_ext.engine.lora_sync import lora_server_args
+
+    dtype_flag = (["--dtype", dtype] if dtype else []) + lora_server_args(config)
     try:
         return build_server_command(config.sglang, model_path, ENGINE_PORT, host, enable_memory_saver=saver) + dtype_flag
     except ImportError as exc:

@@ -19,6 +19,7 @@ import ray
 
 from slime_ext.config.schema import Config
 from slime_ext.engine.engine_server import engine_dtype
+from slime_ext.engine.lora_sync import adapter_name, lora_server_args
 from slime_ext.engine.ray_engine import EmbeddedEngineActor, RemoteEngine
 from slime_ext.engine.weight_sync import EmbeddedTarget, merge_stats, sync_metrics
 from slime_ext.methods import registry
@@ -32,8 +33,8 @@ class VersionedRemoteEngine(RemoteEngine):
     ranks hand their checksummed buckets to the actor themselves (`slime_ext.engine.weight_sync`)."""
 
     def __init__(self, handle: Any, engine_dtype: str = "float32", delta: bool = False,
-                 timeout_s: Optional[float] = None):
-        super().__init__(handle)
+                 timeout_s: Optional[float] = None, lora_name: Optional[str] = None):
+        super().__init__(handle, lora_name)
         self.engine_dtype, self.delta, self.timeout_s = engine_dtype, delta, timeout_s
 
     def attach_weight_source(self, source: Any) -> None:
@@ -88,7 +89,7 @@ def start_engine(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir: O
     from slime_ext.engine.sync_deadline import sync_deadline_s
 
     engine = VersionedRemoteEngine(handle, engine_dtype(cfg.rollout.precision) or "float32", cfg.sglang.weight_sync_delta,
-                                   sync_deadline_s(cfg.sglang.weight_sync_timeout_s, model_dir))
+                                   sync_deadline_s(cfg.sglang.weight_sync_timeout_s, model_dir), adapter_name(cfg))
     return RunEngine(lambda: engine, lambda: ray.kill(handle))  # the handle queues calls until the actor is up
 
 
@@ -116,7 +117,7 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
     actors = [ray.remote(EngineServerActor).options(**ray_options(group), runtime_env=env).remote(
         i, s, str(model_dir), threads=cfg.rollout.threads, partner_dir=str(partner_dir) if partner_dir else None,
         log_dir=str(log_dir), dtype=engine_dtype(cfg.rollout.precision), kernel=cfg.rollout.engine_kernel,
-        memory_saver=colocated_sleep(cfg))
+        memory_saver=colocated_sleep(cfg), lora_args=lora_server_args(cfg))
         for i in range(s.num_engines)]
     log.info("starting %d engine server(s); logs in %s", s.num_engines, log_dir)
     started = [a.start.remote() for a in actors]  # every server starts at once; `finish` waits for them
@@ -141,7 +142,8 @@ def _start_servers(cfg: Config, group: ActorGroup, model_dir: Path, partner_dir:
                 client_kwargs.update({"partner_vocab": len(tokenizer)} if sglang_hosts else {"native_partner": True})
             pool = ServerEnginePool(actors, urls, s, str(run_dir / "engine_weights"), client_kwargs=client_kwargs,
                                     engine_dtype=engine_dtype(cfg.rollout.precision) or "float32",
-                                    base_dir=str(model_dir), rank_engines=cfg.cluster.colocate)
+                                    base_dir=str(model_dir), rank_engines=cfg.cluster.colocate,
+                                    lora_name=adapter_name(cfg))
             if s.router and s.num_engines > 1:
                 pool.start_router(log_path=str(log_dir / "router.log"))
             return pool
@@ -189,4 +191,4 @@ def start_scoring_servers(cfg: Config, group: ActorGroup, servers: Any, run_dir:
     return RunEngine(finish, shutdown)
 
 
-__all__ = ["start_engine", "start_scoring_servers", "RunEngine", "VersionedRemoteEngine"]
+__all__ = ["adapter_name", "start_engine", "start_scoring_servers", "RunEngine", "VersionedRemoteEngine"]

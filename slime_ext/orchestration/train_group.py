@@ -215,7 +215,13 @@ class TrainWorker:
             raise RuntimeError(f"the trainer's weights are no longer version {expect_version} "
                                f"(they are {self.weights_version or 'newer: trained since'})")
         with self._awake():
-            stats = push_from_rank(self.trainer, target, bucket_bytes)
+            # adapter sync goes to the engines (embedded actor, tensor servers); the HF export (disk) gets weights
+            if self.trainer.adapters and self.trainer.settings.lora.sync == "adapter" and target.kind != "disk":
+                from slime_ext.engine.lora_sync import push_lora_adapter
+
+                stats = push_lora_adapter(self.trainer, target)  # the adapters alone (train.lora.sync: adapter)
+            else:
+                stats = push_from_rank(self.trainer, target, bucket_bytes)
         if version is not None:
             self.weights_version = version
         return stats

@@ -27,7 +27,7 @@ def trainer_settings(cfg: Any, loss: LossSpec, total_steps: Optional[int] = None
         optimizer_cpu_offload=t.parallel.optimizer_cpu_offload,
         recompute=t.parallel.recompute, seed=cfg.run.seed, routing_replay=t.routing_replay,
         logprob_chunk_mb=t.logprob_chunk_mb,
-        lora=LoRASpec(t.lora.rank, t.lora.alpha, t.lora.dropout, tuple(t.lora.target_modules))
+        lora=LoRASpec(t.lora.rank, t.lora.alpha, t.lora.dropout, tuple(t.lora.target_modules), t.lora.sync)
         if total_steps is None else LoRASpec(),
         global_batch_size=t.global_batch_size, old_logprobs=g.resolved_old_logprobs(
             cfg.minibatches_per_step(), off_policy=cfg.rollout.asynchronous),

@@ -47,7 +47,7 @@ from slime_ext.orchestration.local_endpoints import build_run_method
 from slime_ext.orchestration.async_rollouts import AsyncRollouts, async_rollouts
 from slime_ext.orchestration.placement import actor_groups, build_placement, ray_options
 from slime_ext.orchestration.rollout_manager import ENGINE_EVENTS_KEY, RemoteRolloutManager, RolloutManager
-from slime_ext.orchestration.run_engine import colocated_sleep, start_engine, start_scoring_servers
+from slime_ext.orchestration.run_engine import adapter_name, colocated_sleep, start_engine, start_scoring_servers
 from slime_ext.orchestration.run_logger import RunLogger
 from slime_ext.orchestration.run_dir import (PEAK_RSS_KEY, RunStopped, append_engine_events, engine_event_line,
                                              peak_rss_from_metrics, resume_command, truncate_metrics)
@@ -451,6 +451,8 @@ class TrainingJob:
             with self._stopping("the trainer's setup", ckpt_dir):
                 group.wait_started()
                 self._setup_trainer(group, warm_dir, loss_spec, kl_reference)
+                if adapter_name(cfg):  # the engines hold the base; every request names the adapter from now on
+                    engine.sync_weights(group, INITIAL_VERSION)
             with self._stopping("the warm start evaluation", ckpt_dir):
                 reports = self._warm_start_report(engine, with_eval, resuming=(ckpt_dir / "latest").exists())
             with self._stopping("the rollout manager's start and the resume", ckpt_dir):
@@ -529,7 +531,9 @@ class TrainingJob:
             manager.load_state_dict(extra["manager"])
             engine.sync_weights(group, start)  # step `start` rolls out with version `start`
             log.info("resumed RL at step %d from %s", start, ckpt_dir)
-        elif hasattr(engine, "verify_refit"):  # engine servers: the first sync checked bit for bit (weights_checker)
+        elif hasattr(engine, "verify_refit") and not adapter_name(self.cfg):
+            # engine servers: the first sync checked bit for bit (weights_checker); with adapter sync the engines
+            # keep the base they loaded and get the adapter alone, so there is no full sync to check
             checked = engine.verify_refit(group, INITIAL_VERSION)
             log.info("first weight sync verified on every engine: snapshot, reset, sync, compare (push %.1f s)",
                      checked.get("time/sync_push", 0.0))

@@ -49,3 +49,35 @@ def test_lora_rank_32_passes_the_launchers_dry_run_on_two_gpus_where_full_traini
     assert "cluster: 1 node(s) x 2 GPUs" in lora.stdout and "world=2 TP=2" in lora.stdout
     full = _launcher(tmp_path, "run-qwen3-30B-A3B.sh", "--dry-run", *SMALL, GPUS_PER_NODE="2")
     assert full.returncode == 3 and "grads_fp32 56.89 GiB" in full.stderr
+
+
+def test_adapter_sync_is_refused_where_the_engines_could_not_serve_it():
+    from slime_ext.config import ConfigError, load_config
+    from tests.conftest import CONFIGS
+
+    lora = CONFIGS / "grpo_lora.yaml"
+    servers = ["train.lora.sync=adapter", "rollout.engine=sglang", "cluster.colocate_sleep=false"]
+    assert load_config(lora, servers + ["sglang.weight_sync=tensor"]).config.train.lora.sync == "adapter"
+    refusals = {
+        "train.lora.rank >= 1": ["train.lora.sync=adapter", "train.lora.rank=0"],
+        "sglang.weight_sync=tensor": servers + ["sglang.weight_sync=disk"],
+        "cluster.colocate_sleep=false": ["train.lora.sync=adapter", "rollout.engine=sglang", "sglang.weight_sync=tensor"],
+        "switch adapters mid-response": ["train.lora.sync=adapter", "rollout.max_staleness=1",
+                                         "rollout.partial_rollouts=true"],
+        "sglang.snapshot_every=0": servers + ["sglang.weight_sync=tensor", "sglang.snapshot_every=2"],
+    }
+    for needle, overrides in refusals.items():
+        with pytest.raises(ConfigError, match=needle.replace("+", "\\+")):
+            load_config(lora, overrides)
+    with pytest.raises(ConfigError, match="hold a partner model"):
+        load_config(CONFIGS / "tandem.yaml", ["train.lora.rank=4", "train.lora.sync=adapter"])
+
+
+def test_sglang_engines_are_started_to_serve_the_adapter(tmp_path):
+    plan = build_plan(reference_config(tmp_path, "train.lora.rank=32", "train.lora.sync=adapter",
+                                       "cluster.colocate_sleep=false"))
+    command = plan.rollout.server_command
+    i = command.index("--enable-lora")
+    # Qwen3-30B-A3B: the attention only (its MLPs are routed experts, not adapted)
+    assert command[i:] == ["--enable-lora", "--max-lora-rank", "32", "--lora-target-modules", "k_proj", "o_proj",
+                           "q_proj", "v_proj", "--max-loras-per-batch", "1"]
