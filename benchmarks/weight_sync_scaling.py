@@ -53,7 +53,9 @@ SIZES = {  # name: (hidden, layers, experts, moe_ffn, vocab); 2 KV heads of 64, 
 LAYOUTS = {"tp1ep1": dict(tp=1, ep=1), "tp2ep2": dict(tp=2, ep=2, etp=1, sequence_parallel=True)}
 # colocated: tensor with both sides' sleep; distributed-one-sender: distributed with every expert gathered to the
 # stage's one sender (sglang.expert_senders false), against distributed's sender per EP rank
-PATHS = ("disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender")
+# lora: a LoRA trainer (rank 8 on q/k/v/o, train.lora.sync: adapter) sending the adapter alone
+PATHS = ("disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender", "lora")
+LORA_RANK = 8
 QWEN3_30B_PARAMS = 30.5e9
 QWEN3_30B_EXPERT_PARAMS = 48 * 128 * 3 * 2048 * 768  # layers x experts x (gate, up, down) x hidden x expert FFN
 _CASES = itertools.count(1)
@@ -245,7 +247,13 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
             for w in group.workers]))}
         batch = samples(hf_config(size).vocab_size)
         version = 0
+        base_group, base_pool = group, pool
         for path in paths:
+            group, pool = base_group, base_pool
+            if path == "lora":
+                if not hasattr(pool, "lora_name"):
+                    continue
+                group, pool = lora_case(size, world, sizes, ckpt, group_kwargs, cfg, actor, url, pool_kwargs, work)
             if path == "delta" and not new_api:
                 continue
             if path == "colocated" and not hasattr(pool, "sleep"):
@@ -255,8 +263,8 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                 continue
             extra = {"expert_senders": path != "distributed-one-sender"} if "expert_senders" in type(cfg).model_fields \
                 else {}
-            pool.cfg = cfg.model_copy(update={"weight_sync": kind, **extra, **({"weight_sync_delta": path == "delta"}
-                                                                               if new_api else {})})
+            pool.cfg = cfg.model_copy(update={"weight_sync": "tensor" if path == "lora" else kind, **extra,
+                                              **({"weight_sync_delta": path == "delta"} if new_api else {})})
             if not new_api:
                 pool.weight_sync = weight_sync.make_weight_sync(kind, "127.0.0.1")
                 if kind == "distributed":  # group names must be new in this process for every case
@@ -306,11 +314,33 @@ def run_case(size: str, layout: str, paths: tuple[str, ...], repeats: int, bucke
                     + (f"  sender gathers {out['memory/sync_sender_growth_gather_mib']:.0f} sends "
                        f"{out['memory/sync_sender_growth_send_mib']:.0f} MiB"
                        if "memory/sync_sender_growth_gather_mib" in out else ""))
+            if path == "lora":
+                group.shutdown()
     finally:
         if actor is not None:
             actor.stop()
-        group.shutdown()
+        base_group.shutdown()
     return rows
+
+
+def lora_case(size: str, world: int, sizes: Any, ckpt: Path, group_kwargs: dict, cfg: Any, actor: Any, url: str,
+              pool_kwargs: dict, work: Path) -> tuple[Any, Any]:
+    """A trainer with rank-`LORA_RANK` adapters that sends them alone, and a pool naming the adapter (the same
+    engine server, which keeps the base it holds)."""
+    from megatron_glue.lora import LoRASpec
+    from megatron_glue.trainer import TrainerSettings
+    from slime_ext.engine.lora_sync import LORA_NAME
+    from slime_ext.engine.server_pool import ServerEnginePool
+    from slime_ext.orchestration.placement import ActorGroup, Placement
+    from slime_ext.orchestration.train_group import TrainGroup
+
+    group = TrainGroup(ActorGroup("train", world, {"CPU": 0.01}, [[r] for r in range(world)], "bench"),
+                       Placement({"CPU": 0.01}, world, world, "PACK"), threads=1, **group_kwargs)
+    lora = LoRASpec(rank=LORA_RANK, alpha=2.0 * LORA_RANK, target_modules=("linear_qkv", "linear_proj"), sync="adapter")
+    group.setup(hf_config(size), TrainerSettings(lr=3e-5, micro_batch_size=6, seed=0, lora=lora), sizes, 0, ckpt)
+    pool = ServerEnginePool([actor], [url], cfg.model_copy(update={"weight_sync": "tensor"}),
+                            str(work / f"weights_{size}_lora"), lora_name=LORA_NAME, **pool_kwargs)
+    return group, pool
 
 
 def _shapes(size: str) -> dict:

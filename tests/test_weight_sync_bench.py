@@ -25,7 +25,7 @@ def test_quick_mode_writes_every_path_with_zero_driver_bytes(tmp_path):
                           timeout=580, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     paths = json.loads((tmp_path / "weight_sync_quick.json").read_text())["paths"]
-    assert set(paths) == {"disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender"}
+    assert set(paths) == {"disk", "tensor", "distributed", "delta", "colocated", "distributed-one-sender", "lora"}
     bucket = 512 << 20  # the default sglang.weight_bucket_mb
     for name, p in paths.items():
         assert p["driver_bytes"] == 0 and p["seconds"] > 0, name
@@ -39,3 +39,5 @@ def test_quick_mode_writes_every_path_with_zero_driver_bytes(tmp_path):
     assert paths["colocated"]["engine_released_bytes"] > 0.3 * dense
     assert paths["colocated"]["trainer_offloaded_bytes"] >= 4 * paths["colocated"]["params"]
     assert paths["delta"]["bytes_sent"] < 0.9 * paths["tensor"]["bytes_sent"]  # after a step, most bf16 values stay
+    # the adapter alone: 2 layers x q/k/v/o x (A 8 x 128 + B 128 x 8) fp32 values (hidden 128, 2 heads of 64, 2 KV)
+    assert paths["lora"]["bytes_sent"] == 2 * 4 * (8 * 128 + 128 * 8) * 4 == 65536
