@@ -57,6 +57,11 @@ EXPECTED_HF = {
                           num_local_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
                           rope_parameters=ROPE, rms_norm_eps=1e-6, max_position_embeddings=40960,
                           tie_word_embeddings=False, router_aux_loss_coef=0.001, **MOE_CONSTANTS),
+    # the OPD launcher's teacher (HF Qwen/Qwen3-32B config.json)
+    "qwen3-32b": dict(model_type="qwen3", vocab_size=151936, hidden_size=5120, num_hidden_layers=64,
+                      num_attention_heads=64, num_key_value_heads=8, head_dim=128, intermediate_size=25600,
+                      rope_parameters=ROPE, rms_norm_eps=1e-6, max_position_embeddings=40960,
+                      tie_word_embeddings=False),
 }
 # configs whose tokenizer section sets another vocabulary (already a multiple of 64), by hand
 TOKENIZER_VOCAB = {"grpo_v2.yaml": 640}
