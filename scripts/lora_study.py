@@ -3,7 +3,8 @@
     python scripts/lora_study.py [--seeds 1 2 3] [--ranks 8 32] [--runs runs/lora_study] [--out results/lora] [k=v ...]
 
 Arms: `configs/grpo.yaml` (full training) and `configs/grpo_lora.yaml` at each `--ranks` value
-(`train.lora.rank=<r>`, `train.lora.alpha=2r`: the update's scale alpha / r stays 2), every arm for the job's
+(`train.lora.rank=<r>`, `train.lora.alpha=2r`: the update's scale alpha / r stays 2; `--lora-sync`, default
+adapter: the engine gets the adapters alone), every arm for the job's
 `train.steps` from one SFT warm start (`sft.seed=0`; the full arm's first seed evaluates it). Finished runs are
 skipped, so an interrupted study resumes. Writes to `--out`: `table.md` / `table.json` (held-out mean@4 and greedy,
 the peak RSS of the run's processes, seconds per RL step, bytes sent per weight sync, mean ± std over seeds), the
@@ -28,10 +29,11 @@ from slime_ext.tools.study import command_line, difference_table, run_one, save_
 KEYS = ["mean@4", "greedy", "peak_rss_gib", "seconds_per_step", "sync_mb", "reward_last5"]
 
 
-def arms(ranks: list[int]) -> dict[str, tuple[str, list[str]]]:
+def arms(ranks: list[int], sync: str = "adapter") -> dict[str, tuple[str, list[str]]]:
     out = {"full": ("grpo.yaml", [])}
     for r in ranks:
-        out[f"LoRA r{r}"] = ("grpo_lora.yaml", [f"train.lora.rank={r}", f"train.lora.alpha={2 * r}"])
+        out[f"LoRA r{r}"] = ("grpo_lora.yaml", [f"train.lora.rank={r}", f"train.lora.alpha={2 * r}",
+                                                f"train.lora.sync={sync}"])
     return out
 
 
@@ -66,12 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--lora-sync", choices=["adapter", "merged"], default="adapter",
+                    help="how the LoRA arms refit the engine (train.lora.sync)")
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "lora_study")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "lora")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     command = command_line("lora_study.py", argv)
-    grid = arms(args.ranks)
+    grid = arms(args.ranks, args.lora_sync)
     runs: dict[str, list[Path]] = {a: [] for a in grid}
     for seed in args.seeds:
         for arm, (config, extra) in grid.items():
