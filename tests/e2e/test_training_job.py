@@ -309,6 +309,10 @@ def test_ctrl_c_ends_every_ray_process_and_keeps_the_checkpoint(tmp_path, job_ca
     env = dict(os.environ, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
     proc = _run_cli(job_args(tmp_path, *LONG_RUN, cache=job_cache), env)
     run_dir = _wait_for_steps(tmp_path / "runs", 1, proc)
+    # step 0's row is logged just before its checkpoint is saved: wait for the save, so the interrupt has one to keep
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "latest").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
     started = psutil.Process(proc.pid).children(recursive=True)
     assert any("TrainWorker" in " ".join(p.cmdline()) for p in started)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
