@@ -19,17 +19,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
 from megatron_glue.sharding import rank_parameters, tp_join
+from megatron_glue.weight_export import _all_gather  # the TP gather the weight export does
 from megatron_glue.weight_names import _split, model_dims, param_index
 
 PEFT_PREFIX = "base_model.model."
-
-
-def _gathered(tensor: torch.Tensor, ways: int) -> list[torch.Tensor]:
-    if ways == 1:
-        return [tensor]
-    parts = [torch.empty_like(tensor) for _ in range(ways)]
-    dist.all_gather(parts, tensor.contiguous(), group=mpu.get_tensor_model_parallel_group())
-    return parts
 
 
 def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
@@ -39,6 +32,7 @@ def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
     d = model_dims(trainer.hf_config)
     index = param_index(d)
     out: dict[str, torch.Tensor] = {}
+    tp_group = mpu.get_tensor_model_parallel_group()
     params = rank_parameters(trainer.hf_config, mpu.get_expert_model_parallel_rank(), sizes.ep,
                              mpu.get_pipeline_model_parallel_rank(), sizes.pp)
     for param in params:
@@ -48,9 +42,9 @@ def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
             continue
         a, b = adapter.lora_a.detach().float(), adapter.lora_b.detach().float()
         if adapter.kind == "column":  # B split like the weight's rows
-            b = tp_join(param.full_name, _gathered(b, sizes.tp), trainer.hf_config)
+            b = tp_join(param.full_name, _all_gather(b, tp_group, sizes.tp), trainer.hf_config)
         else:  # A split like the weight's columns
-            a = tp_join(param.full_name, _gathered(a, sizes.tp), trainer.hf_config)
+            a = tp_join(param.full_name, _all_gather(a, tp_group, sizes.tp), trainer.hf_config)
         p = index[param.full_name]
         for hf_name, b_part in zip(p.hf, _split(p, b, dataclasses.replace(d, hidden=adapter.rank))):
             module = PEFT_PREFIX + hf_name.removesuffix(".weight")
