@@ -17,11 +17,18 @@ output, a row-parallel layer its input):
 A is initialised from a generator seeded by `seed` over the whole matrix and each rank keeps its slice, so every
 TP layout starts from the same adapter (TP 2 computes what TP 1 does); B starts at zero, so a new adapter leaves
 the model's output unchanged.
+
+The routed experts (target `experts`: every expert's fc1 and fc2) are adapted when their expert tensor-parallel
+size is 1 (each expert whole on its rank, as in the shipped 30B layout): their adapters are plain
+`B A x` with no collective, and like the expert weights they carry `allreduce = False` under expert parallelism,
+so megatron-core's DDP reduces their gradients over the expert data-parallel group. Experts split over TP
+(expert-TP > 1) would need the dispatcher's explicit communication mirrored in the adapter and are refused.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -62,8 +69,15 @@ class LoRALinear(torch.nn.Module):
             p.requires_grad_(False)
         self.rank, self.scaling = rank, alpha / rank
         self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
-        self.sequence_parallel = bool(getattr(base, "sequence_parallel", False))
-        tp, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
+        self.is_expert = bool(getattr(base, "is_expert", False))
+        group = getattr(base, "tp_group", None)
+        tp = group.size() if group is not None else mpu.get_tensor_model_parallel_world_size()
+        tp_rank = group.rank() if group is not None else mpu.get_tensor_model_parallel_rank()
+        if self.is_expert and tp > 1:
+            raise ValueError(f"train.lora: LoRA on the experts needs expert tensor-parallel size 1 (experts whole on "
+                             f"every rank); this model splits them {tp} ways: set the expert TP size to 1 or leave "
+                             "'experts' out of train.lora.target_modules")
+        self.sequence_parallel = bool(getattr(base, "sequence_parallel", False)) and not self.is_expert
         w = base.weight
         dtype, device = w.dtype, w.device
         if self.kind == "column":
@@ -84,10 +98,16 @@ class LoRALinear(torch.nn.Module):
         self.lora_a.tensor_model_parallel = self.kind == "row"
         self.lora_b.tensor_model_parallel = self.kind == "column"
         self.lora_a.partition_dim, self.lora_b.partition_dim = 1, 0
+        if self.is_expert:  # as the expert's weight: unique on its expert-TP group of one, reduced as it is
+            for p in (self.lora_a, self.lora_b):
+                p.tensor_model_parallel = True
+                p.allreduce = getattr(w, "allreduce", True)
 
     def lora_delta(self, x: torch.Tensor) -> torch.Tensor:
         """The adapter's share of the output, shaped as the base layer's output on this rank."""
         x = self.dropout(x)
+        if self.is_expert:  # whole on this rank: the dispatcher moves the tokens, nothing to reduce
+            return torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_a), self.lora_b) * self.scaling
         if self.kind == "column":
             h = torch.nn.functional.linear(x, self.lora_a)
             h = gather_from_sequence_parallel_region(h) if self.sequence_parallel else \
@@ -108,6 +128,7 @@ class LoRALinear(torch.nn.Module):
 
 
 TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # attention in / out, dense MLP in / out
+EXPERTS = "experts"  # every routed expert's fc1 and fc2
 
 
 @dataclass(frozen=True)
@@ -121,14 +142,37 @@ class LoRASpec:
     sync: str = "merged"  # merged: the engines get the merged model; adapter: the adapters alone (lora_sync.py)
 
 
+def global_module_name(model: torch.nn.Module, name: str) -> str:
+    """`name` with this rank's layer and expert numbers replaced by the model's global ones (a pipeline stage
+    counts its layers from 0, an expert-parallel rank its experts), so every layout names a module alike."""
+    local = name.split(".")
+    parts = list(local)
+    for i in range(1, len(local)):
+        if not local[i].isdigit():
+            continue
+        if local[i - 1] == "layers":
+            parts[i] = str(model.get_submodule(".".join(local[:i + 1])).layer_number - 1)
+        elif local[i - 1] == "local_experts":
+            moe_layer = model.get_submodule(".".join(local[:i - 2]))  # <layer>.mlp (.experts.local_experts.<j>)
+            parts[i] = str(moe_layer.local_expert_indices[int(local[i])])
+    return ".".join(parts)
+
+
 def apply_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> dict[str, LoRALinear]:
-    """Wrap every column / row-parallel linear whose name ends in one of `spec.target_modules` (the routed
-    experts excepted) in an adapter, freezing every other parameter of `model`; returns prefix -> adapter (the
-    prefix as in `model.state_dict()`). Each adapter's A is drawn from `seed` and its position in the model."""
+    """Wrap every column / row-parallel linear whose name ends in one of `spec.target_modules` (outside the
+    routed experts; `experts` adds every expert's fc1 and fc2) in an adapter, freezing every other parameter of
+    `model`; returns prefix -> adapter (the prefix as in `model.state_dict()`). Each adapter's A is drawn from
+    `seed` and its module's global name, so every parallel layout starts from the same adapters."""
     if spec.rank < 1:
         return {}
-    targets = [(name, module) for name, module in model.named_modules()
-               if name.rsplit(".", 1)[-1] in spec.target_modules and ".experts." not in f".{name}."]
+
+    def wanted(name: str) -> bool:
+        leaf = name.rsplit(".", 1)[-1]
+        if ".experts." in f".{name}.":
+            return EXPERTS in spec.target_modules and leaf in ("linear_fc1", "linear_fc2")
+        return leaf in spec.target_modules
+
+    targets = [(name, module) for name, module in model.named_modules() if wanted(name)]
     unsupported = sorted({type(m).__name__ for _, m in targets
                           if not isinstance(m, (ColumnParallelLinear, RowParallelLinear))})
     if unsupported:
@@ -136,14 +180,15 @@ def apply_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> dict[st
                          "(the Transformer Engine layer spec fuses norms into them): LoRA needs the local layer spec")
     if not targets:
         raise ValueError(f"train.lora.target_modules = {list(spec.target_modules)}: no such linear layer in the "
-                         "model (the routed experts are not adapted)")
+                         "model (the routed experts are the target 'experts')")
     for p in model.parameters():
         p.requires_grad_(False)
     adapters: dict[str, LoRALinear] = {}
-    for i, (name, module) in enumerate(targets):
+    for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        adapter = LoRALinear(module, spec.rank, spec.alpha, spec.dropout, seed=seed * 100_003 + i)
+        position = zlib.crc32(global_module_name(model, name).encode())
+        adapter = LoRALinear(module, spec.rank, spec.alpha, spec.dropout, seed=seed * 100_003 + position)
         setattr(parent, child, adapter)
         adapters[name] = adapter
     return adapters
@@ -180,4 +225,5 @@ def raw_names(state: dict[str, torch.Tensor], adapters: dict[str, LoRALinear]) -
     return out
 
 
-__all__ = ["LoRALinear", "LoRASpec", "TARGET_MODULES", "apply_lora", "canonical_state", "raw_names"]
+__all__ = ["EXPERTS", "LoRALinear", "LoRASpec", "TARGET_MODULES", "apply_lora", "canonical_state", "global_module_name",
+           "raw_names"]

@@ -41,7 +41,9 @@ def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
         if adapter is None or not param.local_name.endswith(".weight"):
             continue
         a, b = adapter.lora_a.detach().float(), adapter.lora_b.detach().float()
-        if adapter.kind == "column":  # B split like the weight's rows
+        if adapter.is_expert:  # whole on its rank (expert-TP 1, lora.py); its global name names its expert
+            pass
+        elif adapter.kind == "column":  # B split like the weight's rows
             b = tp_join(param.full_name, _all_gather(b, tp_group, sizes.tp), trainer.hf_config)
         else:  # A split like the weight's columns
             a = tp_join(param.full_name, _all_gather(a, tp_group, sizes.tp), trainer.hf_config)
@@ -54,14 +56,18 @@ def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
 
 
 HF_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
-              "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+              "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",),
+              "experts": ("gate_proj", "up_proj", "down_proj")}  # per expert: mlp.experts.{e}.gate_proj ...
 
 
 def gathered_adapter(trainer: Any) -> Optional[dict[str, torch.Tensor]]:
     """Every stage's adapters under PEFT names on global rank 0 (None elsewhere). Collective: every rank calls it
-    (TP gathers, then one all-gather of the stages' first TP and data-parallel rank's tensors)."""
+    (TP gathers, then one all-gather: each stage's dense adapters from its first TP and data-parallel rank, each
+    EP rank's expert adapters from its first expert-TP and expert-data-parallel rank)."""
     state = adapter_state(trainer)
-    mine = state if mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_data_parallel_rank() == 0 else {}
+    dense_sender = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_data_parallel_rank() == 0
+    expert_sender = mpu.get_expert_tensor_parallel_rank() == 0 and mpu.get_expert_data_parallel_rank() == 0
+    mine = {k: v for k, v in state.items() if (expert_sender if ".mlp.experts." in k else dense_sender)}
     if dist.is_initialized() and dist.get_world_size() > 1:
         parts: list = [None] * dist.get_world_size()
         dist.all_gather_object(parts, mine)

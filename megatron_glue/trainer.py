@@ -138,6 +138,9 @@ class MegatronTrainer:
             self.tconfig,
             pre_process=mpu.is_pipeline_first_stage(),
             post_process=mpu.is_pipeline_last_stage(),
+            # LoRA wraps megatron-core's own linear layers: Transformer Engine's spec fuses the norm into q/k/v and
+            # fc1, so an adapter there would see the un-normalised input. LoRA runs the local spec on GPUs too.
+            use_te=False if settings.lora.rank else None,
         )
         # LoRA: the adapters are the only trainable parameters, so DDP and the optimizer hold nothing for the rest
         self.adapters = apply_lora(model, settings.lora, seed=settings.seed)

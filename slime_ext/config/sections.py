@@ -523,8 +523,9 @@ class LoRAConfig(Section):
     rank: int = Field(0, ge=0)
     alpha: float = Field(16.0, gt=0)  # the update is scaled by alpha / rank
     dropout: float = Field(0.0, ge=0, lt=1)  # on the adapter's input
-    # attention input (q/k/v) and output, dense MLP input and output; the routed experts are not adapted
-    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+    # attention input (q/k/v) and output, dense MLP input and output; "experts": every routed expert's fc1 and fc2
+    # (needs train.parallel.expert_tensor_parallel_size 1, or TP 1)
+    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "experts"]] = Field(
         default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], min_length=1)
     # How the engines get the policy after each step: "merged" sends the merged weights (the whole model, any
     # engine or transport); "adapter" sends the adapters alone (SGLang's /load_lora_adapter_from_tensors, megabytes)
@@ -532,7 +533,15 @@ class LoRAConfig(Section):
     sync: Literal["merged", "adapter"] = "merged"
 
     def check_run(self, config: Any) -> None:
-        """Adapter sync: an adapter to send, one tensor transport, and no engine feature it cannot serve."""
+        """Expert adapters: experts whole on their ranks. Adapter sync: an adapter to send, one tensor transport,
+        and no engine feature it cannot serve."""
+        parallel = config.train.parallel
+        expert_tp = parallel.expert_tensor_parallel_size or parallel.tensor_model_parallel_size
+        if self.rank and "experts" in self.target_modules and expert_tp > 1:
+            raise ConfigCheckError(f"train.lora.target_modules names 'experts' but the experts are split {expert_tp} "
+                                   "ways over tensor parallelism: LoRA on the experts needs them whole on every rank "
+                                   "(set train.parallel.expert_tensor_parallel_size=1)",
+                                   ("train.lora.target_modules", "train.parallel.expert_tensor_parallel_size"))
         if self.sync != "adapter":
             return
         if self.rank < 1:

@@ -58,7 +58,7 @@ def lora_server_args(cfg: Any) -> list[str]:
     if adapter_name(cfg) is None:
         return []
     targets = tuple(cfg.train.lora.target_modules)
-    if cfg.model.arch == "qwen3_moe":  # its MLPs are routed experts, which get no adapter
+    if cfg.model.arch == "qwen3_moe":  # its MLPs are routed experts: adapted only under the target "experts"
         targets = tuple(t for t in targets if t not in ("linear_fc1", "linear_fc2"))
     return sglang_lora_args(cfg.train.lora.rank, targets)
 

@@ -169,7 +169,8 @@ def activation_bytes(shape: ModelShape, layout: TrainerLayout, tokens: int, chun
 def lora_params_per_rank(shape: ModelShape, layout: TrainerLayout, rank: int, targets: tuple[str, ...]) -> int:
     """Adapter parameters on one GPU of the heaviest stage (`train.lora`): per layer and target, A [r, in] and
     B [out, r], the TP-split side divided by TP (column layers split B, row layers A). The dense MLP's fc1 is the
-    fused gate and up projection (2 x ffn wide); MoE layers have no dense MLP and their experts no adapters."""
+    fused gate and up projection (2 x ffn wide); MoE layers have no dense MLP (their experts' adapters:
+    `lora_expert_params_per_rank`)."""
     if rank < 1:
         return 0
     h, tp = shape.hidden, layout.tp
@@ -177,14 +178,26 @@ def lora_params_per_rank(shape: ModelShape, layout: TrainerLayout, rank: int, ta
     dense = shape.num_experts == 0
     per_layer = {"linear_qkv": h + (q + 2 * kv) / tp, "linear_proj": q / tp + h,
                  "linear_fc1": (h + 2 * ffn / tp) if dense else 0, "linear_fc2": (ffn / tp + h) if dense else 0}
-    return math.ceil(shape.num_layers // layout.pp * rank * sum(per_layer[t] for t in targets))
+    return math.ceil(shape.num_layers // layout.pp * rank * sum(per_layer.get(t, 0) for t in targets))
+
+
+def lora_expert_params_per_rank(shape: ModelShape, layout: TrainerLayout, rank: int, targets: tuple[str, ...]) -> int:
+    """Expert adapter parameters on one GPU of the heaviest stage (target `experts`, expert-TP 1): every local
+    expert (E / EP of them) of every layer has fc1 (A [r, h], B [2 x moe_ffn, r]) and fc2 (A [r, moe_ffn],
+    B [h, r]), whole."""
+    if rank < 1 or "experts" not in targets or not shape.num_experts:
+        return 0
+    h, ffn = shape.hidden, shape.moe_ffn
+    per_expert = rank * ((h + 2 * ffn) + (ffn + h))
+    return shape.num_layers // layout.pp * shape.num_experts // layout.ep * per_expert
 
 
 def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chunk_mb: float,
-                   tokens: Optional[int] = None, lora_params: int = 0) -> TrainerMemory:
+                   tokens: Optional[int] = None, lora_params: int = 0, lora_expert_params: int = 0) -> TrainerMemory:
     """Per-rank trainer memory for micro-batches of `tokens` (default `max_tokens_per_gpu`); fits is None on CPU
-    runs (host RAM, no GPU limit). `lora_params` (adapters on this rank, `lora_params_per_rank`): LoRA RL,
-    where only the adapters have gradients and optimizer state."""
+    runs (host RAM, no GPU limit). `lora_params` (adapters on this rank, `lora_params_per_rank`) and
+    `lora_expert_params` (the experts' adapters, `lora_expert_params_per_rank`): LoRA RL, where only the adapters
+    have gradients and optimizer state (the experts' sharded over the expert data-parallel group)."""
     tokens = tokens or layout.max_tokens_per_gpu
     tp_split, replicated, experts = local_param_counts(shape.split, layout)
     local = tp_split + replicated + experts
@@ -192,9 +205,9 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chu
     opt_per_param = (4 if bf16 else 0) + 8
     dense_div = layout.dp if layout.distributed_optimizer else 1
     expert_div = layout.expert_dp if layout.distributed_optimizer else 1
-    if lora_params:  # the frozen base holds weights only; adapters are dense (DP-sharded) parameters
-        optimizer = opt_per_param * lora_params / dense_div
-        trained = lora_params
+    if lora_params or lora_expert_params:  # the frozen base holds weights only
+        optimizer = opt_per_param * (lora_params / dense_div + lora_expert_params / expert_div)
+        lora_params = trained = lora_params + lora_expert_params
     else:
         optimizer = opt_per_param * ((tp_split + replicated) / dense_div + experts / expert_div)
         trained = local

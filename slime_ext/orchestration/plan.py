@@ -25,7 +25,8 @@ from slime_ext.config.loader import ConfigError, load_config
 from slime_ext.config.schema import Config
 from slime_ext.methods.registry import method_name
 from slime_ext.orchestration.memory_model import (colocated_problems, embedded_engine_memory, engine_memory,
-                                                  lora_params_per_rank, over_memory_problems, trainer_memory)
+                                                  lora_expert_params_per_rank, lora_params_per_rank,
+                                                  over_memory_problems, trainer_memory)
 from slime_ext.orchestration.placement import actor_groups, build_placement
 from slime_ext.orchestration.plan_format import format_plan
 from slime_ext.orchestration.plan_layout import PlanError, build_layout, build_rollout, layout_warnings
@@ -52,8 +53,10 @@ def build_plan(config: Config, gpu_memory_gib: Optional[float] = None) -> Plan:
         warnings.append(f"one sequence (rollout.max_prompt_len + max_response_len = {seq}) exceeds "
                         f"train.parallel.max_tokens_per_gpu = {layout.max_tokens_per_gpu}: such samples train alone")
     lora = config.train.lora
+    targets = tuple(lora.target_modules)
     tmem = trainer_memory(shape, layout, gpu_memory_gib, config.train.logprob_chunk_mb, tokens,
-                          lora_params_per_rank(shape, layout, lora.rank, tuple(lora.target_modules)))
+                          lora_params_per_rank(shape, layout, lora.rank, targets),
+                          lora_expert_params_per_rank(shape, layout, lora.rank, targets))
     emem = engine_memory(shape, config, rollout, gpu_memory_gib)
     problems = over_memory_problems(tmem, emem, gpu_memory_gib, config.cluster.host_memory_gib, seq)
     problems += colocated_problems(tmem, emem, gpu_memory_gib, colocate=config.cluster.colocate,

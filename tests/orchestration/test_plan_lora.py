@@ -81,3 +81,45 @@ def test_sglang_engines_are_started_to_serve_the_adapter(tmp_path):
     # Qwen3-30B-A3B: the attention only (its MLPs are routed experts, not adapted)
     assert command[i:] == ["--enable-lora", "--max-lora-rank", "32", "--lora-target-modules", "k_proj", "o_proj",
                            "q_proj", "v_proj", "--max-loras-per-batch", "1"]
+
+
+EXPERTS = "train.lora.target_modules=[linear_qkv,linear_proj,experts]"
+
+
+def test_expert_adapters_by_hand(tmp_path):
+    from slime_ext.orchestration.memory_model import lora_expert_params_per_rank
+
+    attention = build_plan(reference_config(tmp_path, "train.lora.rank=32", "train.parallel.optimizer_cpu_offload=false"))
+    plan = build_plan(reference_config(tmp_path, "train.lora.rank=32", "train.parallel.optimizer_cpu_offload=false",
+                                       EXPERTS))
+    assert (plan.layout.ep, plan.layout.etp, plan.layout.dp, plan.layout.expert_dp) == (8, 1, 2, 1)
+    # 48 layers x 128 / EP 8 = 16 local experts, each fc1 A [32, 2048] + B [2 x 768, 32] and fc2 A [32, 768] +
+    # B [2048, 32], whole (expert-TP 1)
+    experts = 48 * 16 * 32 * ((2048 + 2 * 768) + (768 + 2048))
+    assert lora_expert_params_per_rank(plan.model, plan.layout, 32, ("linear_qkv", "experts")) == experts == 157_286_400
+    assert lora_expert_params_per_rank(plan.model, plan.layout, 32, ("linear_qkv",)) == 0
+    dense = 9_830_400  # the attention adapters (test above)
+    t = plan.trainer_memory
+    assert t.lora_params == dense + experts
+    assert t.components_gib["grads_fp32"] == pytest.approx(4 * (dense + experts) / GIB, abs=1e-3)
+    # Adam's state: the attention adapters sharded over DP 2, the experts' over expert-DP 1
+    assert t.components_gib["optimizer"] == pytest.approx(12 * (dense / 2 + experts) / GIB, abs=1e-3)
+    assert t.total_gib == pytest.approx(attention.trainer_memory.total_gib + (2 + 4 + 12) * experts / GIB, abs=5e-3)
+
+
+def test_expert_adapters_are_served_and_refused_where_experts_are_split():
+    from slime_ext.config import ConfigError, load_config
+    from slime_ext.engine.lora_sync import lora_server_args
+    from tests.conftest import CONFIGS
+
+    lora = CONFIGS / "grpo_lora.yaml"
+    cfg = load_config(lora, [EXPERTS, "train.lora.sync=adapter", "rollout.engine=sglang", "cluster.colocate_sleep=false",
+                             "sglang.weight_sync=tensor", "model.arch=qwen3_moe"]).config
+    args = lora_server_args(cfg)
+    i = args.index("--lora-target-modules")
+    assert args[i + 1:i + 8] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    with pytest.raises(ConfigError, match="expert_tensor_parallel_size=1"):
+        load_config(lora, [EXPERTS, "train.parallel.tensor_model_parallel_size=2"])
+    split = load_config(lora, [EXPERTS, "train.parallel.tensor_model_parallel_size=2",
+                               "train.parallel.expert_tensor_parallel_size=1"]).config
+    assert "experts" in split.train.lora.target_modules

@@ -106,3 +106,35 @@ def test_the_server_loads_serves_and_unloads_an_adapter_through_the_client(model
         client.unload_lora_adapter("policy-v1")
         code, body = call(srv.url, "/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}})
         assert code == 200
+
+
+def test_expert_adapters_merge_into_each_experts_projection(model_dir):
+    """PEFT names per expert (`mlp.experts.{e}.gate_proj` ..., as the trainer's export writes them) merge into the
+    engine's expert weights (stacked in the HF model): the scores equal a model given W + (alpha / r) B A for those
+    weights as a plain weight update."""
+    torch.set_num_threads(1)
+    engine = EmbeddedEngine.from_pretrained(str(model_dir))
+    cfg = engine.model.config
+    gen = torch.Generator().manual_seed(4)
+    named, updates = [], []
+    scale = CONFIG["lora_alpha"] / CONFIG["r"]
+    for layer in range(cfg.num_hidden_layers):
+        for e in (0, cfg.num_experts - 1):
+            for proj, (out_f, in_f) in {"gate_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
+                                        "up_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
+                                        "down_proj": (cfg.hidden_size, cfg.moe_intermediate_size)}.items():
+                module = f"model.layers.{layer}.mlp.experts.{e}.{proj}"
+                a = torch.randn(CONFIG["r"], in_f, generator=gen) * 0.5
+                b = torch.randn(out_f, CONFIG["r"], generator=gen) * 0.5
+                named += [(f"base_model.model.{module}.lora_A.weight", a), (f"base_model.model.{module}.lora_B.weight", b)]
+                updates.append((f"{module}.weight", engine.parameter(f"{module}.weight").detach() + scale * b @ a))
+    reference = EmbeddedEngine.from_pretrained(str(model_dir))
+    reference.update_weights_from_tensor(updates)
+    base_scores = engine.score(SEQS, STARTS, "policy")
+    assert engine.load_lora_adapter("experts", CONFIG, named) == len(updates)
+    scores = engine.score(SEQS, STARTS, "policy")
+    assert scores != base_scores
+    for got, want in zip(scores, reference.score(SEQS, STARTS, "policy")):
+        assert got == pytest.approx(want, abs=1e-5)
+    engine.unload_lora_adapter("experts")
+    assert engine.score(SEQS, STARTS, "policy") == base_scores
