@@ -23,7 +23,12 @@ def push_lora_adapter(trainer: Any, target: Any) -> Optional[dict]:
     tensors = gathered_adapter(trainer)
     if tensors is None:
         return None
-    config = peft_config(trainer.settings.lora, tensors)
+    return send_lora_adapter(tensors, peft_config(trainer.settings.lora, tensors), target)
+
+
+def send_lora_adapter(tensors: dict[str, Any], config: dict, target: Any) -> dict:
+    """The PEFT adapter `tensors` (with its adapter_config.json `config`) to `target`'s engines under `LORA_NAME`,
+    replacing the version they hold (a restarted engine holds none); returns the sync's counts."""
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     if target.kind == "embedded":
         import ray
@@ -41,7 +46,7 @@ def push_lora_adapter(trainer: Any, target: Any) -> Optional[dict]:
                                         **target.client_kwargs)
             try:  # SGLang refuses a second adapter under a loaded name: the previous version goes first
                 client.unload_lora_adapter(LORA_NAME)
-            except Exception:  # noqa: BLE001 - nothing loaded yet (the first sync)
+            except Exception:  # noqa: BLE001 - nothing loaded yet (the first sync, a restarted engine)
                 pass
             client.load_lora_adapter_from_tensors(LORA_NAME, config, named)
     return {"tensors": len(tensors), "bytes_sent": nbytes, "bytes_full": nbytes, "buckets": 1, "elements":
@@ -72,4 +77,5 @@ def sglang_lora_args(rank: int, targets: tuple[str, ...]) -> list[str]:
             "--max-loras-per-batch", "1"]
 
 
-__all__ = ["LORA_NAME", "adapter_name", "lora_server_args", "push_lora_adapter", "sglang_lora_args"]
+__all__ = ["LORA_NAME", "adapter_name", "lora_server_args", "push_lora_adapter", "send_lora_adapter",
+           "sglang_lora_args"]

@@ -242,7 +242,8 @@ class ServerEnginePool:
             except Exception as exc:  # noqa: BLE001 - a restart that fails is a lost engine
                 raise EngineUnavailable(f"engine {e} ({self.urls[e]}) could not be restarted: {exc}") from exc
             self.new_generation()
-            if snapshot_version != version:
+            # an engine that serves an adapter (train.lora.sync: adapter) comes back with the base alone
+            if snapshot_version != version or self.lora_name is not None:
                 self.bring_current(e, version)
             self.restarts += 1
             self._note_restart(e, used + 1, reason)

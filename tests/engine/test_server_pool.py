@@ -358,3 +358,53 @@ def test_a_server_that_stops_answering_is_restarted(model_dir, tmp_path):
     finally:
         actor.stop()
 
+
+
+class _AdapterSource:
+    """What the train group pushes under `train.lora.sync: adapter`: the adapter alone, to the target's engines."""
+
+    def __init__(self, tensors: dict, config: dict):
+        self.tensors, self.config, self.pushes = tensors, config, 0
+
+    def push_weights(self, target, version=None, expect_version=None) -> list[dict]:
+        from slime_ext.engine.lora_sync import send_lora_adapter
+
+        self.pushes += 1
+        return [send_lora_adapter(self.tensors, self.config, target)]
+
+
+def test_a_restarted_engine_that_served_an_adapter_gets_it_back(model_dir, tmp_path):
+    """train.lora.sync = adapter: the engines keep the base and hold the adapter. A killed server comes back with
+    the base alone, at the version it started with (the adapter's first load is that version too), so the pool
+    sends it the adapter again before the failed requests go out again: the same tokens as before the kill."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_ext.engine.engine_server import INITIAL_VERSION
+    from slime_ext.engine.lora_sync import LORA_NAME
+    from slime_ext.tokenizer import load_tokenizer
+    from tests.serving.test_lora_serving import CONFIG, adapter
+
+    cfg = SGLangConfig(num_engines=1, max_restarts=1, startup_timeout_s=120, request_timeout_s=60,
+                       weight_sync="tensor")
+    actor = EngineServerActor(0, cfg, str(model_dir), log_dir=str(tmp_path))
+    try:
+        url = actor.start()
+        tok = load_tokenizer(model_dir)
+        pool = ServerEnginePool([actor], [url], cfg, str(tmp_path / "w"), base_dir=str(model_dir),
+                                client_kwargs={"eos_token_id": tok.eos_token_id, "tokenizer_path": str(model_dir)},
+                                lora_name=LORA_NAME)
+        source = _AdapterSource(dict(adapter(AutoModelForCausalLM.from_pretrained(str(model_dir)),
+                                             ("q_proj", "v_proj"), seed=1)), CONFIG)
+        pool.attach_weight_source(source)
+        pool.sync_weights(source, INITIAL_VERSION)
+        reference = pool.generate(_requests(n_prompts=2, n=2, max_new=24, tag="lora"))
+        assert all(r.finish_reason != "failed" for r in reference)
+        pid = actor.pid()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        results = pool.generate(_requests(n_prompts=2, n=2, max_new=24, tag="lora"))
+        assert actor.pid() != pid and actor.restart_count() == 1 and source.pushes == 2
+        assert all(r.finish_reason != "failed" for r in results)
+        assert [r.output_ids for r in results] == [r.output_ids for r in reference]
+    finally:
+        actor.stop()
