@@ -10,6 +10,10 @@ device is moved to the host and back here, and only what this module moved: Mega
 `restore_from_cpu` sends every host tensor to CUDA, which would pull `optimizer_cpu_offload`'s host state onto
 the GPU. On a machine without CUDA the same calls run (the staging copy is plain, not pinned, host memory),
 so the order and the bytes are tested on CPU.
+
+Frozen parameters (LoRA's base weights, `megatron_glue/lora.py`) are in no DDP buffer: DDP buffers only what
+trains. They leave the device with the optimizer state, so a colocated LoRA rank frees what a full-training rank
+frees and the plan's max(trainer, engine) holds for both.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class TrainerSleep:
         # are the model's own), which the buffers' offload empties below
         in_buffers = {data.untyped_storage().data_ptr() for buffer in _buffers(self.trainer)
                       for data in (buffer.param_data, buffer.grad_data) if data is not None}
-        moved = self._optimizer_state_to_host(in_buffers)
+        moved = self._optimizer_state_to_host(in_buffers) + self._frozen_weights_to_host(in_buffers)
         for buffer in _buffers(self.trainer):
             for data in (buffer.param_data, buffer.grad_data):
                 if data is not None:
@@ -111,6 +115,26 @@ class TrainerSleep:
         return moved
 
 
+    def _frozen_weights_to_host(self, in_buffers: set[int]) -> int:
+        """The model's parameters outside the DDP buffers (`frozen_weights`) to the host, returned by `onload`."""
+        device = _device_of(self.trainer)
+        if device.type == "cpu":
+            return 0
+        moved = 0
+        for p in frozen_weights(self.trainer, in_buffers):
+            if p.device == device:
+                moved += p.numel() * p.element_size()
+                p.data = p.data.to("cpu")
+                self._moved.append((_ParamData(p), "data", device))
+        return moved
+
+
+def frozen_weights(trainer: Any, in_buffers: set[int]) -> list[torch.Tensor]:
+    """Parameters whose storage no DDP buffer holds (`in_buffers`: the buffers' storage pointers): with LoRA the
+    frozen base, in full training none."""
+    return [p for p in trainer.model.module.parameters() if p.untyped_storage().data_ptr() not in in_buffers]
+
+
 class _ParamData:
     """`container[key]` access to a parameter's `.data`, so moved parameters and state return the same way."""
 
@@ -124,4 +148,4 @@ class _ParamData:
         self.param.data = value
 
 
-__all__ = ["TrainerSleep"]
+__all__ = ["TrainerSleep", "frozen_weights"]

@@ -60,3 +60,39 @@ def test_a_call_that_reaches_an_offloaded_rank_wakes_it_for_the_call_and_sends_i
     assert awake.keys() == asleep.keys() and all(torch.equal(awake[k], asleep[k]) for k in awake)
     buffers = list(worker.trainer.model.buffers)
     assert worker._sleep.asleep and all(b.grad_data.untyped_storage().nbytes() == 0 for b in buffers)
+
+
+def _buffer_storage(trainer) -> set[int]:
+    buffers = list(trainer.model.buffers) + list(trainer.model.expert_parallel_buffers)
+    return {d.untyped_storage().data_ptr() for b in buffers for d in (b.param_data, b.grad_data) if d is not None}
+
+
+def test_lora_s_frozen_base_is_what_sleep_moves_beside_the_buffers():
+    """DDP buffers only what trains: with LoRA the base weights sit outside every buffer, and the sleep moves them
+    to the host with the optimizer state (on a GPU; here their selection), so a colocated LoRA rank frees its base.
+    In full training every parameter is in a buffer and nothing else moves. A LoRA rank that sleeps between steps
+    trains to the same bits."""
+    from megatron_glue.lora import LoRASpec
+    from megatron_glue.trainer_sleep import frozen_weights
+
+    full = make_trainer()
+    assert frozen_weights(full, _buffer_storage(full)) == []
+    spec = LoRASpec(rank=4, alpha=8.0)
+    awake, sleeper = make_trainer(lora=spec), make_trainer(lora=spec)
+    with torch.no_grad():  # the same starting weights
+        for (_, a), (_, b) in zip(awake.model.module.named_parameters(), sleeper.model.module.named_parameters()):
+            b.copy_(a)
+    frozen = frozen_weights(sleeper, _buffer_storage(sleeper))
+    base = [p for n, p in sleeper.model.module.named_parameters() if n.rpartition(".")[2] not in ("lora_a", "lora_b")]
+    assert len(frozen) == len(base) > 0 and all(any(f is p for p in base) for f in frozen)
+    sleep = TrainerSleep(sleeper)
+    adapters = sum(p.numel() for p in sleeper.model.module.parameters() if p.requires_grad)
+    for step in range(2):
+        samples = make_samples(seed=step)
+        awake.train_step(samples, kind="grpo")
+        sleep.onload()
+        sleeper.train_step(samples, kind="grpo")
+        moved = sleep.offload()
+        assert 4 * adapters <= moved <= 8 * adapters * 1.05 + 4096  # the adapters' buffers only (no base on CPU)
+    sleep.onload()
+    assert all(torch.equal(a, b) for a, b in zip(_params(awake).values(), _params(sleeper).values()))
