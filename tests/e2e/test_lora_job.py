@@ -48,21 +48,29 @@ def test_grpo_lora_job_moves_only_the_adapted_layers(tmp_path):
         assert (before[name].float() + delta - after[name].float()).abs().max() < 1e-5, name
 
 
-@pytest.mark.parametrize("engine", ["embedded", "sglang"])
+# the experts' adapters in PEFT's layout: 8 experts x 2 layers, each gate, up and down A [8, 64] + B [64, 8]
+EXPERT_VALUES = 8 * 2 * 3 * (8 * 64 + 64 * 8)
+
+
+@pytest.mark.parametrize("engine", ["embedded", "sglang", "embedded-experts"])
 def test_adapter_sync_sends_the_adapters_alone_and_the_engine_serves_the_trained_policy(tmp_path, engine):
     """train.lora.sync = adapter: each sync sends the PEFT adapter (q/k/v/o of 2 layers at rank 8, hidden 64, 4
     heads and 2 KV heads of 32: per layer q 8 x 64 + 128 x 8, k and v 8 x 64 + 64 x 8, o 8 x 128 + 64 x 8 = 5120
-    fp32 values: 40960 bytes a sync), every request names it, and the engine then serves what the trainer
-    trains: its logprobs agree with the trainer's at every step (fp32 both), as they would with merged weights."""
+    fp32 values: 40960 bytes a sync; with the experts adapted `EXPERT_VALUES` more), every request names it, and
+    the engine then serves what the trainer trains: its logprobs agree with the trainer's at every step (fp32
+    both), as they would with merged weights."""
     from slime_ext.orchestration.driver import main
 
     servers = ["rollout.engine=sglang", "sglang.num_engines=1", "sglang.weight_sync=tensor",
                "cluster.colocate_sleep=false"] if engine == "sglang" else []
+    experts = engine.endswith("experts")
+    if experts:
+        servers = ["train.lora.target_modules=[linear_qkv,linear_proj,experts]"]
     assert main([str(CONFIGS / "grpo_lora.yaml"), f"run.output_dir={tmp_path / 'runs'}",
                  f"run.cache_dir={tmp_path / 'cache'}", *TINY, "sft.steps=3", "train.steps=3",
                  "run.stages=[data,tokenizer,sft,rl]", "train.lora.sync=adapter", *servers]) == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert all(r["sync/bytes_sent"] == 2 * 5120 * 4 for r in rows)
+    assert all(r["sync/bytes_sent"] == (2 * 5120 + experts * EXPERT_VALUES) * 4 for r in rows)
     assert all(r["train/mismatch/abs_diff_mean"] < 1e-4 for r in rows[1:])  # steps after a trained adapter
