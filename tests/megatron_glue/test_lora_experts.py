@@ -12,6 +12,8 @@ from megatron_glue.lora import LoRASpec
 from megatron_glue.model_provider import ParallelSizes
 from megatron_glue.trainer import MegatronTrainer, TrainerSettings
 from tests.megatron_fixtures import single_process_parallel_state, tiny_moe_config
+from tests.megatron_glue.test_lora_trainer import assert_adapter_reproduces, exported_adapter
+from tests.megatron_glue.test_lora_trainer import make as make_trainer
 from tests.megatron_glue.test_trainer import make_samples
 
 EXPERT_SPEC = LoRASpec(rank=4, alpha=8.0, target_modules=("linear_qkv", "experts"))
@@ -22,10 +24,8 @@ def _parallel_state():
     single_process_parallel_state(seed=3)
 
 
-def make(lora: LoRASpec = EXPERT_SPEC, **kw) -> MegatronTrainer:
-    torch.manual_seed(0)
-    settings = TrainerSettings(**({"lr": 1e-2, "micro_batch_size": 3, "clip_grad": 0.0, "lora": lora} | kw))
-    return MegatronTrainer(tiny_moe_config(), settings, ParallelSizes())
+def make(lora: LoRASpec = EXPERT_SPEC) -> MegatronTrainer:
+    return make_trainer(lora, tiny_moe_config())
 
 
 def _train_b(trainer: MegatronTrainer, seed: int = 0) -> None:
@@ -86,13 +86,6 @@ def test_grouped_experts_with_adapters_equal_the_per_expert_loop(monkeypatch):
 
 
 def test_the_merged_export_and_the_peft_adapter_carry_the_expert_updates(tmp_path):
-    import json
-
-    from safetensors.torch import load_file
-
-    from megatron_glue.lora_export import write_peft_adapter
-    from megatron_glue.weight_export import export_hf_state_dict
-
     trainer = make()
     _train_b(trainer)
     plain = make(LoRASpec())
@@ -101,23 +94,12 @@ def test_the_merged_export_and_the_peft_adapter_carry_the_expert_updates(tmp_pat
     a, b = trainer.compute_logprobs(samples)["logprobs"], plain.compute_logprobs(samples)["logprobs"]
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
-    write_peft_adapter(trainer, tmp_path, base_model="warm")
-    merged = export_hf_state_dict(trainer)
-    with torch.no_grad():
-        for adapter in trainer.adapters.values():
-            adapter.lora_b.zero_()
-    base = export_hf_state_dict(trainer)
-    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    config, adapter, base, merged = exported_adapter(trainer, tmp_path)
     assert config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "q_proj", "up_proj", "v_proj"]
-    adapter = load_file(tmp_path / "adapter_model.safetensors")
     cfg = tiny_moe_config()
     assert len(adapter) == 2 * cfg.num_hidden_layers * (3 + 3 * cfg.num_experts)
     assert "base_model.model.model.layers.1.mlp.experts.3.down_proj.lora_B.weight" in adapter
-    scale = config["lora_alpha"] / config["r"]
-    for key in (k for k in adapter if k.endswith("lora_A.weight")):
-        module = key.removesuffix(".lora_A.weight").removeprefix("base_model.model.")
-        update = adapter[key.replace("lora_A", "lora_B")] @ adapter[key]
-        assert torch.allclose(base[f"{module}.weight"] + scale * update, merged[f"{module}.weight"], atol=1e-6), module
+    assert_adapter_reproduces(config, adapter, base, merged)
 
 
 def test_lora_builds_the_local_layer_spec_where_transformer_engine_loads(monkeypatch):

@@ -4,6 +4,8 @@ a checkpoint resumes exactly, and a new adapter changes nothing until it trains.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -22,10 +24,11 @@ def _parallel_state():
     single_process_parallel_state(seed=3)
 
 
-def make(lora: LoRASpec = SPEC, **kw) -> MegatronTrainer:
+def make(lora: LoRASpec = SPEC, hf_config: Any = None, **kw) -> MegatronTrainer:
+    """A one-process trainer with `lora` on `hf_config` (default: the tiny dense model)."""
     torch.manual_seed(0)
     settings = TrainerSettings(**({"lr": 1e-2, "micro_batch_size": 3, "clip_grad": 0.0, "lora": lora} | kw))
-    return MegatronTrainer(tiny_dense_config(), settings, ParallelSizes())
+    return MegatronTrainer(hf_config or tiny_dense_config(), settings, ParallelSizes())
 
 
 def test_only_the_adapters_train_and_hold_optimizer_state():
@@ -86,9 +89,9 @@ def test_bad_targets_are_refused():
         make(LoRASpec(rank=4, target_modules=("linear_nothing",)))
 
 
-def test_the_peft_adapter_reproduces_the_merged_hf_weights(tmp_path):
-    """adapter_model.safetensors in PEFT's layout: per HF module (q/k/v cut from the fused qkv, gate/up from fc1),
-    base weight + (lora_alpha / r) lora_B @ lora_A equals the merged model's weight."""
+def exported_adapter(trainer: MegatronTrainer, folder) -> tuple[dict, dict, dict, dict]:
+    """(adapter_config.json, adapter tensors) as written to `folder`, and the HF weights merged and without the
+    adapters (every B zeroed afterwards)."""
     import json
 
     from safetensors.torch import load_file
@@ -96,23 +99,33 @@ def test_the_peft_adapter_reproduces_the_merged_hf_weights(tmp_path):
     from megatron_glue.lora_export import write_peft_adapter
     from megatron_glue.weight_export import export_hf_state_dict
 
-    trainer = make()
-    trainer.train_step(make_samples(6), kind="sft")
-    write_peft_adapter(trainer, tmp_path, base_model="warm")
+    write_peft_adapter(trainer, folder, base_model="warm")
     merged = export_hf_state_dict(trainer)
     with torch.no_grad():
         for adapter in trainer.adapters.values():
             adapter.lora_b.zero_()
     base = export_hf_state_dict(trainer)
-    config = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
-    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
-    adapter = load_file(tmp_path / "adapter_model.safetensors")
-    layers = tiny_dense_config().num_hidden_layers
-    assert len(adapter) == 2 * 7 * layers
+    return json.loads((folder / "adapter_config.json").read_text()), load_file(folder / "adapter_model.safetensors"), \
+        base, merged
+
+
+def assert_adapter_reproduces(config: dict, adapter: dict, base: dict, merged: dict) -> None:
+    """Per HF module, base + (lora_alpha / r) lora_B @ lora_A is the merged weight, and not the base."""
     scale = config["lora_alpha"] / config["r"]
     for key in (k for k in adapter if k.endswith("lora_A.weight")):
         module = key.removesuffix(".lora_A.weight").removeprefix("base_model.model.")
         update = adapter[key.replace("lora_A", "lora_B")] @ adapter[key]
         assert torch.allclose(base[f"{module}.weight"] + scale * update, merged[f"{module}.weight"], atol=1e-6), module
-        assert not torch.equal(base[f"{module}.weight"], merged[f"{module}.weight"])
+        assert not torch.equal(base[f"{module}.weight"], merged[f"{module}.weight"]), module
+
+
+def test_the_peft_adapter_reproduces_the_merged_hf_weights(tmp_path):
+    """adapter_model.safetensors in PEFT's layout: per HF module (q/k/v cut from the fused qkv, gate/up from fc1),
+    base weight + (lora_alpha / r) lora_B @ lora_A equals the merged model's weight."""
+    trainer = make()
+    trainer.train_step(make_samples(6), kind="sft")
+    config, adapter, base, merged = exported_adapter(trainer, tmp_path)
+    assert config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+    assert len(adapter) == 2 * 7 * tiny_dense_config().num_hidden_layers
+    assert_adapter_reproduces(config, adapter, base, merged)
