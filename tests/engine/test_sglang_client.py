@@ -606,6 +606,23 @@ def test_server_command_flags_are_real_server_args():
     assert "--enable-custom-logit-processor" not in off and "--disable-overlap-schedule" not in off
 
 
+def test_lora_flags_parse_as_sglang_takes_them():
+    """The adapter-sync engines' flags (`lora_sync.sglang_lora_args`, experts included) through SGLang's own
+    parser: LoRA on, the rank, one adapter per batch, and target modules SGLang supports."""
+    from sglang.srt.utils.common import SUPPORTED_LORA_TARGET_MODULES
+
+    from slime_ext.engine.lora_sync import sglang_lora_args
+
+    parser, fields = _real_cli()
+    flags = sglang_lora_args(32, ("linear_qkv", "linear_proj", "experts"))
+    args = parser.parse_args(["--model-path", "/m", *flags])
+    assert args.enable_lora and args.max_lora_rank == 32 and args.max_loras_per_batch == 1
+    assert sorted(args.lora_target_modules) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj",
+                                                "v_proj"]
+    assert set(args.lora_target_modules) <= set(SUPPORTED_LORA_TARGET_MODULES)
+    assert {"enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch"} <= fields
+
+
 def test_server_command_rejects_unknown_and_clashing_flags():
     with pytest.raises(ServerArgsError, match="--tp-sise"):
         build_server_command(SGLangConfig(model_path="/m", extra_server_args=["--tp-sise", "2"]), None, 1)
