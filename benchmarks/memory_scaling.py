@@ -9,7 +9,9 @@ T-token sequence (half prompt, half response) are measured: peak bytes of torch 
 allocator's peak) and seconds. Implementations, side by side in one run:
 - `ours`: this checkout's Megatron trainer (GRPO loss, chunked LM-head log-probs);
 - `before`: the trainer imported from `--src` (e.g. a worktree of the commit before the chunked log-probs);
-- `hf`: plain transformers training of the same model and batch (fp32 AdamW, full log-softmax), the baseline.
+- `hf`: plain transformers training of the same model and batch (fp32 AdamW, full log-softmax), the baseline;
+- with `--lora`: `lora` (our trainer with `train.lora` at `--lora-rank` on the attention projections) and
+  `lora_experts` (the same plus every expert's fc1 / fc2): the trainer's memory when only adapters train.
 A case whose peak, extrapolated linearly from the measured lengths of its implementation, would not fit the
 machine's available memory is skipped with that reason (a child killed for memory would take the machine's
 other work with it).
@@ -17,6 +19,7 @@ other work with it).
     python benchmarks/memory_scaling.py --out results/benchmarks/memory_scaling --src /tmp/before  # 1k, 4k, 16k
     python benchmarks/memory_scaling.py --quick --out /tmp/mem     # 1k and 4k, ours and hf: memory_quick.json
     python benchmarks/memory_scaling.py --quick --toy --out /tmp/mem   # small widths, seconds (the test)
+    python benchmarks/memory_scaling.py --lora --lengths 1024 --out /tmp/mem_lora   # full training against LoRA
 """
 
 from __future__ import annotations
@@ -76,7 +79,11 @@ def _measure(label: str, fn: Any) -> dict:
     return {f"{label}_peak_bytes": meter.peak_bytes, f"{label}_seconds": seconds, f"{label}_start_bytes": meter.start_bytes}
 
 
-def run_megatron(config: Any, tokens: int, chunk_mb: Optional[float] = None) -> dict:
+LORA_IMPLS = {"lora": ("linear_qkv", "linear_proj"), "lora_experts": ("linear_qkv", "linear_proj", "experts")}
+IMPLS = ("ours", "before", "hf", *LORA_IMPLS)
+
+
+def run_megatron(config: Any, tokens: int, chunk_mb: Optional[float] = None, lora: Any = None) -> dict:
     import torch
 
     from megatron_glue.model_provider import ParallelSizes
@@ -89,6 +96,8 @@ def run_megatron(config: Any, tokens: int, chunk_mb: Optional[float] = None) -> 
     init_model_parallel(ParallelSizes(), seed=0)
     torch.manual_seed(0)
     chunk = {"logprob_chunk_mb": chunk_mb} if chunk_mb else {}  # None: the trainer's default
+    if lora is not None:
+        chunk["lora"] = lora
     trainer = MegatronTrainer(config, TrainerSettings(lr=1e-5, micro_batch_size=1, **chunk), ParallelSizes())
 
     def sample(n: int, seed: int) -> list:
@@ -100,6 +109,7 @@ def run_megatron(config: Any, tokens: int, chunk_mb: Optional[float] = None) -> 
     batch = sample(tokens, 2)
     out = _measure("logprobs", lambda: trainer.compute_logprobs(batch, with_entropy=True))
     out.update(_measure("train", lambda: trainer.train_step(batch, kind="grpo")))
+    out["trained_params"] = sum(p.numel() for p in trainer.model.module.parameters() if p.requires_grad)
     return out
 
 
@@ -143,6 +153,11 @@ def child(args: argparse.Namespace) -> int:
     config = hf_config(TOY_WIDTHS if args.toy else WIDTHS, args.layers, args.experts)
     if args.child == "hf":
         result = run_hf(config, args.tokens)
+    elif args.child in LORA_IMPLS:
+        from megatron_glue.lora import LoRASpec
+
+        spec = LoRASpec(rank=args.lora_rank, alpha=2.0 * args.lora_rank, target_modules=LORA_IMPLS[args.child])
+        result = run_megatron(config, args.tokens, args.logprob_chunk_mb, lora=spec)
     else:
         result = run_megatron(config, args.tokens, args.logprob_chunk_mb if args.child == "ours" else None)
     print(CHILD_RESULT + json.dumps(result), flush=True)
@@ -167,7 +182,8 @@ def _predicted_peak(rows: list[dict], impl: str, tokens: int) -> Optional[float]
 
 def run_case(impl: str, tokens: int, args: argparse.Namespace, log: Any) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", impl, "--tokens", str(tokens),
-           "--layers", str(args.layers), "--experts", str(args.experts), "--out", "/tmp"]
+           "--layers", str(args.layers), "--experts", str(args.experts), "--out", "/tmp",
+           "--lora-rank", str(args.lora_rank)]
     if args.toy:
         cmd.append("--toy")
     if args.logprob_chunk_mb:
@@ -204,7 +220,7 @@ def _commit(path: Path) -> str:
 
 
 def table(rows: list[dict], skipped: list[dict]) -> str:
-    impls = [i for i in ("ours", "before", "hf") if any(r["impl"] == i for r in rows + skipped)]
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows + skipped)]
     lengths = sorted({r["tokens"] for r in rows + skipped})
     out = ["| tokens | " + " | ".join(f"{i} train peak GiB | {i} train s | {i} logprobs peak GiB" for i in impls) + " |",
            "| ---: |" + " ---: | ---: | ---: |" * len(impls)]
@@ -228,7 +244,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for impl, style in (("ours", "o-"), ("before", "s--"), ("hf", "^:")):
+    for impl, style in (("ours", "o-"), ("before", "s--"), ("hf", "^:"), ("lora", "d-."), ("lora_experts", "v-.")):
         pts = sorted((r["tokens"], r["train_peak_bytes"] / 2**30) for r in rows if r["impl"] == impl)
         if pts:
             ax.plot(*zip(*pts), style, label=f"{impl} train step")
@@ -255,7 +271,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--case-timeout", type=float, default=1800)
     parser.add_argument("--logprob-chunk-mb", type=float, default=None,
                         help="our trainer's train.logprob_chunk_mb (default: the trainer's default)")
-    parser.add_argument("--child", choices=("ours", "before", "hf"), help=argparse.SUPPRESS)
+    parser.add_argument("--lora", action="store_true",
+                        help="also our trainer with LoRA adapters: on attention (lora) and on attention + experts")
+    parser.add_argument("--lora-rank", type=int, default=32)
+    parser.add_argument("--child", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -263,12 +282,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lengths = args.lengths or (QUICK_LENGTHS if args.quick else LENGTHS)
-    impls = ["ours", "hf"] + (["before"] if args.src else [])
+    impls = ["ours", "hf"] + (["before"] if args.src else []) + (list(LORA_IMPLS) if args.lora else [])
     result: dict[str, Any] = {
         "command": " ".join([sys.executable, *sys.argv]), "machine": _machine(), "commit": _commit(ROOT),
         "before_commit": _commit(Path(args.src)) if args.src else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch_threads": os.environ.get("OMP_NUM_THREADS", "2"),
         "model": {**(TOY_WIDTHS if args.toy else WIDTHS), "layers": args.layers, "experts": args.experts, "top_k": 2},
+        "lora_rank": args.lora_rank if args.lora else None,
         "logprob_chunk_mb": args.logprob_chunk_mb, "rows": [], "skipped": []}
     rows, skipped = result["rows"], result["skipped"]
     log_file = (out / "memory_scaling.log").open("a")
@@ -296,7 +316,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"# Memory against length\n\n- command: `{result['command']}`\n- machine: {result['machine']}\n"
         f"- date: {result['date']}; commit {result['commit']} (before: {result['before_commit']})\n"
         f"- model: {result['model']}\n\n{table(rows, skipped)}\n\n"
-        + "".join(f"- skipped {s['impl']} at {s['tokens']}: {s['reason']}\n" for s in skipped))
+        + "".join(f"- skipped {s['impl']} at {s['tokens']}: {s['reason']}\n" for s in skipped)
+        + "".join(f"- {impl}: {n:,} trained parameters\n" for impl, n in
+                  {r["impl"]: r["trained_params"] for r in rows if "trained_params" in r}.items()))
     plot(rows, out / "memory_scaling.png")
     if args.quick:
         quick = {"rows": [{"tokens": t, "ours_peak_bytes": o["train_peak_bytes"], "hf_peak_bytes": h["train_peak_bytes"]}

@@ -38,3 +38,26 @@ def test_quick_toy_run_writes_rows_and_ours_is_below_hf_at_4k(tmp_path):
     full = json.loads((tmp_path / "memory_scaling.json").read_text())
     assert {r["impl"] for r in full["rows"]} == {"ours", "hf"} and not full["skipped"]
     assert (tmp_path / "memory_scaling.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_lora_rows_train_the_adapters_alone_and_peak_lower(tmp_path):
+    """`--lora` at toy widths (rank 32): the adapters' parameter counts by hand, and the train step's peak below full
+    training's by at least the full model's fp32 gradients and Adam moments (12 bytes a parameter), less the
+    adapters'."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks/memory_scaling.py"), "--toy", "--lora", "--lengths",
+                           "1024", "--out", str(tmp_path)], capture_output=True, text=True, timeout=380, cwd=str(REPO),
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = {r["impl"]: r for r in json.loads((tmp_path / "memory_scaling.json").read_text())["rows"]}
+    # hidden 256, 8 query and 2 KV heads of 32: q/k/v A [32, 256] + B [384, 32], output A [32, 256] + B [256, 32]
+    attention = 32 * 256 + 384 * 32 + 32 * 256 + 256 * 32
+    # 4 experts, each fc1 A [32, 256] + B [2 x 128, 32] and fc2 A [32, 128] + B [256, 32]
+    experts = 4 * (32 * 256 + 256 * 32 + 32 * 128 + 256 * 32)
+    assert rows["lora"]["trained_params"] == attention == 36_864
+    assert rows["lora_experts"]["trained_params"] == attention + experts
+    full = rows["ours"]
+    for impl in ("lora", "lora_experts"):
+        saved = full["train_peak_bytes"] - rows[impl]["train_peak_bytes"]
+        assert saved > 12 * (full["trained_params"] - rows[impl]["trained_params"]) * 0.9, (impl, saved)
