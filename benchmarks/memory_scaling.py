@@ -95,10 +95,10 @@ def run_megatron(config: Any, tokens: int, chunk_mb: Optional[float] = None, lor
     init_distributed()
     init_model_parallel(ParallelSizes(), seed=0)
     torch.manual_seed(0)
-    chunk = {"logprob_chunk_mb": chunk_mb} if chunk_mb else {}  # None: the trainer's default
+    extra = {"logprob_chunk_mb": chunk_mb} if chunk_mb else {}  # None: the trainer's default
     if lora is not None:
-        chunk["lora"] = lora
-    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-5, micro_batch_size=1, **chunk), ParallelSizes())
+        extra["lora"] = lora
+    trainer = MegatronTrainer(config, TrainerSettings(lr=1e-5, micro_batch_size=1, **extra), ParallelSizes())
 
     def sample(n: int, seed: int) -> list:
         half = n // 2

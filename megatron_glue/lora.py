@@ -105,17 +105,14 @@ class LoRALinear(torch.nn.Module):
 
     def lora_delta(self, x: torch.Tensor) -> torch.Tensor:
         """The adapter's share of the output, shaped as the base layer's output on this rank."""
-        x = self.dropout(x)
-        if self.is_expert:  # whole on this rank: the dispatcher moves the tokens, nothing to reduce
-            return torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_a), self.lora_b) * self.scaling
-        if self.kind == "column":
-            h = torch.nn.functional.linear(x, self.lora_a)
+        h = torch.nn.functional.linear(self.dropout(x), self.lora_a)
+        # an expert's adapter is whole on its rank (the dispatcher moves the tokens): no collective
+        if self.kind == "column" and not self.is_expert:
             h = gather_from_sequence_parallel_region(h) if self.sequence_parallel else \
                 copy_to_tensor_model_parallel_region(h)
-            return torch.nn.functional.linear(h, self.lora_b) * self.scaling
-        h = torch.nn.functional.linear(x, self.lora_a)
-        h = reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel else \
-            reduce_from_tensor_model_parallel_region(h)
+        elif not self.is_expert:
+            h = reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel else \
+                reduce_from_tensor_model_parallel_region(h)
         return torch.nn.functional.linear(h, self.lora_b) * self.scaling
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

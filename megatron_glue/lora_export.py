@@ -41,11 +41,10 @@ def adapter_state(trainer: Any) -> dict[str, torch.Tensor]:
         if adapter is None or not param.local_name.endswith(".weight"):
             continue
         a, b = adapter.lora_a.detach().float(), adapter.lora_b.detach().float()
-        if adapter.is_expert:  # whole on its rank (expert-TP 1, lora.py); its global name names its expert
-            pass
-        elif adapter.kind == "column":  # B split like the weight's rows
+        # an expert's adapter is whole on its rank (expert-TP 1, lora.py) and its global name names its expert
+        if not adapter.is_expert and adapter.kind == "column":  # B split like the weight's rows
             b = tp_join(param.full_name, _all_gather(b, tp_group, sizes.tp), trainer.hf_config)
-        else:  # A split like the weight's columns
+        elif not adapter.is_expert:  # A split like the weight's columns
             a = tp_join(param.full_name, _all_gather(a, tp_group, sizes.tp), trainer.hf_config)
         p = index[param.full_name]
         for hf_name, b_part in zip(p.hf, _split(p, b, dataclasses.replace(d, hidden=adapter.rank))):

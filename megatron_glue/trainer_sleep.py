@@ -102,31 +102,28 @@ class TrainerSleep:
                 for p in group["params"]:
                     if isinstance(p, torch.Tensor) and p.device == device \
                             and p.untyped_storage().data_ptr() not in in_buffers:
-                        moved += p.numel() * p.element_size()
-                        p.data = p.data.to("cpu")
-                        self._moved.append((_ParamData(p), "data", device))
+                        moved += self._to_host(_ParamData(p), "data", device)
             for state in inner.state.values():
                 for key, value in list(state.items()):
                     if isinstance(value, torch.Tensor) and value.device == device \
                             and value.untyped_storage().data_ptr() not in in_buffers:
-                        moved += value.numel() * value.element_size()
-                        state[key] = value.to("cpu")
-                        self._moved.append((state, key, device))
+                        moved += self._to_host(state, key, device)
         return moved
-
 
     def _frozen_weights_to_host(self, in_buffers: set[int]) -> int:
         """The model's parameters outside the DDP buffers (`frozen_weights`) to the host, returned by `onload`."""
         device = _device_of(self.trainer)
         if device.type == "cpu":
             return 0
-        moved = 0
-        for p in frozen_weights(self.trainer, in_buffers):
-            if p.device == device:
-                moved += p.numel() * p.element_size()
-                p.data = p.data.to("cpu")
-                self._moved.append((_ParamData(p), "data", device))
-        return moved
+        return sum(self._to_host(_ParamData(p), "data", device)
+                   for p in frozen_weights(self.trainer, in_buffers) if p.device == device)
+
+    def _to_host(self, container: Any, key: Any, device: torch.device) -> int:
+        """`container[key]` to the host, remembered so `onload` brings it back to `device`; its bytes."""
+        value = container[key]
+        container[key] = value.to("cpu")
+        self._moved.append((container, key, device))
+        return value.numel() * value.element_size()
 
 
 def frozen_weights(trainer: Any, in_buffers: set[int]) -> list[torch.Tensor]:

@@ -534,29 +534,29 @@ class SGLangEngineClient:
                                    load_format: Optional[str] = None, flush_cache: bool = True,
                                    weight_version: Optional[str] = None) -> None:
         """Send tensors (CUDA tensors on the server's node: they travel as CUDA IPC handles) to every TP
-        rank. Each rank needs its own serialized copy (sglang's tp_worker.deserialize_own_rank)."""
-        from sglang.srt.utils.common import MultiprocessingSerializer
-
-        named = [(str(n), t) for n, t in named_tensors]
+        rank (`_per_rank_copies`)."""
         payload: dict[str, Any] = {
-            "serialized_named_tensors": [MultiprocessingSerializer.serialize(named, output_str=True)
-                                         for _ in range(self.tp_size)],
+            "serialized_named_tensors": self._per_rank_copies(named_tensors),
             "load_format": load_format, "flush_cache": flush_cache, "weight_version": weight_version,
         }
         with self.weight_update_session():
             self._control("/update_weights_from_tensor", payload, "UpdateWeightsFromTensorReqInput")
+
+    def _per_rank_copies(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        """One serialized copy of `named_tensors` per TP rank: each rank needs its own (sglang's
+        tp_worker.deserialize_own_rank)."""
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        named = [(str(n), t) for n, t in named_tensors]
+        return [MultiprocessingSerializer.serialize(named, output_str=True) for _ in range(self.tp_size)]
 
     def load_lora_adapter_from_tensors(self, name: str, config_dict: dict[str, Any],
                                        named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """SGLang's /load_lora_adapter_from_tensors: a PEFT adapter (names as in adapter_model.safetensors,
         `config_dict` its adapter_config.json), one serialized copy per TP rank; requests then name it
         (`GenerateRequest.lora_name` -> lora_path)."""
-        from sglang.srt.utils.common import MultiprocessingSerializer
-
-        named = [(str(n), t) for n, t in named_tensors]
         payload = {"lora_name": name, "config_dict": dict(config_dict),
-                   "serialized_named_tensors": [MultiprocessingSerializer.serialize(named, output_str=True)
-                                                for _ in range(self.tp_size)]}
+                   "serialized_named_tensors": self._per_rank_copies(named_tensors)}
         self._control("/load_lora_adapter_from_tensors", payload, "LoadLoRAAdapterFromTensorsReqInput")
 
     def unload_lora_adapter(self, name: str) -> None:

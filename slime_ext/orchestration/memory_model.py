@@ -205,13 +205,14 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chu
     opt_per_param = (4 if bf16 else 0) + 8
     dense_div = layout.dp if layout.distributed_optimizer else 1
     expert_div = layout.expert_dp if layout.distributed_optimizer else 1
-    if lora_params or lora_expert_params:  # the frozen base holds weights only
+    adapters = lora_params + lora_expert_params
+    if adapters:  # the frozen base holds weights only
         optimizer = opt_per_param * (lora_params / dense_div + lora_expert_params / expert_div)
-        lora_params = trained = lora_params + lora_expert_params
+        trained = adapters
     else:
         optimizer = opt_per_param * ((tp_split + replicated) / dense_div + experts / expert_div)
         trained = local
-    comps = {"weights": (2 if bf16 else 4) * (local + lora_params), "grads_fp32": 4 * trained,
+    comps = {"weights": (2 if bf16 else 4) * (local + adapters), "grads_fp32": 4 * trained,
              "optimizer": 0.0 if layout.optimizer_cpu_offload else optimizer}
     comps.update(activation_bytes(shape, layout, tokens, chunk_mb, experts))
     gib = {k: v / GIB for k, v in comps.items()}
@@ -224,7 +225,7 @@ def trainer_memory(shape: ModelShape, layout: TrainerLayout, gpu_gib: float, chu
     return TrainerMemory(local_params=local, local_expert_params=experts,
                          components_gib={k: round(v, 3) for k, v in gib.items()}, total_gib=round(total, 3),
                          host_offload_gib_per_node=round(host, 2), fits=(total <= gpu_gib) if gpu else None,
-                         tokens_per_micro_batch=tokens, lora_params=lora_params)
+                         tokens_per_micro_batch=tokens, lora_params=adapters)
 
 
 def engine_memory(shape: ModelShape, config: Any, rollout: RolloutLayout, gpu_gib: float) -> Optional[EngineMemory]:
